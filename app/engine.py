@@ -1,0 +1,519 @@
+"""The inference engine: one ``llama_cpp.Llama``, streamed generation, prefix reuse.
+
+The engine is not thread-safe. One thread (the UI's worker thread, or a test)
+owns it and makes every call; other threads may only set the stop ``Event``
+they passed to :meth:`Engine.generate`.
+
+llama-cpp-python's ``Llama`` loads the model, context and vocabulary; the
+generation loop itself calls llama.cpp directly (``llama_decode`` on a
+one-token batch, the native sampler chain) so no per-token copy of the
+262k-entry logits row is made in Python.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import ctypes
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.backend import BackendInfo, detect_backend
+from app.errors import (
+    ContextOverflowError,
+    DecodeError,
+    LamplightError,
+    ModelLoadError,
+    NoModelLoaded,
+)
+from app.gguf_info import GgufInfo, read_gguf_info
+from app.metrics import MessageMetrics
+from app.settings import LoadConfig, SamplingParams
+from app.stopping import StopStringFilter
+from app.templates import ChatMessage, ChatTemplate, choose_template
+
+log = logging.getLogger(__name__)
+llama_log = logging.getLogger("llama.cpp")
+
+ProgressFn = Callable[[float], bool]
+"""Load progress 0..1; return False to cancel the load."""
+
+
+class LoadCancelled(LamplightError):
+    """The user cancelled a model load."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model, as the UI shows it."""
+
+    path: Path
+    name: str
+    architecture: str
+    n_params: int
+    file_size: int
+    n_ctx: int
+    n_ctx_train: int
+    n_threads: int
+    n_gpu_layers: int
+    template: str
+    backend: str
+    load_ms: float
+
+
+@dataclass(frozen=True)
+class Token:
+    """A piece of reply text, ready to show."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt evaluation advanced: ``done`` of ``total`` new tokens."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The reply ended; ``metrics.stop_reason`` says why (``cancelled`` for a stop)."""
+
+    text: str
+    metrics: MessageMetrics
+
+
+EngineEvent = Token | PrefillProgress | Finished
+
+
+def _install_log_route() -> None:
+    """Send llama.cpp's log to Python logging instead of the terminal."""
+    import llama_cpp
+
+    # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line.
+    levels = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+    last = [logging.DEBUG]
+
+    def route(level: int, text: bytes, _user: Any) -> None:
+        lvl = levels.get(level, last[0])
+        last[0] = lvl
+        msg = text.decode("utf-8", errors="replace").rstrip()
+        if msg:
+            llama_log.log(lvl, "%s", msg)
+
+    cb = llama_cpp.llama_log_callback(route)
+    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+    _install_log_route.callback = cb  # type: ignore[attr-defined]  # keep it alive
+
+
+@contextlib.contextmanager
+def _load_progress(progress: ProgressFn | None) -> Iterator[None]:
+    """Give llama.cpp's model loader a progress callback.
+
+    ``Llama`` exposes no progress hook, but builds its params through
+    ``llama_model_default_params`` at load time; we hand it params that carry
+    our callback. Only the engine thread loads models, so the swap is safe.
+    """
+    if progress is None:
+        yield
+        return
+    import llama_cpp.llama_cpp as lc
+
+    original = lc.llama_model_default_params
+
+    def on_progress(value: float, _user: Any) -> bool:
+        try:
+            return bool(progress(float(value)))
+        except Exception:  # an exception must not unwind through C
+            log.exception("load progress callback failed")
+            return True
+
+    c_callback = lc.llama_progress_callback(on_progress)
+
+    def params_with_progress() -> Any:
+        params = original()
+        params.progress_callback = c_callback
+        return params
+
+    lc.llama_model_default_params = params_with_progress
+    try:
+        yield
+    finally:
+        lc.llama_model_default_params = original
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the shared prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    """Owns one model and its KV cache; streams replies as events."""
+
+    def __init__(self) -> None:
+        _install_log_route()
+        self._llm: Any = None
+        self._info: ModelInfo | None = None
+        self._gguf: GgufInfo | None = None
+        self._template: ChatTemplate | None = None
+        self._backend: BackendInfo | None = None
+        # Tokens whose keys/values are in KV sequence 0, in order.
+        self._tokens: list[int] = []
+        self._stop = threading.Event()
+        self._abort_cb: Any = None
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._one_token: Any = None
+
+    # -- model -----------------------------------------------------------------
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self._info
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        return self._template
+
+    @property
+    def llama(self) -> Any:
+        """The ``llama_cpp.Llama`` object, for benchmarks and tests on the owner thread."""
+        return self._llm
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """A copy of the token ids currently held in the KV cache."""
+        return list(self._tokens)
+
+    def backend(self) -> BackendInfo:
+        if self._backend is None:
+            self._backend = detect_backend()
+        return self._backend
+
+    def load(
+        self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
+    ) -> ModelInfo:
+        """Load a GGUF model, replacing the current one.
+
+        Raises:
+            ModelFileError: missing, empty, non-GGUF or truncated file.
+            ModelLoadError: llama.cpp refused the file.
+            LoadCancelled: ``progress`` returned False.
+        """
+        gguf = read_gguf_info(path)  # a bad file is refused before llama.cpp sees it
+        import llama_cpp
+
+        self.unload()
+        cancelled = [False]
+
+        def on_progress(value: float) -> bool:
+            keep_going = progress(value) if progress else True
+            cancelled[0] = not keep_going
+            return keep_going
+
+        t0 = time.perf_counter()
+        try:
+            with _load_progress(on_progress):
+                llm = llama_cpp.Llama(
+                    model_path=str(gguf.path),
+                    n_ctx=config.n_ctx,
+                    n_batch=config.n_batch,
+                    n_ubatch=config.n_batch,
+                    n_threads=config.threads(),
+                    n_threads_batch=config.threads(),
+                    n_gpu_layers=config.n_gpu_layers,
+                    # Full-size SWA cache: rewinding a sliding-window model's KV
+                    # (regenerate, edit, prefix reuse) needs positions outside the window.
+                    swa_full=True,
+                    verbose=False,
+                )
+        except (ValueError, RuntimeError, OSError) as exc:
+            if cancelled[0]:
+                raise LoadCancelled(f"Loading {gguf.path.name} was cancelled.") from exc
+            raise ModelLoadError(
+                f"llama.cpp could not load {gguf.path.name}: {exc}. The file may be damaged "
+                "or use an architecture this llama.cpp build does not support."
+            ) from exc
+        load_ms = (time.perf_counter() - t0) * 1000
+        self._llm = llm
+        self._gguf = gguf
+        self._tokens = []
+        self._one_token = (llama_cpp.llama_token * 1)()
+        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
+        self._template = choose_template(
+            gguf.chat_template,
+            gguf.architecture,
+            self._has_special_token,
+            bos_token=self._token_text(llm.token_bos()),
+            eos_token=self._token_text(llm.token_eos()),
+        )
+        self._info = ModelInfo(
+            path=gguf.path,
+            name=gguf.display_name,
+            architecture=gguf.architecture,
+            n_params=gguf.n_params,
+            file_size=gguf.file_size,
+            n_ctx=llm.n_ctx(),
+            n_ctx_train=llm._model.n_ctx_train(),
+            n_threads=config.threads(),
+            n_gpu_layers=config.n_gpu_layers,
+            template=self._template.label,
+            backend=self.backend().label if config.n_gpu_layers != 0 else "CPU",
+            load_ms=load_ms,
+        )
+        log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
+        return self._info
+
+    def unload(self) -> None:
+        """Free the model and its context."""
+        if self._llm is not None:
+            self._llm.close()
+        self._llm = None
+        self._info = None
+        self._template = None
+        self._tokens = []
+
+    def reset(self) -> None:
+        """Forget the conversation held in the KV cache (for a new chat)."""
+        llm = self._require()
+        import llama_cpp
+
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm._ctx.ctx), True)
+        self._tokens = []
+
+    # -- tokens ------------------------------------------------------------------
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids for prompt text: special tokens parsed, BOS added if the model wants it."""
+        llm = self._require()
+        return list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+    def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """The conversation rendered by the chat template and tokenized."""
+        assert self._template is not None
+        return self.tokenize(self._template.render(messages, True))
+
+    def _token_bytes(self, token: int, special: bool = False) -> bytes:
+        import llama_cpp
+
+        vocab = self._llm._model.vocab
+        n = llama_cpp.llama_token_to_piece(
+            vocab, token, self._piece_buf, len(self._piece_buf), 0, special
+        )
+        if n < 0:
+            self._piece_buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(
+                vocab, token, self._piece_buf, len(self._piece_buf), 0, special
+            )
+        return self._piece_buf.raw[:n]
+
+    def _token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self._token_bytes(token, special=True).decode("utf-8", errors="replace")
+
+    def _has_special_token(self, text: str) -> bool:
+        ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        return len(ids) == 1
+
+    # -- generation ----------------------------------------------------------------
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        stop: threading.Event | None = None,
+    ) -> Iterator[EngineEvent]:
+        """Stream the assistant's reply to ``messages``.
+
+        Yields ``PrefillProgress`` while the prompt is read, ``Token`` for each
+        piece of text, and one ``Finished`` last. Setting ``stop`` ends the
+        stream promptly with ``stop_reason == "cancelled"``, during prompt
+        evaluation too. The KV cache keeps the conversation, so the next call
+        evaluates only tokens that are new.
+
+        Raises:
+            NoModelLoaded, ContextOverflowError, DecodeError.
+        """
+        llm = self._require()
+        stop = stop if stop is not None else threading.Event()
+        t0 = time.perf_counter()
+        prompt = self.prompt_tokens(messages)
+        n_ctx = llm.n_ctx()
+        if len(prompt) >= n_ctx:
+            raise ContextOverflowError(len(prompt) + 1, n_ctx)
+
+        keep = common_prefix(self._tokens, prompt)
+        if keep == len(prompt):
+            keep -= 1  # the last prompt token must be evaluated to get its logits
+        self._truncate(keep)
+        keep = len(self._tokens)
+        seed = params.seed if params.seed >= 0 else secrets.randbits(31)
+        metrics = MessageMetrics(
+            prompt_tokens=len(prompt), cached_tokens=keep, n_ctx=n_ctx, seed=seed
+        )
+
+        new = prompt[keep:]
+        t_prefill = time.perf_counter()
+        yield from self._prefill(new, stop)
+        metrics.evaluated_tokens = len(self._tokens) - keep
+        metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
+        if len(self._tokens) < len(prompt):
+            metrics.stop_reason = "cancelled"
+            yield Finished("", metrics)
+            return
+
+        yield from self._decode(params, seed, metrics, t0, stop)
+
+    def _prefill(self, tokens: Sequence[int], stop: threading.Event) -> Iterator[PrefillProgress]:
+        """Evaluate ``tokens`` in batches with the abort callback armed."""
+        import llama_cpp
+
+        ctx = self._llm._ctx.ctx
+        n_batch = self._llm.n_batch
+        self._stop = stop
+        llama_cpp.llama_set_abort_callback(ctx, self._abort_cb, None)
+        try:
+            for start in range(0, len(tokens), n_batch):
+                if stop.is_set():
+                    return
+                chunk = tokens[start : start + n_batch]
+                arr = (llama_cpp.llama_token * len(chunk))(*chunk)
+                rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
+                if rc == 2 or (rc != 0 and stop.is_set()):
+                    # Aborted: some ubatches may be in memory; drop what we cannot vouch for.
+                    self._truncate(len(self._tokens))
+                    return
+                if rc != 0:
+                    self._truncate(len(self._tokens))
+                    raise DecodeError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
+                self._tokens.extend(chunk)
+                yield PrefillProgress(start + len(chunk), len(tokens))
+        finally:
+            # Off during decoding: llama.cpp calls it for every graph node, which
+            # would cost a Python call per node per token.
+            llama_cpp.llama_set_abort_callback(ctx, llama_cpp.ggml_abort_callback(), None)
+
+    def _decode(
+        self,
+        params: SamplingParams,
+        seed: int,
+        metrics: MessageMetrics,
+        t0: float,
+        stop: threading.Event,
+    ) -> Iterator[EngineEvent]:
+        import llama_cpp
+
+        llm = self._llm
+        ctx = llm._ctx.ctx
+        vocab = llm._model.vocab
+        n_ctx = metrics.n_ctx
+        sampler = self._build_sampler(params, seed)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        assert self._template is not None
+        stops = StopStringFilter((*params.stop, *self._template.stop_strings))
+        parts: list[str] = []
+        one = self._one_token
+        times = metrics.token_times_ms
+        reason = "max_tokens"
+        try:
+            for _ in range(params.max_tokens):
+                if stop.is_set():
+                    reason = "cancelled"
+                    break
+                if len(self._tokens) >= n_ctx:
+                    reason = "context_full"
+                    break
+                tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+                if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                    reason = "eos"
+                    break
+                times.append((time.perf_counter() - t0) * 1000)
+                metrics.generated_tokens += 1
+                text = stops.feed(decoder.decode(self._token_bytes(tok)))
+                if text:
+                    parts.append(text)
+                    yield Token(text)
+                if stops.hit:
+                    reason = "stop_string"
+                    break
+                if stop.is_set():
+                    reason = "cancelled"
+                    break
+                one[0] = tok
+                rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
+                if rc != 0:
+                    self._truncate(len(self._tokens))
+                    raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+                self._tokens.append(tok)
+        finally:
+            llama_cpp.llama_sampler_free(sampler)
+        if not stops.hit:
+            tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
+            if tail:
+                parts.append(tail)
+                yield Token(tail)
+        metrics.stop_reason = reason
+        yield Finished("".join(parts), metrics)
+
+    def _build_sampler(self, params: SamplingParams, seed: int) -> Any:
+        """llama.cpp's native sampler chain for ``params``; caller frees it."""
+        import llama_cpp
+
+        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+
+        def add(s: Any) -> None:
+            llama_cpp.llama_sampler_chain_add(chain, s)
+
+        if params.repeat_penalty != 1.0 and params.repeat_last_n != 0:
+            add(
+                llama_cpp.llama_sampler_init_penalties(
+                    self._llm.n_vocab(), params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
+                )
+            )
+            for tok in self._tokens[-params.repeat_last_n :]:
+                llama_cpp.llama_sampler_accept(chain, tok)
+        if params.temperature <= 0.0:
+            add(llama_cpp.llama_sampler_init_greedy())
+            return chain
+        if params.top_k > 0:
+            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        add(llama_cpp.llama_sampler_init_dist(seed))
+        return chain
+
+    # -- internals -----------------------------------------------------------------
+
+    def _should_abort(self, _data: Any) -> bool:
+        return self._stop.is_set()
+
+    def _truncate(self, n: int) -> None:
+        """Keep only the first ``n`` tokens in the KV cache (all of it if that fails)."""
+        import llama_cpp
+
+        mem = llama_cpp.llama_get_memory(self._llm._ctx.ctx)
+        if llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
+            del self._tokens[n:]
+        else:
+            log.info("partial KV removal refused; clearing the cache")
+            llama_cpp.llama_memory_clear(mem, True)
+            self._tokens = []
+
+    def _require(self) -> Any:
+        if self._llm is None:
+            raise NoModelLoaded("No model is loaded. Open a model first.")
+        return self._llm

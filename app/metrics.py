@@ -1,0 +1,110 @@
+"""Per-message performance figures, computed from timestamps the engine records."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STOP_REASONS = ("eos", "stop_string", "max_tokens", "context_full", "cancelled")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(rank)
+    hi = math.ceil(rank)
+    if lo == hi:
+        return ordered[lo]
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+@dataclass
+class MessageMetrics:
+    """How one reply was produced. Times are in milliseconds.
+
+    ``token_times_ms`` are offsets from the request start at which each generated
+    token was ready; every rate and latency here derives from them.
+    """
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    evaluated_tokens: int = 0
+    prefill_ms: float = 0.0
+    generated_tokens: int = 0
+    token_times_ms: list[float] = field(default_factory=list)
+    stop_reason: str = ""
+    n_ctx: int = 0
+    seed: int | None = None
+
+    @property
+    def context_used(self) -> int:
+        return self.prompt_tokens + self.generated_tokens
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return _rate(self.evaluated_tokens, self.prefill_ms)
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.token_times_ms[0] if self.token_times_ms else 0.0
+
+    @property
+    def inter_token_ms(self) -> list[float]:
+        t = self.token_times_ms
+        return [b - a for a, b in itertools.pairwise(t)]
+
+    @property
+    def decode_ms(self) -> float:
+        t = self.token_times_ms
+        return t[-1] - t[0] if len(t) > 1 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # The first token comes from prefill; the rest each cost one decode step.
+        return _rate(len(self.token_times_ms) - 1, self.decode_ms)
+
+    @property
+    def itl_p50_ms(self) -> float:
+        return percentile(self.inter_token_ms, 50)
+
+    @property
+    def itl_p95_ms(self) -> float:
+        return percentile(self.inter_token_ms, 95)
+
+    def summary(self) -> dict[str, Any]:
+        """Figures for display and JSON output (no per-token arrays)."""
+        data = asdict(self)
+        data.pop("token_times_ms")
+        data.update(
+            prefill_tok_s=round(self.prefill_tok_s, 2),
+            ttft_ms=round(self.ttft_ms, 2),
+            decode_ms=round(self.decode_ms, 2),
+            decode_tok_s=round(self.decode_tok_s, 2),
+            itl_p50_ms=round(self.itl_p50_ms, 2),
+            itl_p95_ms=round(self.itl_p95_ms, 2),
+            context_used=self.context_used,
+            prefill_ms=round(self.prefill_ms, 2),
+        )
+        return data
+
+    def short_text(self) -> str:
+        """One line for under a message."""
+        parts = [
+            f"{self.generated_tokens} tokens",
+            f"{self.decode_tok_s:.1f} tok/s",
+            f"TTFT {self.ttft_ms:.0f} ms",
+            f"prompt {self.evaluated_tokens}/{self.prompt_tokens} evaluated",
+        ]
+        if self.stop_reason and self.stop_reason != "eos":
+            parts.append(f"stopped: {self.stop_reason.replace('_', ' ')}")
+        return " · ".join(parts)
+
+
+def _rate(count: int, ms: float) -> float:
+    return count * 1000.0 / ms if ms > 0 and count > 0 else 0.0

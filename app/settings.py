@@ -1,0 +1,129 @@
+"""Load and generation settings, declared once with defaults and stored as JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from app.atomic import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+SETTINGS_VERSION = 1
+
+
+def default_threads() -> int:
+    """Threads for decoding: all cores up to 8 (more rarely helps a memory-bound decode)."""
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """Settings that take effect when a model is (re)loaded."""
+
+    n_ctx: int = 4096
+    n_threads: int = 0  # 0: default_threads()
+    n_gpu_layers: int = 0  # -1: all layers
+    n_batch: int = 512
+
+    def threads(self) -> int:
+        return self.n_threads if self.n_threads > 0 else default_threads()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Settings that apply to the next reply without a reload."""
+
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    max_tokens: int = 1024
+    seed: int = -1  # -1: a fresh random seed per reply
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def greedy(cls, max_tokens: int = 64) -> SamplingParams:
+        """Deterministic argmax sampling, for tests and benchmarks."""
+        return cls(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, max_tokens=max_tokens, seed=0)
+
+
+@dataclass
+class AppSettings:
+    """Everything the app remembers between runs."""
+
+    model_path: str | None = None
+    system_prompt: str = ""
+    load: LoadConfig = field(default_factory=LoadConfig)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"version": SETTINGS_VERSION, **asdict(self)}
+        return json.dumps(data, indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AppSettings:
+        load = _pick(LoadConfig, data.get("load"))
+        sampling = _pick(SamplingParams, data.get("sampling"))
+        if "stop" in sampling:
+            sampling["stop"] = tuple(str(s) for s in sampling["stop"])
+        model_path = data.get("model_path")
+        return cls(
+            model_path=str(model_path) if model_path else None,
+            system_prompt=str(data.get("system_prompt", "")),
+            load=LoadConfig(**load),
+            sampling=SamplingParams(**sampling),
+        )
+
+    def save(self, path: Path) -> None:
+        atomic_write_text(path, self.to_json())
+
+    @classmethod
+    def load_from(cls, path: Path) -> AppSettings:
+        """Read settings; a missing or unreadable file gives defaults (and is kept aside)."""
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return cls()
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            return cls.from_dict(data)
+        except (ValueError, TypeError) as exc:
+            aside = path.with_suffix(".json.bad")
+            log.warning("settings file %s unreadable (%s); kept as %s", path, exc, aside)
+            path.replace(aside)
+            return cls()
+
+
+def _pick(kind: type, data: object) -> dict[str, Any]:
+    """Known fields of ``kind`` from ``data`` whose type matches the default's type."""
+    if not isinstance(data, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for f in fields(kind):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        default = f.default
+        if isinstance(default, bool) or default is None:
+            ok = isinstance(value, type(default)) if default is not None else True
+        elif isinstance(default, float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            value = float(value) if ok else value
+        elif isinstance(default, int):
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        elif isinstance(default, tuple):
+            ok = isinstance(value, list)
+        else:
+            ok = isinstance(value, type(default))
+        if ok:
+            out[f.name] = value
+    return out

@@ -1,0 +1,46 @@
+"""Stop strings in streamed text: hold back only what could still become a stop string."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class StopStringFilter:
+    """Feeds text pieces through; cuts the stream at the first stop string.
+
+    Text that might be the start of a stop string is held until the next piece
+    decides it, so a stop string never reaches the user even split over tokens.
+    """
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self._stops = tuple(s for s in dict.fromkeys(stops) if s)
+        self._held = ""
+        self.hit = False
+
+    def feed(self, piece: str) -> str:
+        """Text that is safe to show now; sets ``hit`` when a stop string completes."""
+        if self.hit:
+            return ""
+        text = self._held + piece
+        first = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        if first >= 0:
+            self.hit = True
+            self._held = ""
+            return text[:first]
+        keep = self._longest_partial(text)
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """The held tail, once the stream has ended without a stop string."""
+        out, self._held = self._held, ""
+        return out
+
+    def _longest_partial(self, text: str) -> int:
+        best = 0
+        for s in self._stops:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:n]):
+                    best = n
+                    break
+        return best

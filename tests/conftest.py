@@ -1,0 +1,62 @@
+"""Shared fixtures: the real default model, one loaded engine, and thread hygiene."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from app.default_model import ensure_default_model  # after the env var
+from app.engine import Engine
+from app.settings import LoadConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+# Kept between runs (git-ignored) so the 253 MB model is assembled once per checkout.
+MODEL_CACHE = ROOT / ".cache" / "test-models"
+TEST_CTX = 2048
+TEST_LOAD = LoadConfig(n_ctx=TEST_CTX, n_threads=2)
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    """The embedded default model (gemma 3 270m Q4_K_M), assembled from its package."""
+    return ensure_default_model(MODEL_CACHE)
+
+
+@pytest.fixture(scope="session")
+def loaded_engine(model_path: Path) -> Iterator[Engine]:
+    engine = Engine()
+    engine.load(model_path, TEST_LOAD)
+    yield engine
+    engine.unload()
+
+
+@pytest.fixture()
+def engine(loaded_engine: Engine) -> Engine:
+    """The session's engine with an empty KV cache."""
+    loaded_engine.reset()
+    return loaded_engine
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_threads() -> Iterator[None]:
+    """Fail a test that leaves a thread running: a live QThread at exit aborts the run."""
+    before = set(threading.enumerate())
+    yield
+    from ui.worker import live_engine_threads
+
+    running = [t for t in live_engine_threads() if t.isRunning()]
+    assert not running, f"test left {len(running)} engine QThread(s) running"
+    # Python names foreign threads (QThreads, llama.cpp's) "Dummy" and never forgets
+    # them; the QThread check above covers those.
+    extra = [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.is_alive() and not isinstance(t, threading._DummyThread)
+    ]
+    assert not extra, f"test left threads running: {extra}"

@@ -1,0 +1,99 @@
+"""Project rules as checked facts: the core is Qt-free; the CLI smoke test works."""
+
+from __future__ import annotations
+
+import json
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import app
+from tests.conftest import ROOT
+
+
+def test_core_imports_no_qt() -> None:
+    modules = [f"app.{m.name}" for m in pkgutil.iter_modules(app.__path__)]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "bad = sorted(m for m in sys.modules\n"
+        "            if m.split('.')[0] in ('PySide6', 'ui', 'pyqtgraph'))\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == "", f"app/ pulled in Qt: {out.stdout}"
+
+
+def test_smoke_test_flag_prints_metrics(tmp_path: Path, model_path: Path) -> None:
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ui",
+            "--data-dir",
+            str(tmp_path),
+            "--model",
+            str(model_path),
+            "--smoke-test",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    assert data["ok"] is True
+    assert data["metrics"]["generated_tokens"] > 0
+    assert data["model"]["template"] == "gemma (for gemma3)"
+    assert (tmp_path / "logs" / "lamplight.log").exists()
+
+
+def test_smoke_test_with_a_bad_model_fails_cleanly(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ui",
+            "--data-dir",
+            str(tmp_path),
+            "--model",
+            str(bad),
+            "--smoke-test",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    assert out.returncode == 1
+    assert "not a GGUF" in json.loads(out.stdout.strip().splitlines()[-1])["error"]
+
+
+def test_signal_emit_keeps_reference_counts() -> None:
+    """PySide6 6.12.0 under Python 3.11 loses a reference to True per emit(): a crash later."""
+    from PySide6.QtCore import QObject, Signal
+
+    class Emitter(QObject):
+        text = Signal(int, str)
+
+    emitter = Emitter()
+    emitter.text.connect(lambda *_: None)
+    before = sys.getrefcount(True)
+    for _ in range(500):
+        emitter.text.emit(1, "token")
+    assert sys.getrefcount(True) >= before - 5

@@ -1,0 +1,79 @@
+"""The window on the real engine and the real default model, offscreen."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+from app.paths import data_dirs
+from app.settings import AppSettings, SamplingParams
+from tests.conftest import TEST_LOAD
+from ui.main_window import MainWindow
+from ui.worker import EngineClient
+
+
+@pytest.fixture()
+def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
+    dirs = data_dirs(tmp_path / "data")
+    settings = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(32))
+    client = EngineClient(dirs.models)
+    win = MainWindow(client, settings, dirs)
+    qtbot.addWidget(win)
+    win.show()
+    with qtbot.waitSignal(win.modelReady, timeout=60_000):
+        win.load_model(model_path)
+    yield win
+    win.close()
+    assert not client.engine_thread.isRunning()
+
+
+def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
+    qtbot.keyClicks(win.chat_input, text)
+    qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
+
+
+def test_chat_streams_and_second_turn_reuses_the_cache(qtbot: QtBot, window: MainWindow) -> None:
+    assert "Gemma 3 270m" in window.status_model.text()
+    assert "gemma (for gemma3)" in window.status_model.text()
+    assert window.status_backend.text() == "CPU"
+    with qtbot.waitSignal(window.replyEnded, timeout=60_000) as blocker:
+        send(qtbot, window, "Hello! Who are you?")
+    assert blocker.args == ["finished"]
+    reply = window.messages[-1]
+    assert reply.role == "assistant" and reply.content.strip()
+    assert "tok/s" in window.status_speed.text()
+    with qtbot.waitSignal(window.replyEnded, timeout=60_000):
+        send(qtbot, window, "Tell me more.")
+    first, second = window.reply_metrics
+    assert second.cached_tokens >= first.prompt_tokens
+    assert second.evaluated_tokens < 20
+
+
+def test_stop_and_new_chat_on_the_real_engine(qtbot: QtBot, window: MainWindow) -> None:
+    window._settings.sampling = replace(window._settings.sampling, max_tokens=2000)
+    send(qtbot, window, "Count from one to a thousand.")
+    qtbot.waitUntil(lambda: len(window.transcript.toPlainText()) > 60, timeout=30_000)
+    assert window.busy
+    with qtbot.waitSignal(window.replyEnded, timeout=2000) as blocker:
+        qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)
+    assert blocker.args == ["cancelled"]
+    qtbot.mouseClick(window.new_chat_button, Qt.MouseButton.LeftButton)
+    assert window.messages == []
+    window._settings.sampling = replace(window._settings.sampling, max_tokens=8)
+    with qtbot.waitSignal(window.replyEnded, timeout=60_000) as blocker:
+        send(qtbot, window, "Hi")
+    assert blocker.args == ["finished"]
+
+
+def test_close_mid_generation_joins_the_engine_thread(qtbot: QtBot, window: MainWindow) -> None:
+    window._settings.sampling = replace(window._settings.sampling, max_tokens=2000)
+    send(qtbot, window, "Write a long story.")
+    qtbot.waitUntil(lambda: len(window.transcript.toPlainText()) > 60, timeout=30_000)
+    client = window._client
+    window.close()
+    assert not client.engine_thread.isRunning()

@@ -1,0 +1,1 @@
+"""Everything Qt: the window, widgets and the engine worker thread."""

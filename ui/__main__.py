@@ -1,0 +1,5 @@
+import sys
+
+from ui.main import main
+
+sys.exit(main())

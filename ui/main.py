@@ -1,0 +1,155 @@
+"""Entry point: ``lamplight [--data-dir PATH] [--model PATH] [--smoke-test]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import logging.handlers
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from app import __version__
+from app.paths import DataDirs, data_dirs
+from app.settings import AppSettings, SamplingParams
+
+log = logging.getLogger("lamplight")
+
+SMOKE_TIMEOUT_MS = 300_000
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="lamplight", description="Chat with local language models, llama.cpp in-process."
+    )
+    parser.add_argument(
+        "--data-dir",
+        metavar="PATH",
+        help="keep all state (models, settings, logs) in PATH instead of the user data directory",
+    )
+    parser.add_argument("--model", metavar="PATH", help="open this GGUF model")
+    parser.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="load the model, generate a "
+        "few tokens without showing a window, print the metrics as JSON, exit",
+    )
+    parser.add_argument("--version", action="version", version=f"Lamplight {__version__}")
+    return parser.parse_args(argv)
+
+
+def setup_logging(dirs: DataDirs) -> None:
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    handler = logging.handlers.RotatingFileHandler(
+        dirs.logs / "lamplight.log", maxBytes=2_000_000, backupCount=3, encoding="utf-8"
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    console = logging.StreamHandler()
+    console.setLevel(logging.ERROR)
+    root.addHandler(console)
+
+
+def resources_dir() -> Path:
+    """``resources/``: beside the packages in a checkout, or in the frozen bundle."""
+    base = getattr(sys, "_MEIPASS", None)
+    return (
+        Path(base) / "resources" if base else Path(__file__).resolve().parent.parent / "resources"
+    )
+
+
+def choose_model(args: argparse.Namespace, settings: AppSettings) -> tuple[str | None, str]:
+    """The model to open (None: the embedded default) and a note when a saved one is gone."""
+    if args.model:
+        return str(Path(args.model).expanduser()), ""
+    if settings.model_path:
+        if Path(settings.model_path).is_file():
+            return settings.model_path, ""
+        return None, f"The last model ({settings.model_path}) is gone; using the default model."
+    return None, ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    dirs = data_dirs(args.data_dir)
+    setup_logging(dirs)
+    log.info("Lamplight %s starting, data dir %s", __version__, dirs.root)
+    settings = AppSettings.load_from(dirs.settings_file)
+    model, note = choose_model(args, settings)
+    if args.smoke_test:
+        return smoke_test(dirs, settings, model)
+
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from ui.main_window import MainWindow
+    from ui.worker import EngineClient
+
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName("Lamplight")
+    app.setApplicationVersion(__version__)
+    app.setDesktopFileName("lamplight")
+    app.setWindowIcon(QIcon(str(resources_dir() / "icons" / "lamplight.svg")))
+    client = EngineClient(dirs.models)
+    window = MainWindow(client, settings, dirs)
+    window.show()
+    if note:
+        window.transcript.add_notice(note)
+    window.load_model(model)
+    code = app.exec()
+    client.shutdown()
+    return int(code)
+
+
+def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
+    """Load, generate a few tokens through the worker thread, print metrics as JSON."""
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QCoreApplication, QTimer
+
+    from app.engine import ModelInfo
+    from app.metrics import MessageMetrics
+    from app.templates import ChatMessage
+    from ui.worker import DEFAULT_MODEL, EngineClient
+
+    app = QCoreApplication(sys.argv[:1])
+    client = EngineClient(dirs.models)
+    result: dict[str, object] = {}
+    code = [1]
+
+    def fail(message: str) -> None:
+        print(json.dumps({"ok": False, "error": message}), flush=True)
+        app.exit(1)
+
+    def on_loaded(info: ModelInfo) -> None:
+        result["model"] = {
+            "name": info.name,
+            "path": str(info.path),
+            "template": info.template,
+            "backend": info.backend,
+            "load_ms": round(info.load_ms, 1),
+        }
+        client.generate([ChatMessage("user", "Say hello.")], SamplingParams.greedy(16))
+
+    def on_finished(_req: int, text: str, metrics: MessageMetrics) -> None:
+        result.update(ok=True, text=text, metrics=metrics.summary())
+        print(json.dumps(result), flush=True)
+        code[0] = 0 if metrics.generated_tokens > 0 else 1
+        app.exit(code[0])
+
+    client.worker.modelLoaded.connect(on_loaded)
+    client.worker.loadFailed.connect(fail)
+    client.worker.finished.connect(on_finished)
+    client.worker.cancelled.connect(lambda *_: fail("generation was cancelled"))
+    client.worker.failed.connect(lambda _r, msg: fail(msg))
+    QTimer.singleShot(SMOKE_TIMEOUT_MS, lambda: fail("timed out"))
+    client.load(DEFAULT_MODEL if model is None else model, settings.load)
+    code[0] = app.exec()
+    client.shutdown()
+    return code[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
