@@ -52,13 +52,23 @@ class PerfEngine(Engine):
             PerfEngine.perf.append((int(data.n_eval), float(data.t_eval_ms)))
 
 
-def app_round(window: Any, qt_app: Any, tokens: int) -> float:
+def app_round(window: Any, tokens: int) -> float:
     """Decode tok/s as seen by the GUI thread: first to last token arrival."""
-    from PySide6.QtCore import QEventLoop
+    from PySide6.QtCore import QEventLoop, QObject, Slot
 
-    arrivals: list[float] = []
-    on_tokens = lambda *_: arrivals.append(time.perf_counter())  # noqa: E731
-    window._client.worker.tokens.connect(on_tokens)
+    class Arrivals(QObject):
+        """Lives on the GUI thread, so the queued signal is timed where the view gets it."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.times: list[float] = []
+
+        @Slot(int, str)
+        def on_tokens(self, _req: int, _text: str) -> None:
+            self.times.append(time.perf_counter())
+
+    arrivals = Arrivals()
+    window._client.worker.tokens.connect(arrivals.on_tokens)
     loop = QEventLoop()
     window.replyEnded.connect(loop.quit)
     window.new_chat()
@@ -66,9 +76,9 @@ def app_round(window: Any, qt_app: Any, tokens: int) -> float:
     window.send()
     loop.exec()
     window.replyEnded.disconnect(loop.quit)
-    window._client.worker.tokens.disconnect(on_tokens)
+    window._client.worker.tokens.disconnect(arrivals.on_tokens)
     generated = window.reply_metrics[-1].generated_tokens
-    span = arrivals[-1] - arrivals[0]
+    span = arrivals.times[-1] - arrivals.times[0]
     return (generated - 1) / span if span > 0 else 0.0
 
 
@@ -130,7 +140,7 @@ def main() -> None:
 
     app_rates, raw_rates = [], []
     for _ in range(args.rounds):  # alternate, so drift hits both alike
-        app_rates.append(app_round(window, qt_app, args.tokens))
+        app_rates.append(app_round(window, args.tokens))
         raw_rates.append(raw_round(llm, prompt_tokens, args.tokens))
     native = [n * 1000.0 / ms for n, ms in PerfEngine.perf if ms > 0]
     llm.close()

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from app.engine import Finished, ModelInfo, ProgressFn, Token
-from app.errors import ContextOverflowError, ModelFileError
+from app.errors import ContextOverflowError, ModelFileError, ModelLoadError
 from app.metrics import MessageMetrics
 from app.settings import LoadConfig, SamplingParams
 from app.templates import ChatMessage
@@ -30,6 +30,9 @@ class FakeEngine:
     ) -> ModelInfo:
         if "missing" in str(path):
             raise ModelFileError(f"Model file not found: {path}")
+        if "broken" in str(path):
+            self.model = None  # like the real engine: the old model was freed first
+            raise ModelLoadError(f"llama.cpp could not load {Path(path).name}")
         for i in range(5):
             if progress and not progress(i / 4):
                 raise ModelFileError("cancelled")

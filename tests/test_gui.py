@@ -200,3 +200,27 @@ def test_close_during_a_reply_joins_the_thread(qtbot: QtBot, tmp_path: Path) -> 
     win.close()
     assert not client.engine_thread.isRunning()
     assert fake.model is None  # unloaded on its own thread before the join
+
+
+def test_switching_models_keeps_the_conversation(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    with qtbot.waitSignal(window.replyEnded, timeout=5000):
+        send(qtbot, window, "Remember me")
+    with qtbot.waitSignal(window.modelReady, timeout=5000):
+        window.load_model(tmp_path / "other.gguf")
+    assert window.messages[0].content == "Remember me"
+    assert "re-reads the conversation" in window.transcript.toPlainText()
+
+
+def test_a_model_llama_cpp_refuses_leaves_no_model(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from PySide6.QtWidgets import QMessageBox
+
+    monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: QMessageBox.StandardButton.Ok)
+    with qtbot.waitSignal(window.modelFailed, timeout=5000):
+        window.load_model("/models/broken.gguf")
+    assert "No model loaded" in window.status_model.text()
+    qtbot.keyClicks(window.chat_input, "hello")
+    assert not window.send_button.isEnabled()

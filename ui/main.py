@@ -93,6 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     app.setApplicationVersion(__version__)
     app.setDesktopFileName("lamplight")
     app.setWindowIcon(QIcon(str(resources_dir() / "icons" / "lamplight.svg")))
+    style = resources_dir() / "style.qss"
+    if style.is_file():
+        app.setStyleSheet(style.read_text(encoding="utf-8"))
     client = EngineClient(dirs.models)
     window = MainWindow(client, settings, dirs)
     window.show()
@@ -107,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
     """Load, generate a few tokens through the worker thread, print metrics as JSON."""
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QCoreApplication, QTimer
+    from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
 
     from app.engine import ModelInfo
     from app.metrics import MessageMetrics
@@ -116,39 +119,62 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
 
     app = QCoreApplication(sys.argv[:1])
     client = EngineClient(dirs.models)
-    result: dict[str, object] = {}
-    code = [1]
 
-    def fail(message: str) -> None:
-        print(json.dumps({"ok": False, "error": message}), flush=True)
-        app.exit(1)
+    class SmokeRun(QObject):
+        """Receives the worker's signals on this (the main) thread."""
 
-    def on_loaded(info: ModelInfo) -> None:
-        result["model"] = {
-            "name": info.name,
-            "path": str(info.path),
-            "template": info.template,
-            "backend": info.backend,
-            "load_ms": round(info.load_ms, 1),
-        }
-        client.generate([ChatMessage("user", "Say hello.")], SamplingParams.greedy(16))
+        def __init__(self) -> None:
+            super().__init__()
+            self.result: dict[str, object] = {}
 
-    def on_finished(_req: int, text: str, metrics: MessageMetrics) -> None:
-        result.update(ok=True, text=text, metrics=metrics.summary())
-        print(json.dumps(result), flush=True)
-        code[0] = 0 if metrics.generated_tokens > 0 else 1
-        app.exit(code[0])
+        def fail(self, message: str) -> None:
+            print(json.dumps({"ok": False, "error": message}), flush=True)
+            app.exit(1)
 
-    client.worker.modelLoaded.connect(on_loaded)
-    client.worker.loadFailed.connect(fail)
-    client.worker.finished.connect(on_finished)
-    client.worker.cancelled.connect(lambda *_: fail("generation was cancelled"))
-    client.worker.failed.connect(lambda _r, msg: fail(msg))
-    QTimer.singleShot(SMOKE_TIMEOUT_MS, lambda: fail("timed out"))
+        @Slot(object)
+        def on_loaded(self, info: ModelInfo) -> None:
+            self.result["model"] = {
+                "name": info.name,
+                "path": str(info.path),
+                "template": info.template,
+                "backend": info.backend,
+                "load_ms": round(info.load_ms, 1),
+            }
+            client.generate([ChatMessage("user", "Say hello.")], SamplingParams.greedy(16))
+
+        @Slot(str, bool)
+        def on_load_failed(self, message: str, _still_loaded: bool) -> None:
+            self.fail(message)
+
+        @Slot(int, str, object)
+        def on_finished(self, _req: int, text: str, metrics: MessageMetrics) -> None:
+            self.result.update(ok=True, text=text, metrics=metrics.summary())
+            print(json.dumps(self.result), flush=True)
+            app.exit(0 if metrics.generated_tokens > 0 else 1)
+
+        @Slot(int, str, object)
+        def on_cancelled(self, _req: int, _text: str, _metrics: MessageMetrics) -> None:
+            self.fail("generation was cancelled")
+
+        @Slot(int, str)
+        def on_failed(self, _req: int, message: str) -> None:
+            self.fail(message)
+
+        @Slot()
+        def on_timeout(self) -> None:
+            self.fail("timed out")
+
+    run = SmokeRun()
+    client.worker.modelLoaded.connect(run.on_loaded)
+    client.worker.loadFailed.connect(run.on_load_failed)
+    client.worker.finished.connect(run.on_finished)
+    client.worker.cancelled.connect(run.on_cancelled)
+    client.worker.failed.connect(run.on_failed)
+    QTimer.singleShot(SMOKE_TIMEOUT_MS, run.on_timeout)
     client.load(DEFAULT_MODEL if model is None else model, settings.load)
-    code[0] = app.exec()
+    code = app.exec()
     client.shutdown()
-    return code[0]
+    return int(code)
 
 
 if __name__ == "__main__":

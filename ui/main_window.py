@@ -257,17 +257,22 @@ class MainWindow(QMainWindow):
         if str(info.path) != self._settings.model_path:
             self._settings.model_path = str(info.path)
             self._save_settings()
-        self._messages.clear()
-        self.reply_metrics.clear()
-        self.transcript.clear_conversation()
+        if self._messages:
+            # The conversation stays; the new model reads it afresh on the next reply.
+            self.transcript.add_notice(
+                f"Now using {info.name}. The next reply re-reads the conversation."
+            )
         self._update_buttons()
         self.chat_input.setFocus()
         self.modelReady.emit(info)
 
-    def _on_load_failed(self, message: str) -> None:
+    def _on_load_failed(self, message: str, previous_still_loaded: bool) -> None:
         self._loading = False
         self.load_progress.hide()
         self.cancel_load_button.hide()
+        if not previous_still_loaded:
+            self._model = None
+            self.status_backend.setText("")
         if self._model is not None:
             self.status_model.setText(f"{self._model.name} (still loaded)")
         else:

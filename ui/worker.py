@@ -14,7 +14,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from app.default_model import ensure_default_model
-from app.engine import Engine, Finished, LoadCancelled, PrefillProgress, Token
+from app.engine import Engine, Finished, PrefillProgress, Token
 from app.errors import LamplightError
 from app.settings import LoadConfig, SamplingParams
 from app.templates import ChatMessage
@@ -38,7 +38,8 @@ class EngineWorker(QObject):
     Signals:
         loadProgress(float, str): load fraction 0..1 and what is happening.
         modelLoaded(object): the ``ModelInfo`` of the loaded model.
-        loadFailed(str): why the model could not be loaded.
+        loadFailed(str, bool): why the model could not be loaded, and whether the
+            previous model is still loaded.
         prefillProgress(int, int, int): request id, prompt tokens done, total.
         tokens(int, str): request id and reply text.
         finished(int, str, object): request id, full reply, ``MessageMetrics``.
@@ -50,7 +51,7 @@ class EngineWorker(QObject):
 
     loadProgress = Signal(float, str)
     modelLoaded = Signal(object)
-    loadFailed = Signal(str)
+    loadFailed = Signal(str, bool)
     prefillProgress = Signal(int, int, int)
     tokens = Signal(int, str)
     finished = Signal(int, str, object)
@@ -78,13 +79,11 @@ class EngineWorker(QObject):
                 self.loadProgress.emit(0.0, "Preparing the default model")
                 path = str(ensure_default_model(self._models_dir))
             info = self._engine.load(path, config, progress)
-        except LoadCancelled as exc:
-            self.loadFailed.emit(str(exc))
         except LamplightError as exc:
-            self.loadFailed.emit(str(exc))
+            self.loadFailed.emit(str(exc), self._engine.model is not None)
         except Exception as exc:  # the app must survive any loader failure
             log.exception("model load failed")
-            self.loadFailed.emit(f"Could not load the model: {exc}")
+            self.loadFailed.emit(f"Could not load the model: {exc}", self._engine.model is not None)
         else:
             self.modelLoaded.emit(info)
 
