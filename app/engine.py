@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from app.backend import BackendInfo, detect_backend
+from app.context_map import ContextMap
 from app.errors import (
     ContextOverflowError,
     DecodeError,
@@ -40,6 +41,8 @@ from app.templates import ChatMessage, ChatTemplate, choose_template
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
+
+KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
 
 ProgressFn = Callable[[float], bool]
 """Load progress 0..1; return False to cancel the load."""
@@ -91,6 +94,16 @@ class Finished:
 
 
 EngineEvent = Token | PrefillProgress | Finished
+
+
+@dataclass(frozen=True)
+class KvState:
+    """KV sequence 0 as llama.cpp serializes it, with the tokens and text it covers."""
+
+    state: bytes
+    tokens: list[int]
+    text: str
+    marks: list[tuple[int, int]]
 
 
 def _install_log_route() -> None:
@@ -168,8 +181,10 @@ class Engine:
         self._gguf: GgufInfo | None = None
         self._template: ChatTemplate | None = None
         self._backend: BackendInfo | None = None
-        # Tokens whose keys/values are in KV sequence 0, in order.
-        self._tokens: list[int] = []
+        self._config: LoadConfig | None = None
+        # Tokens whose keys/values are in KV sequence 0, and the text they encode.
+        self._map = ContextMap()
+        self._n_swa = 0
         self._stop = threading.Event()
         self._abort_cb: Any = None
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -193,7 +208,7 @@ class Engine:
     @property
     def cached_tokens(self) -> list[int]:
         """A copy of the token ids currently held in the KV cache."""
-        return list(self._tokens)
+        return list(self._map.tokens)
 
     def backend(self) -> BackendInfo:
         if self._backend is None:
@@ -235,6 +250,10 @@ class Engine:
                     # Full-size SWA cache: rewinding a sliding-window model's KV
                     # (regenerate, edit, prefix reuse) needs positions outside the window.
                     swa_full=True,
+                    # A quantized V cache needs flash attention in llama.cpp.
+                    flash_attn=config.kv_type != "f16",
+                    type_k=KV_TYPES[config.kv_type],
+                    type_v=KV_TYPES[config.kv_type],
                     verbose=False,
                 )
         except (ValueError, RuntimeError, OSError) as exc:
@@ -247,7 +266,9 @@ class Engine:
         load_ms = (time.perf_counter() - t0) * 1000
         self._llm = llm
         self._gguf = gguf
-        self._tokens = []
+        self._config = config
+        self._map.clear()
+        self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
         self._one_token = (llama_cpp.llama_token * 1)()
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._template = choose_template(
@@ -281,7 +302,7 @@ class Engine:
         self._llm = None
         self._info = None
         self._template = None
-        self._tokens = []
+        self._map.clear()
 
     def reset(self) -> None:
         """Forget the conversation held in the KV cache (for a new chat)."""
@@ -289,7 +310,69 @@ class Engine:
         import llama_cpp
 
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm._ctx.ctx), True)
-        self._tokens = []
+        self._map.clear()
+
+    # -- KV state ------------------------------------------------------------------
+
+    def cache_config(self) -> dict[str, Any]:
+        """Context settings a saved KV state depends on."""
+        self._require()
+        assert self._config is not None
+        return {
+            "n_ctx": self._llm.n_ctx(),
+            "kv_type": self._config.kv_type,
+            "swa_full": True,
+            "n_swa": self._n_swa,
+        }
+
+    def state_size(self) -> int:
+        """Bytes llama.cpp needs to serialize KV sequence 0."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_state_seq_get_size(self._require()._ctx.ctx, 0))
+
+    def export_state(self) -> KvState:
+        """Copy KV sequence 0 out of llama.cpp (no logits: it scales with the cache)."""
+        import llama_cpp
+
+        ctx = self._require()._ctx.ctx
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
+        if written != size:
+            raise LamplightError(f"llama.cpp wrote {written} of {size} bytes of state.")
+        return KvState(
+            state=bytes(buf),
+            tokens=list(self._map.tokens),
+            text=self._map.text,
+            marks=list(self._map.marks),
+        )
+
+    def import_state(self, kv: KvState) -> None:
+        """Replace the cache with ``kv``; on failure the cache is left empty.
+
+        Raises:
+            LamplightError: llama.cpp rejected the state, or it does not cover ``kv.tokens``.
+        """
+        import llama_cpp
+
+        ctx = self._require()._ctx.ctx
+        mem = llama_cpp.llama_get_memory(ctx)
+        llama_cpp.llama_memory_clear(mem, True)
+        self._map.clear()
+        if not kv.tokens:
+            return
+        buf = (ctypes.c_uint8 * len(kv.state)).from_buffer_copy(kv.state)
+        read = llama_cpp.llama_state_seq_set_data(ctx, buf, len(kv.state), 0)
+        pos_max = llama_cpp.llama_memory_seq_pos_max(mem, 0)
+        if read == 0 or pos_max != len(kv.tokens) - 1:
+            llama_cpp.llama_memory_clear(mem, True)
+            raise LamplightError(
+                "llama.cpp did not accept the saved state"
+                if read == 0
+                else f"the saved state covers {pos_max + 1} tokens, not {len(kv.tokens)}"
+            )
+        self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
 
     # -- tokens ------------------------------------------------------------------
 
@@ -348,32 +431,46 @@ class Engine:
         llm = self._require()
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
-        prompt = self.prompt_tokens(messages)
+        assert self._template is not None
+        text = self._template.render(messages, True)
+        n_mark, c_mark = self._map.match(text)
+        prompt = self._map.tokens[:n_mark] + self._tokenize(text[c_mark:], bos=n_mark == 0)
         n_ctx = llm.n_ctx()
         if len(prompt) >= n_ctx:
             raise ContextOverflowError(len(prompt) + 1, n_ctx)
 
-        keep = common_prefix(self._tokens, prompt)
+        self._map.keep_marks(n_mark)
+        keep = common_prefix(self._map.tokens, prompt)
         if keep == len(prompt):
             keep -= 1  # the last prompt token must be evaluated to get its logits
-        self._truncate(keep)
-        keep = len(self._tokens)
+        note = self._rewind(keep)
+        keep = len(self._map.tokens)
         seed = params.seed if params.seed >= 0 else secrets.randbits(31)
         metrics = MessageMetrics(
-            prompt_tokens=len(prompt), cached_tokens=keep, n_ctx=n_ctx, seed=seed
+            prompt_tokens=len(prompt),
+            cached_tokens=keep,
+            n_ctx=n_ctx,
+            seed=seed,
+            cache_note=note,
+            turn_offset=min(n_mark, keep),
         )
 
-        new = prompt[keep:]
         t_prefill = time.perf_counter()
-        yield from self._prefill(new, stop)
-        metrics.evaluated_tokens = len(self._tokens) - keep
+        yield from self._prefill(prompt[keep:], stop)
+        metrics.evaluated_tokens = len(self._map.tokens) - keep
         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
-        if len(self._tokens) < len(prompt):
+        if len(self._map.tokens) < len(prompt):
             metrics.stop_reason = "cancelled"
             yield Finished("", metrics)
             return
+        self._map.mark(text)
 
         yield from self._decode(params, seed, metrics, t0, stop)
+
+    def _tokenize(self, text: str, bos: bool) -> list[int]:
+        if not text:
+            return []
+        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True))
 
     def _prefill(self, tokens: Sequence[int], stop: threading.Event) -> Iterator[PrefillProgress]:
         """Evaluate ``tokens`` in batches with the abort callback armed."""
@@ -392,12 +489,12 @@ class Engine:
                 rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
                 if rc == 2 or (rc != 0 and stop.is_set()):
                     # Aborted: some ubatches may be in memory; drop what we cannot vouch for.
-                    self._truncate(len(self._tokens))
+                    self._rewind(len(self._map.tokens))
                     return
                 if rc != 0:
-                    self._truncate(len(self._tokens))
+                    self._rewind(len(self._map.tokens))
                     raise DecodeError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
-                self._tokens.extend(chunk)
+                self._map.tokens.extend(chunk)
                 yield PrefillProgress(start + len(chunk), len(tokens))
         finally:
             # Off during decoding: llama.cpp calls it for every graph node, which
@@ -423,6 +520,9 @@ class Engine:
         assert self._template is not None
         stops = StopStringFilter((*params.stop, *self._template.stop_strings))
         parts: list[str] = []
+        raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
+        prompt_text = self._map.text
+        raw_len = 0
         one = self._one_token
         times = metrics.token_times_ms
         reason = "max_tokens"
@@ -431,7 +531,7 @@ class Engine:
                 if stop.is_set():
                     reason = "cancelled"
                     break
-                if len(self._tokens) >= n_ctx:
+                if len(self._map.tokens) >= n_ctx:
                     reason = "context_full"
                     break
                 tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
@@ -440,7 +540,8 @@ class Engine:
                     break
                 times.append((time.perf_counter() - t0) * 1000)
                 metrics.generated_tokens += 1
-                text = stops.feed(decoder.decode(self._token_bytes(tok)))
+                piece = decoder.decode(self._token_bytes(tok))
+                text = stops.feed(piece)
                 if text:
                     parts.append(text)
                     yield Token(text)
@@ -453,11 +554,18 @@ class Engine:
                 one[0] = tok
                 rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
                 if rc != 0:
-                    self._truncate(len(self._tokens))
+                    self._rewind(len(self._map.tokens))
                     raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
-                self._tokens.append(tok)
+                self._map.tokens.append(tok)
+                if piece:
+                    raw.append(piece)
+                    raw_len += len(piece)
+                if not decoder.getstate()[0]:  # no partial UTF-8 character pending
+                    self._map.marks.append((len(self._map.tokens), len(prompt_text) + raw_len))
         finally:
             llama_cpp.llama_sampler_free(sampler)
+            self._map.text = prompt_text + "".join(raw)
+            self._map.keep_marks(len(self._map.tokens))
         if not stops.hit:
             tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
             if tail:
@@ -481,7 +589,7 @@ class Engine:
                     self._llm.n_vocab(), params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
                 )
             )
-            for tok in self._tokens[-params.repeat_last_n :]:
+            for tok in self._map.tokens[-params.repeat_last_n :]:
                 llama_cpp.llama_sampler_accept(chain, tok)
         if params.temperature <= 0.0:
             add(llama_cpp.llama_sampler_init_greedy())
@@ -501,17 +609,34 @@ class Engine:
     def _should_abort(self, _data: Any) -> bool:
         return self._stop.is_set()
 
-    def _truncate(self, n: int) -> None:
-        """Keep only the first ``n`` tokens in the KV cache (all of it if that fails)."""
+    def _rewind(self, n: int) -> str:
+        """Keep only the first ``n`` tokens in the KV cache.
+
+        Returns a note when the cache had to be emptied instead: llama.cpp
+        refused the partial removal, or a sliding-window layer no longer holds
+        the window that position ``n`` attends to (restored snapshots keep only
+        the last window). Then the whole prompt is evaluated again.
+        """
         import llama_cpp
 
         mem = llama_cpp.llama_get_memory(self._llm._ctx.ctx)
-        if llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
-            del self._tokens[n:]
-        else:
-            log.info("partial KV removal refused; clearing the cache")
+        note = ""
+        # Checked before the removal: afterwards the window's cells may all be gone.
+        pos_min = llama_cpp.llama_memory_seq_pos_min(mem, 0)
+        if n > 0 and self._n_swa > 0 and pos_min > max(0, n - self._n_swa):
+            note = (
+                f"the sliding-window cache starts at token {pos_min}, "
+                f"too late to continue from token {n}"
+            )
+        elif n < len(self._map.tokens) and not llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
+            note = "llama.cpp could not rewind the cache"
+        if note:
+            log.info("cache rebuilt: %s", note)
             llama_cpp.llama_memory_clear(mem, True)
-            self._tokens = []
+            self._map.clear()
+        else:
+            self._map.truncate(n)
+        return note
 
     def _require(self) -> Any:
         if self._llm is None:

@@ -41,6 +41,8 @@ class MessageMetrics:
     stop_reason: str = ""
     n_ctx: int = 0
     seed: int | None = None
+    cache_note: str = ""  # why the KV cache was rebuilt instead of reused, if it was
+    turn_offset: int = 0  # tokens of earlier context before this turn's new text
 
     @property
     def context_used(self) -> int:

@@ -29,6 +29,7 @@ class LoadConfig:
     n_threads: int = 0  # 0: default_threads()
     n_gpu_layers: int = 0  # -1: all layers
     n_batch: int = 512
+    kv_type: str = "f16"  # "q8_0" halves the KV cache and its snapshots
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()
@@ -60,6 +61,8 @@ class AppSettings:
 
     model_path: str | None = None
     system_prompt: str = ""
+    last_conversation: str | None = None
+    snapshot_budget_mb: int = 1024  # KV snapshots beyond this are dropped, oldest use first
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -74,9 +77,15 @@ class AppSettings:
         if "stop" in sampling:
             sampling["stop"] = tuple(str(s) for s in sampling["stop"])
         model_path = data.get("model_path")
+        last = data.get("last_conversation")
+        budget = data.get("snapshot_budget_mb")
         return cls(
             model_path=str(model_path) if model_path else None,
             system_prompt=str(data.get("system_prompt", "")),
+            last_conversation=str(last) if isinstance(last, str) and last.isalnum() else None,
+            snapshot_budget_mb=budget
+            if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+            else 1024,
             load=LoadConfig(**load),
             sampling=SamplingParams(**sampling),
         )

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from app.engine import Finished, ModelInfo, ProgressFn, Token
+from app.engine import Finished, KvState, ModelInfo, ProgressFn, Token
 from app.errors import ContextOverflowError, ModelFileError, ModelLoadError
 from app.metrics import MessageMetrics
 from app.settings import LoadConfig, SamplingParams
@@ -69,6 +69,7 @@ class FakeEngine:
         for i, word in enumerate(words[: params.max_tokens]):
             if stop.is_set():
                 metrics.stop_reason = "cancelled"
+                self.kv_tokens = list(range(10 + len(parts)))
                 yield Finished("".join(parts), metrics)
                 return
             time.sleep(self.delay)
@@ -78,10 +79,27 @@ class FakeEngine:
             metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
             yield Token(text)
         metrics.stop_reason = "eos"
+        self.kv_tokens = list(range(10 + len(parts)))
         yield Finished("".join(parts), metrics)
 
     def reset(self) -> None:
         self.resets += 1
+        self.kv_tokens = []
+
+    # The snapshot interface, with a token list standing in for the KV cache.
+    kv_tokens: list[int] = []  # noqa: RUF012  # replaced per instance on first use
+
+    def cache_config(self) -> dict[str, object]:
+        return {"n_ctx": 2048}
+
+    def state_size(self) -> int:
+        return 4 * len(self.kv_tokens)
+
+    def export_state(self) -> KvState:
+        return KvState(b"fake-state", list(self.kv_tokens), "", [(0, 0)])
+
+    def import_state(self, kv: KvState) -> None:
+        self.kv_tokens = list(kv.tokens)
 
     def unload(self) -> None:
         self.model = None

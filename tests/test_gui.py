@@ -11,6 +11,7 @@ from pytestqt.qtbot import QtBot
 
 from app.paths import data_dirs
 from app.settings import AppSettings
+from app.store import ConversationStore
 from app.templates import ChatMessage
 from tests.fakes import FakeEngine, overflow
 from ui.main_window import MainWindow
@@ -24,18 +25,26 @@ def fake() -> FakeEngine:
     return FakeEngine()
 
 
-@pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
+def make_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
     dirs = data_dirs(tmp_path / "data")
-    client = EngineClient(dirs.models, engine_factory=lambda: fake)
-    win = MainWindow(client, AppSettings(), dirs)
+    store = ConversationStore(dirs.root)
+    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
+    win = MainWindow(client, AppSettings(), dirs, store)
     qtbot.addWidget(win)
     win.show()
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"fake model")  # the snapshot header fingerprints it
     with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(tmp_path / "model.gguf")
+        win.load_model(model)
+    return win
+
+
+@pytest.fixture()
+def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
+    win = make_window(qtbot, tmp_path, fake)
     yield win
     win.close()
-    assert not client.engine_thread.isRunning()
+    assert not win._client.engine_thread.isRunning()
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
@@ -188,13 +197,8 @@ def test_bad_model_file_keeps_the_app_running(
 
 def test_close_during_a_reply_joins_the_thread(qtbot: QtBot, tmp_path: Path) -> None:
     fake = FakeEngine(LONG_REPLY, delay=0.01)
-    dirs = data_dirs(tmp_path / "data")
-    client = EngineClient(dirs.models, engine_factory=lambda: fake)
-    win = MainWindow(client, AppSettings(), dirs)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(tmp_path / "model.gguf")
+    win = make_window(qtbot, tmp_path, fake)
+    client = win._client
     send(qtbot, win, "Go")
     qtbot.waitUntil(lambda: "w3" in win.transcript.toPlainText(), timeout=5000)
     win.close()
@@ -207,10 +211,12 @@ def test_switching_models_keeps_the_conversation(
 ) -> None:
     with qtbot.waitSignal(window.replyEnded, timeout=5000):
         send(qtbot, window, "Remember me")
-    with qtbot.waitSignal(window.modelReady, timeout=5000):
-        window.load_model(tmp_path / "other.gguf")
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another fake model")
+    with qtbot.waitSignal(window.conversationOpened, timeout=5000):
+        window.load_model(other)
     assert window.messages[0].content == "Remember me"
-    assert "re-reads the conversation" in window.transcript.toPlainText()
+    assert "saved with another model (model.gguf)" in window.transcript.toPlainText()
 
 
 def test_a_model_llama_cpp_refuses_leaves_no_model(

@@ -12,6 +12,7 @@ from pytestqt.qtbot import QtBot
 
 from app.paths import data_dirs
 from app.settings import AppSettings, SamplingParams
+from app.store import ConversationStore
 from tests.conftest import TEST_LOAD
 from ui.main_window import MainWindow
 from ui.worker import EngineClient
@@ -21,8 +22,9 @@ from ui.worker import EngineClient
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
     dirs = data_dirs(tmp_path / "data")
     settings = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(32))
-    client = EngineClient(dirs.models)
-    win = MainWindow(client, settings, dirs)
+    store = ConversationStore(dirs.root)
+    client = EngineClient(dirs.models, store=store)
+    win = MainWindow(client, settings, dirs, store)
     qtbot.addWidget(win)
     win.show()
     with qtbot.waitSignal(win.modelReady, timeout=60_000):

@@ -85,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from app.store import ConversationStore
     from ui.main_window import MainWindow
     from ui.worker import EngineClient
 
@@ -96,9 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     style = resources_dir() / "style.qss"
     if style.is_file():
         app.setStyleSheet(style.read_text(encoding="utf-8"))
-    client = EngineClient(dirs.models)
-    window = MainWindow(client, settings, dirs)
+    store = ConversationStore(dirs.root, settings.snapshot_budget_mb * 1024 * 1024)
+    client = EngineClient(dirs.models, store=store)
+    window = MainWindow(client, settings, dirs, store)
     window.show()
+    if settings.last_conversation and store.transcript_path(settings.last_conversation).exists():
+        # The transcript shows at once; its cache is restored when the model is ready.
+        window.open_conversation(settings.last_conversation, restore=False)
     if note:
         window.transcript.add_notice(note)
     window.load_model(model)

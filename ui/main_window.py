@@ -1,12 +1,13 @@
-"""The main window: transcript, input, Send/Stop, New chat, model status."""
+"""The main window: conversation sidebar, transcript, input, Send/Stop, model status."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QEventLoop, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -17,16 +18,28 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
+    QSplitter,
     QToolBar,
     QVBoxLayout,
     QWidget,
 )
 
+from app.atomic import atomic_write_text
+from app.conversation import (
+    Conversation,
+    ConversationError,
+    Message,
+    metrics_to_dict,
+    to_markdown,
+)
 from app.engine import ModelInfo
 from app.metrics import MessageMetrics
 from app.paths import DataDirs
+from app.session_cache import RestoreResult
 from app.settings import AppSettings
+from app.store import ConversationStore
 from app.templates import ChatMessage
+from ui.conversation_list import ConversationList, human_bytes
 from ui.transcript import TranscriptView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -54,33 +67,46 @@ class ChatInput(QPlainTextEdit):
 
 
 class MainWindow(QMainWindow):
-    """One chat with the loaded model.
+    """Chats with the loaded model; every conversation is saved with its KV cache.
 
     Signals:
         replyEnded(str): ``finished``, ``cancelled`` or ``failed``, after the view updated.
         modelReady(object): the ``ModelInfo`` once a model is loaded.
         modelFailed(str): why a model could not be loaded, after the view updated.
+        conversationOpened(object): the ``RestoreResult`` once an opened chat is ready.
+        snapshotSaved(str): conversation id whose cache was just written.
     """
 
     replyEnded = Signal(str)
     modelReady = Signal(object)
     modelFailed = Signal(str)
+    conversationOpened = Signal(object)
+    snapshotSaved = Signal(str)
 
-    def __init__(self, client: EngineClient, settings: AppSettings, dirs: DataDirs) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        settings: AppSettings,
+        dirs: DataDirs,
+        store: ConversationStore | None = None,
+    ) -> None:
         super().__init__()
         self.setObjectName("mainWindow")
         self.setWindowTitle("Lamplight")
-        self.resize(960, 720)
+        self.resize(1180, 760)
         self._client = client
         self._settings = settings
         self._dirs = dirs
-        self._messages: list[ChatMessage] = []
+        self._store = store or ConversationStore(dirs.root)
+        self._store.budget_bytes = settings.snapshot_budget_mb * 1024 * 1024
+        self._conv = self._fresh_conversation()
         self.reply_metrics: list[MessageMetrics] = []
         self._request: int | None = None
         self._pending: list[str] = []
         self._reply_started = 0.0
         self._reply_tokens = 0
-        self._new_chat_after_stop = False
+        self._after_stop: list[object] = []  # callables to run once the reply has ended
+        self._editing: int | None = None
         self._model: ModelInfo | None = None
         self._loading = False
         self._closing = False
@@ -91,12 +117,14 @@ class MainWindow(QMainWindow):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
         self._flush_timer.timeout.connect(self._on_flush)
+        self.refresh_sidebar()
         self._update_buttons()
 
     # -- construction ----------------------------------------------------------------
 
     def _build_widgets(self) -> None:
         self.transcript = TranscriptView(self)
+        self.transcript.actionRequested.connect(self._on_message_action)
         self.chat_input = ChatInput(self)
         self.chat_input.setObjectName("chatInput")
         self.chat_input.setPlaceholderText(
@@ -113,6 +141,10 @@ class MainWindow(QMainWindow):
         self.stop_button.setObjectName("stopButton")
         self.stop_button.setToolTip("Stop the reply (Esc)")
         self.stop_button.clicked.connect(self.stop)
+        self.edit_banner = QLabel(self)
+        self.edit_banner.setObjectName("editBanner")
+        self.edit_banner.setStyleSheet("color: palette(highlight);")
+        self.edit_banner.hide()
 
         buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
@@ -121,12 +153,27 @@ class MainWindow(QMainWindow):
         row = QHBoxLayout()
         row.addWidget(self.chat_input, 1)
         row.addLayout(buttons)
-        central = QWidget(self)
-        layout = QVBoxLayout(central)
+        chat = QWidget(self)
+        layout = QVBoxLayout(chat)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(self.transcript, 1)
+        layout.addWidget(self.edit_banner)
         layout.addLayout(row)
-        self.setCentralWidget(central)
+
+        self.sidebar = ConversationList(self)
+        self.sidebar.openRequested.connect(self.open_conversation)
+        self.sidebar.renameRequested.connect(self.rename_conversation)
+        self.sidebar.forkRequested.connect(self._on_fork_from_sidebar)
+        self.sidebar.deleteRequested.connect(self._on_delete_requested)
+        self.sidebar.exportRequested.connect(self._on_export_requested)
+        self.sidebar.newChatRequested.connect(self.new_chat)
+        splitter = QSplitter(self)
+        splitter.setObjectName("mainSplitter")
+        splitter.addWidget(self.sidebar)
+        splitter.addWidget(chat)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([260, 920])
+        self.setCentralWidget(splitter)
 
         bar = self.statusBar()
         self.status_model = QLabel("No model", self)
@@ -150,39 +197,86 @@ class MainWindow(QMainWindow):
         bar.addPermanentWidget(self.status_speed)
         bar.addPermanentWidget(self.status_backend)
 
+    def _action(
+        self,
+        text: str,
+        slot: object,
+        shortcut: QKeySequence | QKeySequence.StandardKey | str | None = None,
+        tip: str = "",
+    ) -> QAction:
+        action = QAction(text, self)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))
+        if tip:
+            action.setToolTip(tip)
+        action.triggered.connect(slot)
+        self.addAction(action)
+        return action
+
     def _build_actions(self) -> None:
+        self.new_chat_action = self._action(
+            "New chat",
+            self.new_chat,
+            QKeySequence.StandardKey.New,
+            "Start a new conversation (Ctrl+N)",
+        )
+        self.open_model_action = self._action(
+            "Open model…",
+            self._on_open_model,
+            QKeySequence.StandardKey.Open,
+            "Load a GGUF model file (Ctrl+O)",
+        )
+        self.regenerate_action = self._action(
+            "Regenerate last reply", self.regenerate, "Ctrl+R", "Ask for another reply (Ctrl+R)"
+        )
+        import_action = self._action("Import conversation…", self._on_import)
+        export_json = self._action(
+            "Export conversation as JSON…", lambda: self._on_export_requested(self._conv.id, "json")
+        )
+        export_md = self._action(
+            "Export conversation as Markdown…",
+            lambda: self._on_export_requested(self._conv.id, "markdown"),
+        )
+        quit_action = self._action("Quit", self.close, QKeySequence.StandardKey.Quit)
+        self._action("Stop", self.stop, QKeySequence(Qt.Key.Key_Escape))
+        self._action("Focus input", lambda: self.chat_input.setFocus(), "Ctrl+L")
+        self.compact_cache_action = self._action(
+            "Compact KV cache (q8_0, half-size snapshots)", self._on_compact_cache_toggled
+        )
+        self.compact_cache_action.setCheckable(True)
+        self.compact_cache_action.setChecked(self._settings.load.kv_type == "q8_0")
+
+        menu = self.menuBar()
+        file_menu = menu.addMenu("&File")
+        for a in (
+            self.new_chat_action,
+            self.open_model_action,
+            None,
+            import_action,
+            export_json,
+            export_md,
+            None,
+            quit_action,
+        ):
+            if a is None:
+                file_menu.addSeparator()
+            else:
+                file_menu.addAction(a)
+        chat_menu = menu.addMenu("&Chat")
+        chat_menu.addAction(self.regenerate_action)
+        model_menu = menu.addMenu("&Model")
+        model_menu.addAction(self.open_model_action)
+        model_menu.addAction(self.compact_cache_action)
+
         toolbar = QToolBar("Main", self)
         toolbar.setObjectName("mainToolbar")
         toolbar.setMovable(False)
         self.addToolBar(toolbar)
-
-        self.new_chat_action = QAction("New chat", self)
-        self.new_chat_action.setShortcut(QKeySequence.StandardKey.New)
-        self.new_chat_action.setToolTip("Start a new conversation (Ctrl+N)")
-        self.new_chat_action.triggered.connect(self.new_chat)
         toolbar.addAction(self.new_chat_action)
-        new_button = toolbar.widgetForAction(self.new_chat_action)
-        new_button.setObjectName("newChatButton")
-        self.new_chat_button = new_button
-
-        self.open_model_action = QAction("Open model…", self)
-        self.open_model_action.setShortcut(QKeySequence.StandardKey.Open)
-        self.open_model_action.setToolTip("Load a GGUF model file (Ctrl+O)")
-        self.open_model_action.triggered.connect(self._on_open_model)
+        self.new_chat_button = toolbar.widgetForAction(self.new_chat_action)
+        self.new_chat_button.setObjectName("newChatButton")
         toolbar.addAction(self.open_model_action)
-
-        stop_action = QAction("Stop", self)
-        stop_action.setShortcut(QKeySequence(Qt.Key.Key_Escape))
-        stop_action.triggered.connect(self.stop)
-        self.addAction(stop_action)
-        focus_action = QAction("Focus input", self)
-        focus_action.setShortcut(QKeySequence("Ctrl+L"))
-        focus_action.triggered.connect(lambda: self.chat_input.setFocus())
-        self.addAction(focus_action)
-        quit_action = QAction("Quit", self)
-        quit_action.setShortcut(QKeySequence.StandardKey.Quit)
-        quit_action.triggered.connect(self.close)
-        self.addAction(quit_action)
+        toolbar.addAction(self.regenerate_action)
 
     def _connect_engine(self) -> None:
         w = self._client.worker
@@ -194,6 +288,9 @@ class MainWindow(QMainWindow):
         w.finished.connect(self._on_finished)
         w.cancelled.connect(self._on_cancelled)
         w.failed.connect(self._on_failed)
+        w.snapshotSaved.connect(self._on_snapshot_saved)
+        w.snapshotFailed.connect(self._on_snapshot_failed)
+        w.restored.connect(self._on_restored)
 
     # -- state ---------------------------------------------------------------------
 
@@ -202,8 +299,15 @@ class MainWindow(QMainWindow):
         return self._request is not None
 
     @property
+    def conversation(self) -> Conversation:
+        return self._conv
+
+    @property
     def messages(self) -> list[ChatMessage]:
-        return list(self._messages)
+        return [m.chat() for m in self._conv.messages]
+
+    def _fresh_conversation(self) -> Conversation:
+        return Conversation(system_prompt=self._settings.system_prompt)
 
     def _update_buttons(self) -> None:
         has_text = bool(self.chat_input.toPlainText().strip())
@@ -211,6 +315,18 @@ class MainWindow(QMainWindow):
         self.send_button.setEnabled(ready and not self.busy and has_text)
         self.stop_button.setEnabled(self.busy)
         self.open_model_action.setEnabled(not self.busy and not self._loading)
+        self.regenerate_action.setEnabled(
+            ready and not self.busy and any(m.role == "assistant" for m in self._conv.messages)
+        )
+
+    def _run_when_idle(self, action: object) -> bool:
+        """Run ``action`` now, or after stopping the running reply. True if deferred."""
+        if self.busy:
+            self._after_stop.append(action)
+            self.stop()
+            return True
+        action()  # type: ignore[operator]
+        return False
 
     # -- model ---------------------------------------------------------------------
 
@@ -236,6 +352,13 @@ class MainWindow(QMainWindow):
         if path:
             self.load_model(path)
 
+    def _on_compact_cache_toggled(self) -> None:
+        kv_type = "q8_0" if self.compact_cache_action.isChecked() else "f16"
+        self._settings.load = replace(self._settings.load, kv_type=kv_type)
+        self._save_settings()
+        if self._model is not None and not self.busy:
+            self.load_model(self._model.path)
+
     def _on_load_progress(self, value: float, what: str) -> None:
         self.load_progress.setValue(int(value * 100))
         self.status_model.setText(f"{what}… {value:.0%}")
@@ -257,11 +380,9 @@ class MainWindow(QMainWindow):
         if str(info.path) != self._settings.model_path:
             self._settings.model_path = str(info.path)
             self._save_settings()
-        if self._messages:
-            # The conversation stays; the new model reads it afresh on the next reply.
-            self.transcript.add_notice(
-                f"Now using {info.name}. The next reply re-reads the conversation."
-            )
+        if self._conv.messages:
+            # Resume from the saved cache if it was made with this model; else re-read.
+            self._client.restore_snapshot(self._conv.id)
         self._update_buttons()
         self.chat_input.setFocus()
         self.modelReady.emit(info)
@@ -289,6 +410,177 @@ class MainWindow(QMainWindow):
         except OSError as exc:
             self.statusBar().showMessage(f"Could not save settings: {exc}", 8000)
 
+    # -- conversations -----------------------------------------------------------------
+
+    def refresh_sidebar(self) -> None:
+        rows = self._store.list()
+        self.sidebar.set_conversations(
+            rows, self._conv.id, sum(r.snapshot_bytes for r in rows), self._store.budget_bytes
+        )
+
+    def open_conversation(self, conv_id: str, restore: bool = True) -> None:
+        """Show a saved conversation and load its KV cache (stopping a running reply)."""
+        if conv_id == self._conv.id and not self.busy:
+            return
+        self._run_when_idle(lambda: self._open(conv_id, restore))
+
+    def _open(self, conv_id: str, restore: bool) -> None:
+        try:
+            conv = self._store.load(conv_id)
+        except ConversationError as exc:
+            QMessageBox.warning(self, "Could not open the conversation", str(exc))
+            self.refresh_sidebar()
+            return
+        self._cancel_edit()
+        self._conv = conv
+        self.reply_metrics = [m for m in (x.message_metrics() for x in conv.messages) if m]
+        self.transcript.show_messages(conv.messages)
+        self.refresh_sidebar()
+        self._update_buttons()
+        if restore and self._model is not None:
+            self._client.restore_snapshot(conv.id)
+        else:
+            self.conversationOpened.emit(RestoreResult(conv.id, False, 0, 0.0, ""))
+
+    def _on_restored(self, result: RestoreResult) -> None:
+        if result.conv_id != self._conv.id:
+            return
+        if result.restored:
+            self.status_speed.setText(f"resumed {result.n_tokens} tokens in {result.ms:.0f} ms")
+        elif self._conv.messages:
+            self.transcript.add_notice(
+                f"Saved cache not used: {result.note}. "
+                "It will be rebuilt from the transcript when you continue."
+            )
+        self.conversationOpened.emit(result)
+
+    def rename_conversation(self, conv_id: str, title: str) -> None:
+        try:
+            conv = self._store.rename(conv_id, title)
+        except ConversationError as exc:
+            self.statusBar().showMessage(str(exc), 8000)
+            return
+        if conv_id == self._conv.id:
+            self._conv.title = conv.title
+            self._conv.title_is_custom = True
+        self.refresh_sidebar()
+
+    def delete_conversation(self, conv_id: str) -> None:
+        self._store.delete(conv_id)
+        if conv_id == self._conv.id:
+            self._run_when_idle(self._start_new_chat)
+        self.refresh_sidebar()
+
+    def _on_delete_requested(self, conv_id: str) -> None:
+        row = next((r for r in self._store.list() if r.id == conv_id), None)
+        title = row.title if row else conv_id
+        answer = QMessageBox.question(
+            self,
+            "Delete conversation",
+            f"Delete “{title}” and its saved cache? This cannot be undone.",
+        )
+        if answer == QMessageBox.StandardButton.Yes:
+            self.delete_conversation(conv_id)
+
+    def fork_at(self, index: int) -> None:
+        """Continue from message ``index`` in a new conversation; this one stays as it is."""
+        if not self._conv.messages:
+            return
+
+        def fork() -> None:
+            self._persist()
+            try:
+                fork = self._store.fork(self._conv, index)
+            except ConversationError as exc:
+                self.statusBar().showMessage(str(exc), 8000)
+                return
+            # No restore: the engine's cache holds the shared prefix already.
+            self.open_conversation(fork.id, restore=False)
+
+        self._run_when_idle(fork)
+
+    def _on_fork_from_sidebar(self, conv_id: str) -> None:
+        try:
+            conv = self._store.load(conv_id)
+        except ConversationError as exc:
+            self.statusBar().showMessage(str(exc), 8000)
+            return
+        if conv.messages:
+            fork = self._store.fork(conv, len(conv.messages) - 1)
+            self.open_conversation(fork.id)
+
+    def _on_import(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import a conversation", str(Path.home()), "Lamplight JSON (*.json)"
+        )
+        if not path:
+            return
+        try:
+            conv = self._store.import_json(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ConversationError) as exc:
+            QMessageBox.warning(self, "Could not import", f"{Path(path).name}: {exc}")
+            return
+        self.open_conversation(conv.id)
+
+    def _on_export_requested(self, conv_id: str, fmt: str) -> None:
+        try:
+            conv = self._conv if conv_id == self._conv.id else self._store.load(conv_id)
+        except ConversationError as exc:
+            QMessageBox.warning(self, "Could not export", str(exc))
+            return
+        suffix, kind = (
+            (".md", "Markdown (*.md)") if fmt == "markdown" else (".json", "JSON (*.json)")
+        )
+        stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in conv.title)[:60] or "chat"
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export conversation", str(Path.home() / f"{stem}{suffix}"), kind
+        )
+        if path:
+            self.export_conversation(conv, Path(path), fmt)
+
+    def export_conversation(self, conv: Conversation, path: Path, fmt: str) -> None:
+        import json
+
+        text = to_markdown(conv) if fmt == "markdown" else json.dumps(conv.to_dict(), indent=1)
+        try:
+            atomic_write_text(path, text)
+        except OSError as exc:
+            QMessageBox.warning(self, "Could not export", f"{path}: {exc.strerror or exc}")
+            return
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    def _persist(self) -> None:
+        """Save the transcript (small, on this thread) if it has anything in it."""
+        if not self._conv.messages:
+            return
+        self._conv.auto_title()
+        if self._model is not None:
+            self._conv.model_name = self._model.name
+            self._conv.model_path = str(self._model.path)
+        try:
+            self._store.save(self._conv)
+        except OSError as exc:
+            self.transcript.add_notice(f"The conversation could not be saved: {exc}")
+
+    def _autosave(self) -> None:
+        self._persist()
+        if self._conv.messages:
+            self._client.save_snapshot(self._conv.id, frozenset({self._conv.id}))
+        self.refresh_sidebar()
+
+    def _on_snapshot_saved(self, conv_id: str, size: int, dropped: list[str]) -> None:
+        if dropped:
+            self.statusBar().showMessage(
+                f"Dropped {len(dropped)} old conversation cache(s) to stay within "
+                f"{human_bytes(self._store.budget_bytes)}",
+                6000,
+            )
+        self.refresh_sidebar()
+        self.snapshotSaved.emit(conv_id)
+
+    def _on_snapshot_failed(self, conv_id: str, message: str) -> None:
+        self.statusBar().showMessage(message, 10000)
+
     # -- chat ----------------------------------------------------------------------
 
     def send(self) -> None:
@@ -296,16 +588,64 @@ class MainWindow(QMainWindow):
         if not text or self.busy or self._model is None or self._loading:
             return
         self.chat_input.clear()
-        self._messages.append(ChatMessage("user", text))
-        self.transcript.add_user_message(text)
-        self.transcript.begin_reply()
-        conversation = list(self._messages)
-        if self._settings.system_prompt.strip():
-            conversation.insert(0, ChatMessage("system", self._settings.system_prompt))
+        if self._editing is not None:
+            # Replace the edited message and drop everything after it.
+            del self._conv.messages[self._editing :]
+            self._cancel_edit()
+            self.transcript.show_messages(self._conv.messages)
+        self._conv.messages.append(Message("user", text))
+        self.transcript.add_user_message(text, len(self._conv.messages) - 1)
+        self._start_reply()
+
+    def regenerate(self) -> None:
+        """Replace the last reply with a new one (the prompt's KV cache is reused)."""
+        if self.busy or self._model is None:
+            return
+        msgs = self._conv.messages
+        last = max((i for i, m in enumerate(msgs) if m.role == "assistant"), default=-1)
+        if last < 0:
+            return
+        del msgs[last:]
+        if self.reply_metrics:
+            self.reply_metrics.pop()
+        self.transcript.show_messages(msgs)
+        self._start_reply()
+
+    def edit_message(self, index: int) -> None:
+        """Put user message ``index`` in the input box; sending replaces it and what follows."""
+        if self.busy or not 0 <= index < len(self._conv.messages):
+            return
+        message = self._conv.messages[index]
+        if message.role != "user":
+            return
+        self._editing = index
+        self.edit_banner.setText(
+            f"Editing message {index + 1}: sending replaces it and the messages after it. "
+            "Esc cancels."
+        )
+        self.edit_banner.show()
+        self.chat_input.setPlainText(message.content)
+        self.chat_input.setFocus()
+
+    def _cancel_edit(self) -> None:
+        if self._editing is not None:
+            self._editing = None
+            self.edit_banner.hide()
+
+    def _on_message_action(self, action: str, index: int) -> None:
+        if action == "edit":
+            self.edit_message(index)
+        elif action == "fork":
+            self.fork_at(index)
+        elif action == "regenerate":
+            self.regenerate()
+
+    def _start_reply(self) -> None:
+        self.transcript.begin_reply(len(self._conv.messages))
         self._pending.clear()
         self._reply_tokens = 0
         self._reply_started = time.perf_counter()
-        self._request = self._client.generate(conversation, self._settings.sampling)
+        self._request = self._client.generate(self._conv.chat(), self._settings.sampling)
         self.status_speed.setText("thinking…")
         self._flush_timer.start()
         self._update_buttons()
@@ -314,17 +654,22 @@ class MainWindow(QMainWindow):
         if self.busy:
             self._client.stop()
             self.status_speed.setText("stopping…")
+        elif self._editing is not None:
+            self._cancel_edit()
+            self.chat_input.clear()
 
     def new_chat(self) -> None:
-        if self.busy:
-            self._new_chat_after_stop = True
-            self.stop()
-            return
-        self._messages.clear()
+        self._run_when_idle(self._start_new_chat)
+
+    def _start_new_chat(self) -> None:
+        self._cancel_edit()
+        self._conv = self._fresh_conversation()
         self.reply_metrics.clear()
         self.transcript.clear_conversation()
         self._client.reset()
         self.status_speed.setText("")
+        self.refresh_sidebar()
+        self._update_buttons()
         self.chat_input.setFocus()
 
     def _on_prefill_progress(self, request: int, done: int, total: int) -> None:
@@ -350,23 +695,40 @@ class MainWindow(QMainWindow):
         self._flush_timer.stop()
         self._pending.clear()
         footer = metrics.short_text() if metrics is not None else ""
-        self.transcript.end_reply(text, footer=footer, error=error)
+        self.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
         if metrics is not None:
             self.reply_metrics.append(metrics)
             self.status_speed.setText(
                 f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
             )
+            if metrics.cache_note:
+                self.transcript.add_notice(f"Cache rebuilt: {metrics.cache_note}.")
         self._request = None
         self._update_buttons()
-        if self._new_chat_after_stop:
-            self._new_chat_after_stop = False
-            self.new_chat()
+        pending, self._after_stop = self._after_stop, []
+        for action in pending:
+            action()  # type: ignore[operator]
+
+    def _record_reply(self, text: str, metrics: MessageMetrics) -> None:
+        msgs = self._conv.messages
+        if msgs and msgs[-1].role == "user":
+            msgs[-1].token_offset = metrics.turn_offset
+        msgs.append(
+            Message(
+                "assistant",
+                text,
+                token_offset=metrics.prompt_tokens,
+                metrics=metrics_to_dict(metrics),
+            )
+        )
+        self._conv.n_tokens = metrics.context_used
 
     def _on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
         if request != self._request:
             return
-        self._messages.append(ChatMessage("assistant", text))
+        self._record_reply(text, metrics)
         self._end_request(text, metrics)
+        self._autosave()
         self.replyEnded.emit("finished")
 
     def _on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
@@ -374,16 +736,17 @@ class MainWindow(QMainWindow):
             return
         if text.strip():
             # A stopped reply stays in the conversation, as the user saw it.
-            self._messages.append(ChatMessage("assistant", text))
+            self._record_reply(text, metrics)
         self._end_request(text, metrics)
+        self._autosave()
         self.replyEnded.emit("cancelled")
 
     def _on_failed(self, request: int, message: str) -> None:
         if request != self._request:
             return
         # The message did not get a reply: take it back out and return it to the input box.
-        if self._messages and self._messages[-1].role == "user":
-            unsent = self._messages.pop().content
+        if self._conv.messages and self._conv.messages[-1].role == "user":
+            unsent = self._conv.messages.pop().content
             if not self.chat_input.toPlainText().strip():
                 self.chat_input.setPlainText(unsent)
         self._end_request("", None, error=message)
@@ -394,9 +757,17 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._closing = True
+        if self.busy:
+            # Stop the reply and let it be saved like any stopped reply.
+            loop = QEventLoop()
+            self.replyEnded.connect(loop.quit)
+            QTimer.singleShot(5000, loop.quit)
+            self.stop()
+            loop.exec()
         self._flush_timer.stop()
+        self._persist()
+        if self._conv.messages:
+            self._settings.last_conversation = self._conv.id
+            self._save_settings()
         self._client.shutdown()
         super().closeEvent(event)
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        return super().eventFilter(watched, event)

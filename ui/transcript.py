@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from PySide6.QtCore import QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QDesktopServices,
-    QFont,
     QPalette,
     QTextBlockFormat,
     QTextCharFormat,
@@ -18,9 +18,23 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
+from app.conversation import Message
 from app.markdown_render import render_markdown
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
+
+
+ACTION_SCHEME = "lamplight"
+
+
+def _header_html(role: str, index: int, actions: tuple[str, ...]) -> str:
+    name = "You" if role == "user" else "Assistant"
+    links = " · ".join(
+        f'<a href="{ACTION_SCHEME}:{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
+        for a in actions
+    )
+    sep = "&nbsp;&nbsp;&nbsp;" if links else ""
+    return f"<span style='color:#888888'><b>{name}</b>{sep}<small>{links}</small></span>"
 
 
 class TranscriptView(QTextBrowser):
@@ -29,13 +43,16 @@ class TranscriptView(QTextBrowser):
     While a reply streams its text is appended as plain text at the end of
     its frame, a cost that does not depend on how long the message or the
     conversation already is; when the reply ends, that frame alone is
-    re-rendered as Markdown.
+    re-rendered as Markdown. Each message header carries its actions as
+    ``lamplight:<action>/<index>`` links.
 
     Signals:
         linkActivated(QUrl): the user clicked a link that is safe to open.
+        actionRequested(str, int): "edit", "fork" or "regenerate", and the message index.
     """
 
     linkActivated = Signal(QUrl)
+    actionRequested = Signal(str, int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -49,6 +66,8 @@ class TranscriptView(QTextBrowser):
         self._stream_cursor: QTextCursor | None = None
         self._placeholder = True
         self._body_format = QTextCharFormat()
+        self._frames: list[QTextFrame] = []
+        self._last_reply = -1
         self._show_placeholder()
 
     # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
@@ -68,9 +87,26 @@ class TranscriptView(QTextBrowser):
     def clear_conversation(self) -> None:
         self._stream_frame = None
         self._stream_cursor = None
+        self._frames = []
+        self._last_reply = -1
         self._show_placeholder()
 
-    def _new_frame(self, role: str) -> QTextFrame:
+    def show_messages(self, messages: Sequence[Message]) -> None:
+        """Render a whole conversation (on open, edit, regenerate)."""
+        self.clear_conversation()
+        last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+        for i, m in enumerate(messages):
+            if m.role == "user":
+                self.add_user_message(m.content, i)
+            elif m.role == "assistant":
+                metrics = m.message_metrics()
+                frame = self._new_frame("assistant", i, ())
+                self._fill(frame, m.content, metrics.short_text() if metrics else "", "")
+        self._set_last_reply(last_reply)
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _new_frame(self, role: str, index: int, actions: tuple[str, ...]) -> QTextFrame:
         if self._placeholder:
             self.clear()
             self._placeholder = False
@@ -85,25 +121,42 @@ class TranscriptView(QTextBrowser):
             dark = self._dark()
             fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
         frame = cursor.insertFrame(fmt)
-        header = QTextCharFormat()
-        header.setFontWeight(QFont.Weight.Bold)
-        header.setForeground(QColor("#888888"))
         inner = frame.firstCursorPosition()
-        inner.insertText("You" if role == "user" else "Assistant", header)
+        inner.insertHtml(_header_html(role, index, actions))
         inner.insertBlock(QTextBlockFormat(), self._body_format)
+        while len(self._frames) <= index:
+            self._frames.append(frame)
+        self._frames[index] = frame
         return frame
 
-    def add_user_message(self, text: str) -> None:
+    def _set_header(self, index: int, role: str, actions: tuple[str, ...]) -> None:
+        if not 0 <= index < len(self._frames):
+            return
+        cursor = self._frames[index].firstCursorPosition()
+        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        cursor.insertHtml(_header_html(role, index, actions))
+
+    def _set_last_reply(self, index: int) -> None:
+        """Only the last reply offers Regenerate."""
+        if self._last_reply >= 0 and self._last_reply != index:
+            self._set_header(self._last_reply, "assistant", ("fork",))
+        self._last_reply = index
+        if index >= 0:
+            self._set_header(index, "assistant", ("regenerate", "fork"))
+
+    def add_user_message(self, text: str, index: int = 0) -> None:
         at_bottom = self._at_bottom()
-        frame = self._new_frame("user")
+        frame = self._new_frame("user", index, ("edit", "fork"))
         cursor = frame.lastCursorPosition()
         cursor.insertHtml(render_markdown(text, self._dark()))
         self._follow(at_bottom)
 
-    def begin_reply(self) -> None:
+    def begin_reply(self, index: int = 1) -> None:
         """Open the frame a streamed reply goes into."""
         at_bottom = self._at_bottom()
-        self._stream_frame = self._new_frame("assistant")
+        self._set_last_reply(-1)
+        self._stream_frame = self._new_frame("assistant", index, ())
+        self._stream_index = index
         self._stream_cursor = self._stream_frame.lastCursorPosition()
         self._follow(at_bottom)
 
@@ -115,12 +168,23 @@ class TranscriptView(QTextBrowser):
         self._stream_cursor.insertText(text, self._body_format)
         self._follow(at_bottom)
 
-    def end_reply(self, text: str, footer: str = "", error: str = "") -> None:
-        """Replace the streamed text with its Markdown rendering and add a footer line."""
+    def end_reply(self, text: str, footer: str = "", error: str = "", kept: bool = True) -> None:
+        """Replace the streamed text with its Markdown rendering and add a footer line.
+
+        ``kept`` says the reply is now a message of the conversation (and so gets actions).
+        """
         frame = self._stream_frame
         if frame is None:
             return
         at_bottom = self._at_bottom()
+        self._fill(frame, text, footer, error)
+        self._stream_frame = None
+        self._stream_cursor = None
+        if kept:
+            self._set_last_reply(self._stream_index)
+        self._follow(at_bottom)
+
+    def _fill(self, frame: QTextFrame, text: str, footer: str, error: str) -> None:
         cursor = frame.firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.NextBlock)  # keep the header
         cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
@@ -133,12 +197,9 @@ class TranscriptView(QTextBrowser):
         if footer:
             parts.append(f"<p style='color:#888888; font-size:small'>{html.escape(footer)}</p>")
         cursor.insertHtml("".join(parts) or "<p style='color:#888888'>(no reply)</p>")
-        self._stream_frame = None
-        self._stream_cursor = None
-        self._follow(at_bottom)
 
     def add_notice(self, text: str) -> None:
-        """A one-line note from the app (an error, a model change)."""
+        """A one-line note from the app (an error, a model change, a rebuilt cache)."""
         if self._placeholder:
             self.clear()
             self._placeholder = False
@@ -161,6 +222,11 @@ class TranscriptView(QTextBrowser):
             bar.setValue(bar.maximum())
 
     def _on_anchor_clicked(self, url: QUrl) -> None:
+        if url.scheme() == ACTION_SCHEME:
+            action, _, index = url.path().partition("/")
+            if action in ("edit", "fork", "regenerate") and index.isdigit():
+                self.actionRequested.emit(action, int(index))
+            return
         if url.scheme() in SAFE_LINK_SCHEMES:
             self.linkActivated.emit(url)
             QDesktopServices.openUrl(url)

@@ -16,7 +16,10 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 from app.default_model import ensure_default_model
 from app.engine import Engine, Finished, PrefillProgress, Token
 from app.errors import LamplightError
+from app.fingerprint import FingerprintCache
+from app.session_cache import RestoreResult, SessionCache
 from app.settings import LoadConfig, SamplingParams
+from app.store import ConversationStore
 from app.templates import ChatMessage
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,9 @@ class EngineWorker(QObject):
         finished(int, str, object): request id, full reply, ``MessageMetrics``.
         cancelled(int, str, object): as finished, for a reply stopped by the user.
         failed(int, str): request id and a message for the user.
+        snapshotSaved(str, int, object): conversation id, bytes written, ids pruned.
+        snapshotFailed(str, str): conversation id and why the cache was not saved.
+        restored(object): a ``RestoreResult`` after opening a conversation.
 
     Exactly one of finished, cancelled, failed ends every request.
     """
@@ -57,11 +63,50 @@ class EngineWorker(QObject):
     finished = Signal(int, str, object)
     cancelled = Signal(int, str, object)
     failed = Signal(int, str)
+    snapshotSaved = Signal(str, int, object)
+    snapshotFailed = Signal(str, str)
+    restored = Signal(object)
 
-    def __init__(self, engine: Any, models_dir: Path) -> None:
+    def __init__(self, engine: Any, models_dir: Path, store: ConversationStore | None) -> None:
         super().__init__()
         self._engine = engine
         self._models_dir = models_dir
+        self._cache = (
+            SessionCache(
+                engine,
+                store,
+                FingerprintCache(store.conversations_dir.parent / "fingerprints.json"),
+            )
+            if store is not None
+            else None
+        )
+
+    @Slot(str, object)
+    def save_snapshot(self, conv_id: str, keep: frozenset[str]) -> None:
+        if self._cache is None or self._engine.model is None:
+            return
+        try:
+            size, dropped = self._cache.save(conv_id, keep)
+        except (LamplightError, OSError) as exc:
+            log.warning("snapshot save failed: %s", exc)
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self.snapshotFailed.emit(conv_id, f"The conversation cache was not saved: {reason}")
+        else:
+            self.snapshotSaved.emit(conv_id, size, dropped)
+
+    @Slot(str)
+    def restore_snapshot(self, conv_id: str) -> None:
+        if self._cache is None or self._engine.model is None:
+            why = "no model is loaded" if self._engine.model is None else "saving is off"
+            self.restored.emit(RestoreResult(conv_id, False, 0, 0.0, why))
+            return
+        try:
+            result = self._cache.restore(conv_id)
+        except Exception as exc:  # opening a conversation must never take the app down
+            log.exception("restore failed")
+            self._engine.reset()
+            result = RestoreResult(conv_id, False, 0, 0.0, f"the saved cache failed to load: {exc}")
+        self.restored.emit(result)
 
     @Slot(str, object, object)
     def load_model(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
@@ -127,6 +172,10 @@ class EngineWorker(QObject):
             log.warning("reset failed: %s", exc)
 
     @Slot()
+    def drain(self) -> None:
+        """Does nothing; a blocking call to it waits for every request queued before it."""
+
+    @Slot()
     def unload(self) -> None:
         self._engine.unload()
 
@@ -140,22 +189,29 @@ class EngineClient(QObject):
     _loadRequested = Signal(str, object, object)
     _generateRequested = Signal(int, object, object, object)
     _resetRequested = Signal()
+    _saveRequested = Signal(str, object)
+    _restoreRequested = Signal(str)
+    _drainRequested = Signal()
 
     def __init__(
         self,
         models_dir: Path,
         engine_factory: Callable[[], Any] = Engine,
+        store: ConversationStore | None = None,
         parent: QObject | None = None,
     ) -> None:
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("lamplight-engine")
         _THREADS.add(self._thread)
-        self.worker = EngineWorker(engine_factory(), models_dir)
+        self.worker = EngineWorker(engine_factory(), models_dir, store)
         self.worker.moveToThread(self._thread)
         self._loadRequested.connect(self.worker.load_model)
         self._generateRequested.connect(self.worker.generate)
         self._resetRequested.connect(self.worker.reset)
+        self._saveRequested.connect(self.worker.save_snapshot)
+        self._restoreRequested.connect(self.worker.restore_snapshot)
+        self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
         # The model is freed on its own thread as that thread ends, after any running request.
         self._thread.finished.connect(self.worker.unload, Qt.ConnectionType.DirectConnection)
         self._next_request = 0
@@ -189,12 +245,22 @@ class EngineClient(QObject):
     def reset(self) -> None:
         self._resetRequested.emit()
 
+    def save_snapshot(self, conv_id: str, keep: frozenset[str] = frozenset()) -> None:
+        """Snapshot the KV cache as ``conv_id``'s (after the requests queued before it)."""
+        self._saveRequested.emit(conv_id, keep)
+
+    def restore_snapshot(self, conv_id: str) -> None:
+        """Load ``conv_id``'s snapshot; ``restored`` reports how it went."""
+        self._restoreRequested.emit(conv_id)
+
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Stop any work, free the model on its thread, and join the thread."""
         if not self._thread.isRunning():
             return True
         self._stop.set()
         self._cancel_load.set()
+        # Let queued requests (a last snapshot save) finish; the stop above keeps this short.
+        self._drainRequested.emit()
         self._thread.quit()
         t0 = time.monotonic()
         ok = self._thread.wait(timeout_ms)

@@ -1,0 +1,184 @@
+"""The sidebar of saved conversations: search, open, rename, fork, delete, export."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtWidgets import (
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.store import ConversationSummary
+
+ID_ROLE = Qt.ItemDataRole.UserRole
+TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GB"
+
+
+def human_time(ts: float) -> str:
+    t = time.localtime(ts)
+    now = time.localtime()
+    if t.tm_year == now.tm_year and t.tm_yday == now.tm_yday:
+        return time.strftime("%H:%M", t)
+    return time.strftime("%d %b %Y", t)
+
+
+class ConversationList(QWidget):
+    """Saved conversations, newest first.
+
+    Signals:
+        openRequested(str): conversation id.
+        renameRequested(str, str): id and new title.
+        forkRequested(str): id (fork at its last message).
+        deleteRequested(str): id (the window confirms).
+        exportRequested(str, str): id and "json" or "markdown".
+        newChatRequested(): the New chat button.
+    """
+
+    openRequested = Signal(str)
+    renameRequested = Signal(str, str)
+    forkRequested = Signal(str)
+    deleteRequested = Signal(str)
+    exportRequested = Signal(str, str)
+    newChatRequested = Signal()
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("conversationSidebar")
+        self.search = QLineEdit(self)
+        self.search.setObjectName("conversationSearch")
+        self.search.setPlaceholderText("Search conversations…")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self._apply_filter)
+        self.list = QListWidget(self)
+        self.list.setObjectName("conversationList")
+        self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.customContextMenuRequested.connect(self._on_context_menu)
+        self.list.itemActivated.connect(self._on_activated)
+        self.list.itemClicked.connect(self._on_activated)
+        self.list.itemChanged.connect(self._on_item_changed)
+        self.list.setWordWrap(True)
+        self.usage = QLabel(self)
+        self.usage.setObjectName("snapshotUsage")
+        self.usage.setWordWrap(True)
+        new_button = QPushButton("New chat", self)
+        new_button.setObjectName("sidebarNewChat")
+        new_button.clicked.connect(self.newChatRequested)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(new_button)
+        layout.addWidget(self.search)
+        layout.addWidget(self.list, 1)
+        layout.addWidget(self.usage)
+        self._current = ""
+        self._filling = False
+
+    def set_conversations(
+        self, rows: list[ConversationSummary], current: str, used: int, budget: int
+    ) -> None:
+        """Show ``rows``; ``current`` is highlighted."""
+        self._filling = True
+        self._current = current
+        self.list.clear()
+        for row in rows:
+            item = QListWidgetItem()
+            meta = [human_time(row.updated)]
+            if row.model_name:
+                meta.append(row.model_name)
+            if row.n_tokens:
+                meta.append(f"{row.n_tokens} tokens")
+            meta.append(
+                f"cache {human_bytes(row.snapshot_bytes)}" if row.snapshot_bytes else "no cache"
+            )
+            item.setText(f"{row.title}\n{' · '.join(meta)}")
+            item.setData(ID_ROLE, row.id)
+            item.setData(TITLE_ROLE, row.title)
+            if row.error:
+                item.setToolTip(row.error)
+                item.setForeground(Qt.GlobalColor.gray)
+            else:
+                item.setToolTip(row.title)
+                item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            self.list.addItem(item)
+            if row.id == current:
+                item.setSelected(True)
+                self.list.setCurrentItem(item)
+        self.usage.setText(f"Saved caches: {human_bytes(used)} of {human_bytes(budget)}")
+        self._filling = False
+        self._apply_filter(self.search.text())
+
+    def ids(self) -> list[str]:
+        return [str(self.list.item(i).data(ID_ROLE)) for i in range(self.list.count())]
+
+    def visible_ids(self) -> list[str]:
+        return [
+            str(self.list.item(i).data(ID_ROLE))
+            for i in range(self.list.count())
+            if not self.list.item(i).isHidden()
+        ]
+
+    def item_for(self, conv_id: str) -> QListWidgetItem | None:
+        for i in range(self.list.count()):
+            if self.list.item(i).data(ID_ROLE) == conv_id:
+                return self.list.item(i)
+        return None
+
+    def start_rename(self, conv_id: str) -> None:
+        item = self.item_for(conv_id)
+        if item is not None:
+            self._filling = True
+            item.setText(str(item.data(TITLE_ROLE)))
+            self._filling = False
+            self.list.editItem(item)
+
+    def _apply_filter(self, text: str) -> None:
+        needle = text.strip().lower()
+        for i in range(self.list.count()):
+            item = self.list.item(i)
+            item.setHidden(bool(needle) and needle not in str(item.data(TITLE_ROLE)).lower())
+
+    def _on_activated(self, item: QListWidgetItem) -> None:
+        conv_id = str(item.data(ID_ROLE))
+        if conv_id != self._current:
+            self.openRequested.emit(conv_id)
+
+    def _on_item_changed(self, item: QListWidgetItem) -> None:
+        if self._filling:
+            return
+        title = item.text().split("\n")[0].strip()
+        if title and title != item.data(TITLE_ROLE):
+            self.renameRequested.emit(str(item.data(ID_ROLE)), title)
+
+    def _on_context_menu(self, pos: QPoint) -> None:
+        item = self.list.itemAt(pos)
+        if item is None:
+            return
+        conv_id = str(item.data(ID_ROLE))
+        menu = QMenu(self)
+        menu.addAction("Open", lambda: self.openRequested.emit(conv_id))
+        menu.addAction("Rename", lambda: self.start_rename(conv_id))
+        menu.addAction("Fork", lambda: self.forkRequested.emit(conv_id))
+        menu.addSeparator()
+        menu.addAction("Export as JSON…", lambda: self.exportRequested.emit(conv_id, "json"))
+        menu.addAction(
+            "Export as Markdown…", lambda: self.exportRequested.emit(conv_id, "markdown")
+        )
+        menu.addSeparator()
+        menu.addAction("Delete…", lambda: self.deleteRequested.emit(conv_id))
+        menu.exec(self.list.viewport().mapToGlobal(pos))
