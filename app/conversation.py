@@ -121,7 +121,8 @@ def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
         if value is None and "None" in str(f.type):
             out[f.name] = None
         elif allowed is None:
-            if isinstance(value, (dict, list)):
+            wanted = dict if type_name.startswith("dict") else list
+            if isinstance(value, wanted):
                 out[f.name] = value
         elif isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed):
             out[f.name] = value

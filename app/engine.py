@@ -100,7 +100,7 @@ EngineEvent = Token | PrefillProgress | Finished
 class KvState:
     """KV sequence 0 as llama.cpp serializes it, with the tokens and text it covers."""
 
-    state: bytes
+    state: bytes | bytearray | memoryview
     tokens: list[int]
     text: str
     marks: list[tuple[int, int]]
@@ -251,7 +251,7 @@ class Engine:
                     # (regenerate, edit, prefix reuse) needs positions outside the window.
                     swa_full=True,
                     # A quantized V cache needs flash attention in llama.cpp.
-                    flash_attn=config.kv_type != "f16",
+                    flash_attn=config.flash_attn or config.kv_type != "f16",
                     type_k=KV_TYPES[config.kv_type],
                     type_v=KV_TYPES[config.kv_type],
                     verbose=False,
@@ -321,6 +321,8 @@ class Engine:
         return {
             "n_ctx": self._llm.n_ctx(),
             "kv_type": self._config.kv_type,
+            # Flash attention stores V untransposed: a state from one does not fit the other.
+            "flash_attn": self._config.flash_attn or self._config.kv_type != "f16",
             "swa_full": True,
             "n_swa": self._n_swa,
         }
@@ -362,8 +364,13 @@ class Engine:
         self._map.clear()
         if not kv.tokens:
             return
-        buf = (ctypes.c_uint8 * len(kv.state)).from_buffer_copy(kv.state)
-        read = llama_cpp.llama_state_seq_set_data(ctx, buf, len(kv.state), 0)
+        state = kv.state
+        if isinstance(state, bytes):
+            buf: Any = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        else:  # a writable buffer: llama.cpp reads it in place, no copy
+            buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
+        read = llama_cpp.llama_state_seq_set_data(ctx, buf, len(state), 0)
+        del buf
         pos_max = llama_cpp.llama_memory_seq_pos_max(mem, 0)
         if read == 0 or pos_max != len(kv.tokens) - 1:
             llama_cpp.llama_memory_clear(mem, True)
@@ -466,6 +473,39 @@ class Engine:
         self._map.mark(text)
 
         yield from self._decode(params, seed, metrics, t0, stop)
+
+    def prepare_next_turn(self, messages: Sequence[ChatMessage], reply: str) -> int:
+        """Evaluate the template text that opens the user's next turn, ahead of time.
+
+        Called after a reply, while the user reads it: the next message (and a
+        resumed conversation) then starts with only the user's own words to
+        evaluate. Returns the number of tokens evaluated (0 when the cached
+        text does not end where the template continues).
+        """
+        llm = self._require()
+        assert self._template is not None
+        sentinel = "\ue000"  # a private-use character no template produces
+        history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", sentinel)]
+        rendered = self._template.render(history, False)
+        cut = rendered.find(sentinel)
+        cached = self._map.text
+        if cut <= len(cached) or not rendered.startswith(cached):
+            return 0
+        head = rendered[:cut]
+        marks = self._map.marks
+        if not marks or marks[-1][0] != len(self._map.tokens):
+            return 0  # the cached tokens end mid-character: no safe boundary to extend
+        tokens = self._tokenize(head[len(cached) :], bos=False)
+        if not tokens or len(self._map.tokens) + len(tokens) + 1 >= llm.n_ctx():
+            return 0
+        stop = threading.Event()
+        done = 0
+        for event in self._prefill(tokens, stop):
+            done = event.done
+        if done != len(tokens):
+            return 0
+        self._map.mark(head)
+        return done
 
     def _tokenize(self, text: str, bos: bool) -> list[int]:
         if not text:

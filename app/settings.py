@@ -30,6 +30,7 @@ class LoadConfig:
     n_gpu_layers: int = 0  # -1: all layers
     n_batch: int = 512
     kv_type: str = "f16"  # "q8_0" halves the KV cache and its snapshots
+    flash_attn: bool = True  # ~20% faster prompt evaluation on CPU here; needed for q8_0 V
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()

@@ -138,6 +138,9 @@ def read_header(path: Path) -> tuple[SnapshotHeader, dict[str, Any], int]:
 def read_snapshot(path: Path, expected: SnapshotHeader) -> KvState:
     """Read and check a snapshot against the current model and settings.
 
+    The file is read once, into one buffer that llama.cpp then reads the
+    state from directly (a 14 MB copy costs ~8 ms here; this path makes one).
+
     Raises:
         SnapshotError: missing, empty, truncated, corrupt or made for something else.
     """
@@ -146,30 +149,47 @@ def read_snapshot(path: Path, expected: SnapshotHeader) -> KvState:
     if why:
         raise SnapshotError(why)
     lengths = head.get("lengths")
-    if not (isinstance(lengths, list) and len(lengths) == 4):
+    if not (
+        isinstance(lengths, list)
+        and len(lengths) == 4
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in lengths)
+        and lengths[1] % 4 == 0
+        and lengths[3] % 8 == 0
+    ):
         raise SnapshotError("the saved cache file has a damaged header")
-    data = path.read_bytes()
-    payload = memoryview(data)[offset:]
-    if len(payload) != sum(lengths):
+    expected_size = offset + sum(lengths)
+    try:
+        with path.open("rb") as fh:
+            data = bytearray(expected_size + 1)
+            got = fh.readinto(data)
+    except OSError as exc:
+        raise SnapshotError(f"the saved cache could not be read ({exc.strerror})") from exc
+    if got < expected_size:
         raise SnapshotError(
-            f"the saved cache file is truncated ({len(payload):,} of {sum(lengths):,} bytes)"
+            f"the saved cache file is truncated ({max(got - offset, 0):,} of "
+            f"{sum(lengths):,} bytes)"
         )
-    if zlib.crc32(payload) != head.get("crc32"):
+    if got > expected_size:
+        raise SnapshotError("the saved cache file has trailing data (damaged)")
+    view = memoryview(data)[offset:expected_size]
+    if zlib.crc32(view) != head.get("crc32"):
         raise SnapshotError("the saved cache file is corrupt (checksum mismatch)")
     parts = []
     at = 0
     for n in lengths:
-        parts.append(payload[at : at + n])
+        parts.append(view[at : at + n])
         at += n
     tokens = array("i")
     tokens.frombytes(parts[1])
     marks = array("i")
     marks.frombytes(parts[3])
-    if len(tokens) != header.n_tokens:
+    try:
+        text = bytes(parts[2]).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SnapshotError("the saved cache file is inconsistent (text)") from exc
+    pairs = list(zip(marks[0::2], marks[1::2], strict=True))
+    if len(tokens) != header.n_tokens or any(
+        not (0 <= n <= len(tokens) and 0 <= c <= len(text)) for n, c in pairs
+    ):
         raise SnapshotError("the saved cache file is inconsistent (token count)")
-    return KvState(
-        state=bytes(parts[0]),
-        tokens=tokens.tolist(),
-        text=bytes(parts[2]).decode("utf-8"),
-        marks=list(zip(marks[0::2], marks[1::2], strict=True)),
-    )
+    return KvState(state=parts[0], tokens=tokens.tolist(), text=text, marks=pairs)

@@ -65,7 +65,7 @@ class ConversationStore:
         out = []
         for path in self.conversations_dir.glob("*.json"):
             conv_id = path.stem
-            if not conv_id.isalnum():
+            if not (conv_id.isalnum() and conv_id.isascii()):
                 continue
             size = self.snapshot_bytes(conv_id)
             try:
@@ -108,8 +108,9 @@ class ConversationStore:
             raise ConversationError(f"{path.name}: could not be read ({exc})") from exc
         try:
             data = json.loads(raw)
-        except ValueError as exc:
-            raise ConversationError(f"{path.name}: damaged ({exc.args[0]})") from exc
+        except (ValueError, RecursionError) as exc:
+            reason = exc.args[0] if isinstance(exc, ValueError) else "nested too deeply"
+            raise ConversationError(f"{path.name}: damaged ({reason})") from exc
         conv = Conversation.from_dict(data, where=path.name)
         if conv.id != conv_id:
             raise ConversationError(f"{path.name}: holds conversation {conv.id}")
@@ -151,8 +152,8 @@ class ConversationStore:
         """A conversation from exported JSON, saved under a new id."""
         try:
             data = json.loads(text)
-        except ValueError as exc:
-            raise ConversationError(f"not valid JSON ({exc.args[0]})") from exc
+        except (ValueError, RecursionError) as exc:
+            raise ConversationError("not valid JSON") from exc
         conv = Conversation.from_dict(data, where="imported file")
         conv.id = new_id()
         conv.n_tokens = 0
@@ -200,10 +201,11 @@ class ConversationStore:
             total -= size
             dropped.append(conv_id)
         # Temp files of writes that a crash interrupted.
-        for tmp in self.snapshots_dir.glob(".*.tmp"):
-            if time.time() - _mtime(tmp) > 3600:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
+        for folder in (self.snapshots_dir, self.conversations_dir):
+            for tmp in folder.glob(".*.tmp"):
+                if time.time() - _mtime(tmp) > 3600:
+                    with contextlib.suppress(OSError):
+                        tmp.unlink()
         return dropped
 
     def _snapshot_files(self) -> builtins.list[Path]:

@@ -97,9 +97,12 @@ def build(model: Path, load: LoadConfig, data: Path, target: int) -> dict[str, A
     prompt = [ChatMessage("user", "Summarise this text. " + long_text(words))]
     done = reply(engine, prompt, REPLY)
     messages = [*prompt, ChatMessage("assistant", done.text)]
+    # As the app does after every reply: the next turn's opening tokens, evaluated ahead.
+    prepared = engine.prepare_next_turn(prompt, done.text)
     cache = session_cache(engine, data)
     snapshot_bytes, _ = cache.save(CONV_ID)
     info = {
+        "prepared_tokens": prepared,
         "n_tokens": len(engine.cached_tokens),
         "kv_bytes": engine.state_size(),
         "snapshot_bytes": cache.store.snapshot_path(CONV_ID).stat().st_size,

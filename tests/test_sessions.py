@@ -228,3 +228,42 @@ def test_q8_cache_halves_the_snapshot(model_path: Path, tmp_path: Path) -> None:
         sizes[kv_type] = eng.state_size()
         eng.unload()
     assert sizes["q8_0"] < 0.6 * sizes["f16"]
+
+
+def test_the_next_turn_is_prepared_ahead(engine: Engine) -> None:
+    t1 = [ChatMessage("user", "Name a colour.")]
+    a1 = reply(engine, t1)
+    prepared = engine.prepare_next_turn(t1, a1.text)
+    opener = engine.tokenize("<end_of_turn>\n<start_of_turn>user\n")[1:]  # without BOS
+    assert prepared == len(opener)
+    t2 = [*t1, ChatMessage("assistant", a1.text), ChatMessage("user", "Name a fruit.")]
+    a2 = reply(engine, t2)
+    rest = engine.tokenize("Name a fruit.<end_of_turn>\n<start_of_turn>model\n")[1:]
+    assert a2.metrics.evaluated_tokens == len(rest)
+    engine.reset()
+    assert reply(engine, t2).text == a2.text
+
+
+def test_crafted_snapshot_headers_are_refused(engine: Engine, cache: SessionCache) -> None:
+    """A header whose part lengths lie is refused even when its checksum is right."""
+    import struct
+    import zlib
+
+    from app.snapshot import MAGIC, SnapshotError, read_snapshot
+
+    two_turns(engine)
+    cache.save("conv5")
+    path = cache.store.snapshot_path("conv5")
+    _, head, offset = read_header(path)
+    payload = path.read_bytes()[offset:]
+    for lengths in (
+        [-1, 0, 0, len(payload) + 1],
+        ["x", 0, 0, 0],
+        [len(payload) - 3, 3, 0, 0],
+        [len(payload) - 8, 0, 0, 8],
+    ):
+        bad = {**head, "lengths": lengths, "crc32": zlib.crc32(payload)}
+        raw = json.dumps(bad).encode()
+        path.write_bytes(MAGIC + struct.pack("<I", len(raw)) + raw + payload)
+        with pytest.raises(SnapshotError):
+            read_snapshot(path, cache.header())

@@ -142,14 +142,22 @@ class EngineWorker(QObject):
     ) -> None:
         try:
             with contextlib.closing(self._engine.generate(messages, params, stop)) as events:
-                self._relay(request, events)
+                self._relay(request, events, messages)
         except LamplightError as exc:
             self.failed.emit(request, str(exc))
         except Exception as exc:  # one terminal signal per request, whatever happens
             log.exception("generation failed")
             self.failed.emit(request, f"Generation failed: {exc}")
 
-    def _relay(self, request: int, events: Iterator[Any]) -> None:
+    def _prepare_next_turn(self, messages: Sequence[ChatMessage], reply: str) -> None:
+        try:
+            prepare = getattr(self._engine, "prepare_next_turn", None)
+            if prepare is not None:
+                prepare(messages, reply)
+        except LamplightError as exc:
+            log.info("could not prepare the next turn: %s", exc)
+
+    def _relay(self, request: int, events: Iterator[Any], messages: Sequence[ChatMessage]) -> None:
         for event in events:
             if isinstance(event, Token):
                 self.tokens.emit(request, event.text)
@@ -160,6 +168,7 @@ class EngineWorker(QObject):
                     self.cancelled.emit(request, event.text, event.metrics)
                 else:
                     self.finished.emit(request, event.text, event.metrics)
+                    self._prepare_next_turn(messages, event.text)
                 return
         self.failed.emit(request, "The engine ended the reply without a result.")
 
