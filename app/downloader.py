@@ -247,7 +247,9 @@ class FileFetcher:
                 part.unlink(missing_ok=True)
             mode = "ab" if done else "wb"
             with part.open(mode) as fh:
-                for block in response.iter_bytes(CHUNK):
+                # Network-sized pieces, not 1 MiB ones: a dropped connection then loses
+                # nothing already received.
+                for block in response.iter_bytes():
                     fh.write(block)
                     hasher.update(block)
                     done += len(block)

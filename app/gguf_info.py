@@ -28,6 +28,10 @@ class GgufInfo:
     n_layers: int | None
     file_type: str | None
     general_type: str | None
+    n_embd_k_gqa: int | None = None  # K values per token per layer
+    n_embd_v_gqa: int | None = None
+    n_vocab: int | None = None
+    adapter_type: str | None = None  # "lora" for LoRA adapters
 
     @property
     def display_name(self) -> str:
@@ -86,6 +90,12 @@ def read_gguf_info(path: str | Path) -> GgufInfo:
     layers = meta.get(f"{arch}.block_count")
     ftype = meta.get("general.file_type")
     template = meta.get("tokenizer.chat_template")
+    n_embd = _int(meta.get(f"{arch}.embedding_length"))
+    n_head = _int(meta.get(f"{arch}.attention.head_count"))
+    n_head_kv = _int(meta.get(f"{arch}.attention.head_count_kv")) or n_head
+    head_dim = n_embd // n_head if n_embd and n_head else None
+    key_len = _int(meta.get(f"{arch}.attention.key_length")) or head_dim
+    value_len = _int(meta.get(f"{arch}.attention.value_length")) or head_dim
     return GgufInfo(
         path=p,
         file_size=size,
@@ -97,7 +107,15 @@ def read_gguf_info(path: str | Path) -> GgufInfo:
         n_layers=int(layers) if isinstance(layers, int) else None,
         file_type=_file_type_name(ftype) if isinstance(ftype, int) else None,
         general_type=str(meta["general.type"]) if "general.type" in meta else None,
+        n_embd_k_gqa=key_len * n_head_kv if key_len and n_head_kv else None,
+        n_embd_v_gqa=value_len * n_head_kv if value_len and n_head_kv else None,
+        n_vocab=_int(meta.get("tokenizer.ggml.tokens#len")),
+        adapter_type=str(meta["adapter.type"]) if "adapter.type" in meta else None,
     )
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # GGUF value types (gguf.GGUFValueType) and their struct formats.
@@ -170,6 +188,8 @@ def _parse_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int]
                 (meta[key],) = struct.unpack_from("<" + _SCALARS[vtype], buf, pos)
             elif vtype == _STRING:
                 meta[key], _ = read_str(pos)
+            elif vtype == _ARRAY:
+                meta[key + "#len"] = struct.unpack_from("<Q", buf, pos + 4)[0]
             pos = skip_value(vtype, pos)
         if isinstance(meta.get("general.alignment"), int) and meta["general.alignment"] > 0:
             alignment = meta["general.alignment"]

@@ -64,6 +64,7 @@ class AppSettings:
     system_prompt: str = ""
     last_conversation: str | None = None
     snapshot_budget_mb: int = 1024  # KV snapshots beyond this are dropped, oldest use first
+    imported_models: list[str] = field(default_factory=list)  # GGUFs listed where they are
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -87,6 +88,9 @@ class AppSettings:
             snapshot_budget_mb=budget
             if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
             else 1024,
+            imported_models=[
+                str(p) for p in data.get("imported_models") or [] if isinstance(p, str)
+            ],
             load=LoadConfig(**load),
             sampling=SamplingParams(**sampling),
         )

@@ -46,9 +46,21 @@ and ``hf_hub_download(endpoint=...)`` then work with or without ``endpoint=``::
             server.add_repo("org/tiny-GGUF", {"tiny.Q4_K_M.gguf": b"GGUF..."}, downloads=10)
             yield server
 
-``serving_hub`` also closes the client's shared ``httpx2`` session on exit, so no pooled
-keep-alive connection outlives the test, and sets ``tqdm.monitor_interval = 0``: tqdm starts its
-monitor thread in ``__new__`` even for a disabled bar, and that thread would outlive the test.
+``serving_hub`` closes the client's shared ``httpx2`` session on exit, so no pooled keep-alive
+connection outlives the server. ``patch_huggingface_hub`` also sets
+``tqdm.tqdm.monitor_interval = 0``: tqdm starts its monitor thread in ``__new__`` even for a
+disabled bar, and tests/conftest.py fails a test that leaves that thread behind.
+
+What the 2.4.0 client does (pinned by tests/test_hub_server.py):
+
+- ``hf_hub_download`` never resumes across calls: it writes ``<blob>.<uuid8>.incomplete`` (or
+  ``.cache/huggingface/download/<hash>.<etag>.<uuid8>.incomplete`` for ``local_dir``) and deletes
+  it on failure. Within one call ``http_get`` retries a dropped or timed-out body up to 5 times
+  (1 s sleep each) with ``Range: bytes=N-``, where N counts only whole
+  ``constants.DOWNLOAD_CHUNK_SIZE`` (10 MiB) chunks already written; below that it restarts at 0.
+- It checks the size, never the sha256, of a plain HTTP download.
+- On a HEAD that fails with a plain ``HfHubHTTPError`` other than 401 (a 403 without
+  ``X-Error-Code``, a 5xx) it raises ``LocalEntryNotFoundError``, not the HTTP error.
 
 Fault injection (per file path in the repo, optionally per repo): ``drop_after`` (close the
 connection after N body bytes), ``stall`` (send headers, then sleep in small steps that end when
@@ -997,8 +1009,8 @@ class _Handler(BaseHTTPRequestHandler):
         total = end - start
         faulty = plan.corrupt or rate or plan.stall is not None or plan.drop_after is not None
         if f.source is not None and not faulty:
-            with f.source.open("rb") as fh:  # zero-copy: hundreds of MB/s on loopback
-                self.connection.sendfile(fh, offset=start, count=total)
+            with f.source.open("rb") as whole:  # zero-copy: hundreds of MB/s on loopback
+                self.connection.sendfile(whole, offset=start, count=total)
             return
         limit = total if plan.drop_after is None else min(total, plan.drop_after)
         chunk = CHUNK if not rate else max(1024, min(CHUNK, int(rate / 20)))
@@ -1007,7 +1019,9 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         began = time.monotonic()
         with contextlib.ExitStack() as stack:
-            fh = stack.enter_context(f.source.open("rb")) if f.source is not None else None
+            fh: BinaryIO | None = None
+            if f.source is not None:
+                fh = stack.enter_context(f.source.open("rb"))
             while True:
                 if hub.stopping:
                     raise _Abort
@@ -1038,7 +1052,7 @@ def serving_hub(
     monkeypatch: pytest.MonkeyPatch, hf_home: Path, *, server: HubServer | None = None
 ) -> Iterator[HubServer]:
     """Start a HubServer, point ``huggingface_hub`` at it, and clean up both on exit."""
-    from huggingface_hub.utils import close_session
+    from huggingface_hub import close_session
 
     hub = server or HubServer()
     with hub:
@@ -1055,9 +1069,9 @@ def patch_huggingface_hub(monkeypatch: pytest.MonkeyPatch, endpoint: str, hf_hom
     No real token, cache or config is read; Xet and telemetry are off. Undone by monkeypatch.
     """
     import huggingface_hub.hf_api  # a lazy submodule: import it for its module-level HfApi()
-    import tqdm
-    from huggingface_hub import constants
-    from huggingface_hub.utils import _detect_agent, close_session
+    import tqdm  # type: ignore[import-untyped]
+    from huggingface_hub import close_session, constants
+    from huggingface_hub.utils import _detect_agent
 
     endpoint = endpoint.rstrip("/")
     home = Path(hf_home)

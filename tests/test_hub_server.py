@@ -25,6 +25,7 @@ from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
+    LocalEntryNotFoundError,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
@@ -63,6 +64,7 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubServer]:
             extra={"gguf": {"total": 1000, "architecture": "gemma3", "context_length": 2048}},
         )
         yield server
+        assert server.errors == []  # no handler raised unexpectedly
 
 
 def open_url(url: str, timeout: float = 5.0, **headers: str) -> http.client.HTTPResponse:
@@ -73,7 +75,7 @@ def open_url(url: str, timeout: float = 5.0, **headers: str) -> http.client.HTTP
 
 def test_recipe_points_the_client_at_the_server(hub: HubServer, tmp_path: Path) -> None:
     assert os.environ["HF_ENDPOINT"] == hub.url
-    assert constants.ENDPOINT == hub.url
+    assert hub.url == constants.ENDPOINT
     assert HfApi().endpoint == hub.url
     assert huggingface_hub.hf_api.api.endpoint == hub.url  # behind huggingface_hub.list_models
     assert hf_hub_url("a/b", "c.gguf").startswith(f"{hub.url}/a/b/resolve/main/")
@@ -267,14 +269,25 @@ def test_drop_after_ends_a_plain_read_early(hub: HubServer) -> None:
         assert resp.read() == BIG
 
 
-def test_hf_hub_download_resumes_within_the_call_after_a_drop(hub: HubServer) -> None:
+def test_hf_hub_download_retries_a_drop_within_the_call(
+    hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # http_get counts only bytes it wrote, and iter_bytes() hands over DOWNLOAD_CHUNK_SIZE
+    # (10 MiB) at a time: a drop before the first full chunk restarts from 0, without Range.
     hub.drop_after("weights/big.bin", 300_000)
     path = hf_hub_download("org/tiny-GGUF", "weights/big.bin")
     assert sha256_file(Path(path)) == sha256(BIG)
     gets = hub.requests_to("weights/big.bin", "GET")
-    assert len(gets) == 2
-    assert "range" not in gets[0].headers
-    assert gets[1].headers["range"] == "bytes=300000-"
+    assert len(gets) == 2 and not any("range" in g.headers for g in gets)
+
+    # With smaller chunks it resumes with a Range from the last whole chunk it wrote.
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    hub.drop_after("weights/big.bin", 300_000)
+    hub.clear_requests()
+    path = hf_hub_download("org/tiny-GGUF", "weights/big.bin", force_download=True)
+    assert sha256_file(Path(path)) == sha256(BIG)
+    gets = hub.requests_to("weights/big.bin", "GET")
+    assert [g.headers.get("range") for g in gets] == [None, f"bytes={4 * 64 * 1024}-"]
 
 
 def test_stall_is_cut_by_a_client_timeout(hub: HubServer) -> None:
@@ -291,10 +304,12 @@ def test_hf_hub_download_times_out_a_stall_and_resumes(
     hub: HubServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 0.3)
-    hub.stall("weights/big.bin", 20, times=1, after_bytes=100_000)
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 64 * 1024)
+    hub.stall("weights/big.bin", 20, times=1, after_bytes=2 * 64 * 1024)
     path = hf_hub_download("org/tiny-GGUF", "weights/big.bin")
     assert Path(path).read_bytes() == BIG
-    assert hub.requests_to("big.bin", "GET")[-1].headers["range"] == "bytes=100000-"
+    gets = hub.requests_to("big.bin", "GET")
+    assert [g.headers.get("range") for g in gets] == [None, f"bytes={2 * 64 * 1024}-"]
 
 
 def test_corrupt_content_is_not_caught_by_the_client(hub: HubServer) -> None:
@@ -315,6 +330,12 @@ def test_fail_and_throttle(hub: HubServer) -> None:
     assert err.value.code == 503
     with open_url(url) as resp:
         assert resp.read() == SMALL
+
+    hub.fail("README.md", 403)  # a 403 without X-Error-Code on the HEAD: reported as "offline"
+    with pytest.raises(LocalEntryNotFoundError) as local_err:
+        hf_hub_download("org/tiny-GGUF", "README.md")
+    assert isinstance(local_err.value.__cause__, HfHubHTTPError)
+    assert local_err.value.__cause__.response.status_code == 403
 
     hub.throttle(1_000_000)
     started = time.monotonic()

@@ -10,10 +10,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app import __version__
 from app.paths import DataDirs, data_dirs
 from app.settings import AppSettings, SamplingParams
+
+if TYPE_CHECKING:
+    from ui.hub_workers import HubServices
 
 log = logging.getLogger("lamplight")
 
@@ -72,6 +76,19 @@ def choose_model(args: argparse.Namespace, settings: AppSettings) -> tuple[str |
     return None, ""
 
 
+def hub_services(dirs: DataDirs) -> HubServices:
+    """Hub search, the library and the download queue (which resumes unfinished downloads)."""
+    from app.downloader import FileFetcher
+    from app.downloads import DownloadQueue
+    from app.hub import HubClient
+    from app.library import Library
+    from ui.hub_workers import HubServices
+
+    library = Library(dirs.models, dirs.root / "library.json")
+    queue = DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher())
+    return HubServices(HubClient(), library, queue)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     dirs = data_dirs(args.data_dir)
@@ -99,7 +116,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         app.setStyleSheet(style.read_text(encoding="utf-8"))
     store = ConversationStore(dirs.root, settings.snapshot_budget_mb * 1024 * 1024)
     client = EngineClient(dirs.models, store=store)
-    window = MainWindow(client, settings, dirs, store)
+    services = hub_services(dirs)
+    window = MainWindow(client, settings, dirs, store, services)
     window.show()
     if settings.last_conversation and store.transcript_path(settings.last_conversation).exists():
         # The transcript shows at once; its cache is restored when the model is ready.

@@ -40,6 +40,8 @@ from app.settings import AppSettings
 from app.store import ConversationStore
 from app.templates import ChatMessage
 from ui.conversation_list import ConversationList, human_bytes
+from ui.hub_workers import HubServices
+from ui.model_manager import ModelManager
 from ui.transcript import TranscriptView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -89,6 +91,7 @@ class MainWindow(QMainWindow):
         settings: AppSettings,
         dirs: DataDirs,
         store: ConversationStore | None = None,
+        services: HubServices | None = None,
     ) -> None:
         super().__init__()
         self.setObjectName("mainWindow")
@@ -99,6 +102,8 @@ class MainWindow(QMainWindow):
         self._dirs = dirs
         self._store = store or ConversationStore(dirs.root)
         self._store.budget_bytes = settings.snapshot_budget_mb * 1024 * 1024
+        self._services = services
+        self.model_manager: ModelManager | None = None
         self._conv = self._fresh_conversation()
         self.reply_metrics: list[MessageMetrics] = []
         self._request: int | None = None
@@ -240,6 +245,13 @@ class MainWindow(QMainWindow):
         quit_action = self._action("Quit", self.close, QKeySequence.StandardKey.Quit)
         self._action("Stop", self.stop, QKeySequence(Qt.Key.Key_Escape))
         self._action("Focus input", lambda: self.chat_input.setFocus(), "Ctrl+L")
+        self.manager_action = self._action(
+            "Model manager…",
+            self.show_model_manager,
+            "Ctrl+M",
+            "Find, download and manage models (Ctrl+M)",
+        )
+        self.manager_action.setEnabled(self._services is not None)
         self.compact_cache_action = self._action(
             "Compact KV cache (q8_0, half-size snapshots)", self._on_compact_cache_toggled
         )
@@ -265,6 +277,7 @@ class MainWindow(QMainWindow):
         chat_menu = menu.addMenu("&Chat")
         chat_menu.addAction(self.regenerate_action)
         model_menu = menu.addMenu("&Model")
+        model_menu.addAction(self.manager_action)
         model_menu.addAction(self.open_model_action)
         model_menu.addAction(self.compact_cache_action)
 
@@ -275,6 +288,7 @@ class MainWindow(QMainWindow):
         toolbar.addAction(self.new_chat_action)
         self.new_chat_button = toolbar.widgetForAction(self.new_chat_action)
         self.new_chat_button.setObjectName("newChatButton")
+        toolbar.addAction(self.manager_action)
         toolbar.addAction(self.open_model_action)
         toolbar.addAction(self.regenerate_action)
 
@@ -352,6 +366,54 @@ class MainWindow(QMainWindow):
         if path:
             self.load_model(path)
 
+    def show_model_manager(self) -> None:
+        if self._services is None:
+            return
+        if self.model_manager is None:
+            m = ModelManager(
+                self._services,
+                str(self._model.path) if self._model else None,
+                self._settings.load.n_ctx,
+                self,
+            )
+            m.imported = [Path(p) for p in self._settings.imported_models]
+            m.loadRequested.connect(self._on_manager_load)
+            m.defaultRequested.connect(self._on_manager_default)
+            m.unloadRequested.connect(self._on_manager_unload)
+            m.libraryChanged.connect(self._on_library_changed)
+            self.model_manager = m
+            m.refresh_library()
+        self.model_manager.show()
+        self.model_manager.raise_()
+
+    def _on_manager_load(self, path: str) -> None:
+        if self.busy:
+            self.statusBar().showMessage("Stop the reply before loading another model.", 5000)
+            return
+        self.load_model(path)
+
+    def _on_manager_default(self, path: str) -> None:
+        self._settings.model_path = path
+        self._save_settings()
+        self.statusBar().showMessage(f"{Path(path).name} opens at start.", 5000)
+
+    def _on_manager_unload(self) -> None:
+        self._run_when_idle(self._unload_model)
+
+    def _unload_model(self) -> None:
+        self._client.unload()
+        self._model = None
+        self.status_model.setText("No model loaded: open one with Ctrl+O or Ctrl+M")
+        self.status_backend.setText("")
+        self._update_buttons()
+
+    def _on_library_changed(self, _entries: object) -> None:
+        if self.model_manager is not None:
+            imported = [str(p) for p in self.model_manager.imported]
+            if imported != self._settings.imported_models:
+                self._settings.imported_models = imported
+                self._save_settings()
+
     def _on_compact_cache_toggled(self) -> None:
         kv_type = "q8_0" if self.compact_cache_action.isChecked() else "f16"
         self._settings.load = replace(self._settings.load, kv_type=kv_type)
@@ -377,6 +439,8 @@ class MainWindow(QMainWindow):
         self.status_model.setToolTip(str(info.path))
         self.status_backend.setText(info.backend)
         self.setWindowTitle(f"Lamplight — {info.name}")
+        if self.model_manager is not None:
+            self.model_manager.loaded_model = str(info.path)
         if str(info.path) != self._settings.model_path:
             self._settings.model_path = str(info.path)
             self._save_settings()
@@ -770,4 +834,6 @@ class MainWindow(QMainWindow):
             self._settings.last_conversation = self._conv.id
             self._save_settings()
         self._client.shutdown()
+        if self._services is not None:
+            self._services.shutdown()
         super().closeEvent(event)

@@ -31,8 +31,13 @@ _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 
 
 def live_engine_threads() -> list[QThread]:
-    """Engine threads not yet garbage-collected (tests check none is left running)."""
+    """Worker threads not yet garbage-collected (tests check none is left running)."""
     return list(_THREADS)
+
+
+def register_thread(thread: QThread) -> None:
+    """Track a worker thread so tests can check it was joined."""
+    _THREADS.add(thread)
 
 
 class EngineWorker(QObject):
@@ -201,6 +206,7 @@ class EngineClient(QObject):
     _saveRequested = Signal(str, object)
     _restoreRequested = Signal(str)
     _drainRequested = Signal()
+    _unloadRequested = Signal()
 
     def __init__(
         self,
@@ -220,6 +226,7 @@ class EngineClient(QObject):
         self._resetRequested.connect(self.worker.reset)
         self._saveRequested.connect(self.worker.save_snapshot)
         self._restoreRequested.connect(self.worker.restore_snapshot)
+        self._unloadRequested.connect(self.worker.unload)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
         # The model is freed on its own thread as that thread ends, after any running request.
         self._thread.finished.connect(self.worker.unload, Qt.ConnectionType.DirectConnection)
@@ -253,6 +260,10 @@ class EngineClient(QObject):
 
     def reset(self) -> None:
         self._resetRequested.emit()
+
+    def unload(self) -> None:
+        """Free the model (before its file is deleted, say)."""
+        self._unloadRequested.emit()
 
     def save_snapshot(self, conv_id: str, keep: frozenset[str] = frozenset()) -> None:
         """Snapshot the KV cache as ``conv_id``'s (after the requests queued before it)."""

@@ -1,0 +1,119 @@
+"""The model manager window against the local Hub server, down to loading the real model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QProgressBar
+from pytestqt.qtbot import QtBot
+
+from app.downloader import FileFetcher
+from app.downloads import DownloadQueue
+from app.hub import HubClient
+from app.library import Library
+from app.paths import data_dirs
+from app.settings import AppSettings
+from app.store import ConversationStore
+from tests.conftest import TEST_LOAD
+from tests.hub_server import HubServer, serving_hub
+from ui.hub_workers import HubServices
+from ui.main_window import MainWindow
+from ui.model_manager import ModelManager
+from ui.worker import EngineClient
+
+
+@pytest.fixture()
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_path: Path) -> Iterator[HubServer]:
+    with serving_hub(monkeypatch, tmp_path / "hf-home") as server:
+        server.add_repo(
+            "google/gemma-3-270m-GGUF",
+            {"gemma-3-270m-Q4_K_M.gguf": model_path},
+            downloads=1000,
+            likes=10,
+        )
+        server.add_repo("acme/small-GGUF", {"small-Q8_0.gguf": b"GGUF" + b"\0" * 64}, downloads=5)
+        yield server
+
+
+@pytest.fixture()
+def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]:
+    dirs = data_dirs(tmp_path / "data")
+    store = ConversationStore(dirs.root)
+    services = HubServices(
+        HubClient(),
+        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
+        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
+    )
+    client = EngineClient(dirs.models, store=store)
+    win = MainWindow(client, AppSettings(load=TEST_LOAD), dirs, store, services)
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    win.close()
+
+
+def manager(qtbot: QtBot, win: MainWindow) -> ModelManager:
+    win.manager_action.trigger()
+    m = win.model_manager
+    assert m is not None and m.isVisible() and m.objectName() == "modelManager"
+    return m
+
+
+def test_search_download_and_load(qtbot: QtBot, window: MainWindow, hub: HubServer) -> None:
+    m = manager(qtbot, window)
+    qtbot.keyClicks(m.search_box, "gemma")
+    qtbot.keyClick(m.search_box, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: m.results.count() == 1, timeout=10_000)
+    assert "google/gemma-3-270m-GGUF" in m.results.item(0).text()
+    m.results.setCurrentRow(0)
+    qtbot.waitUntil(lambda: m.repo_files.rowCount() == 1, timeout=10_000)
+    assert m.repo_files.item(0, 1).text() == "Q4_K_M"
+    assert "MB" in m.repo_files.item(0, 2).text()
+    assert m.repo_files.item(0, 3).text() in ("fits", "tight", "too big")
+
+    hub.throttle(60 * 1024 * 1024)  # slow enough to see the bar move
+    m.repo_files.selectRow(0)
+    assert m.download_button.isEnabled()
+    qtbot.mouseClick(m.download_button, Qt.MouseButton.LeftButton)
+    assert m.tabs.currentIndex() == 2 and m.downloads_table.rowCount() == 1
+    bar = m.downloads_table.cellWidget(0, 1)
+    assert isinstance(bar, QProgressBar)
+    qtbot.waitUntil(lambda: 0 < bar.value() < 1000, timeout=20_000)
+    qtbot.waitUntil(lambda: "MB/s" in m.downloads_table.item(0, 2).text(), timeout=20_000)
+    assert "left" in m.downloads_table.item(0, 2).text()
+    qtbot.waitUntil(lambda: bar.value() == 1000, timeout=60_000)
+    qtbot.waitUntil(lambda: m.library_table.rowCount() == 1, timeout=10_000)
+    assert "Gemma 3 270m" in m.library_table.item(0, 0).text()
+    assert m.library_table.item(0, 3).text() == "Q4_K_M"
+
+    m.library_table.selectRow(0)
+    with qtbot.waitSignal(window.modelReady, timeout=60_000) as blocker:
+        qtbot.mouseClick(m.load_button, Qt.MouseButton.LeftButton)
+    assert blocker.args[0].name == "Gemma 3 270m"
+
+
+def test_hub_errors_show_in_the_window(qtbot: QtBot, window: MainWindow, hub: HubServer) -> None:
+    m = manager(qtbot, window)
+    hub.remove_repo("acme/small-GGUF")  # listed a moment ago, gone when opened
+    m._details_request = m._services.details("acme/small-GGUF")
+    qtbot.waitUntil(lambda: "not found on the Hub" in m.repo_title.text(), timeout=10_000)
+    assert not m.download_button.isEnabled()
+
+
+def test_invalid_files_are_listed_with_a_reason_and_can_be_deleted(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    models = window._dirs.models
+    (models / "broken.gguf").write_bytes(b"junk")
+    m = manager(qtbot, window)
+    qtbot.waitUntil(lambda: m.library_table.rowCount() == 1, timeout=10_000)
+    assert "invalid" in m.library_table.item(0, 7).text()
+    m.library_table.selectRow(0)
+    assert not m.load_button.isEnabled() and m.delete_button.isEnabled()
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    m.delete_selected()
+    assert not (models / "broken.gguf").exists()
+    qtbot.waitUntil(lambda: m.library_table.rowCount() == 0, timeout=10_000)
