@@ -279,3 +279,57 @@ def test_download_and_load_the_default_model_through_the_hub(
         assert isinstance(events[-1], Finished) and events[-1].metrics.generated_tokens > 0
     finally:
         engine.unload()
+
+
+def test_gated_repos_use_the_stored_token(hub: HubServer, tmp_path: Path) -> None:
+    from huggingface_hub import constants
+
+    hub.valid_tokens.add("hf_good")
+    token_file = Path(constants.HF_TOKEN_PATH)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text("hf_wrong")
+    with pytest.raises(DownloadError, match="does not give access"):
+        fetcher().fetch(
+            "acme/gated-GGUF", "gated-Q4_0.gguf", tmp_path / "g.gguf", 5000, None, Control.new()
+        )
+    token_file.write_text("hf_good")  # what `hf auth login` stores
+    dest = tmp_path / "g.gguf"
+    fetcher().fetch(
+        "acme/gated-GGUF",
+        "gated-Q4_0.gguf",
+        dest,
+        5000,
+        hashlib.sha256(SMALL[:5000]).hexdigest(),
+        Control.new(),
+    )
+    assert dest.read_bytes() == SMALL[:5000]
+
+
+def test_cancel_deletes_the_partial_file(hub: HubServer, tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    queue = DownloadQueue(models, tmp_path / "d.json", fetcher())
+    q4 = next(c for c in HubClient().details("acme/tiny-GGUF").choices if c.quant == "Q4_K_M")
+    job = queue.add("acme/tiny-GGUF", q4)
+    hub.throttle(1024 * 1024)
+
+    def cancel_midway(j: object) -> None:
+        queue.cancel(job.id)
+
+    assert queue.wait_for_job(1) is job
+    queue.run(job, cancel_midway)
+    hub.throttle(None)
+    assert job.state == "cancelled"
+    assert list(models.rglob("*.part")) == [] and list(models.rglob("*.gguf")) == []
+    assert DownloadQueue(models, tmp_path / "d.json", fetcher()).jobs == []
+
+
+def test_library_finds_models_in_the_hugging_face_cache(
+    hub: HubServer, tmp_path: Path, model_path: Path
+) -> None:
+    from huggingface_hub import hf_hub_download
+
+    hub.add_repo("google/gemma-3-270m-GGUF", {"gemma-3-270m-Q4_K_M.gguf": model_path})
+    cached = hf_hub_download("google/gemma-3-270m-GGUF", "gemma-3-270m-Q4_K_M.gguf")
+    entries = Library(tmp_path / "models", tmp_path / "lib.json").scan()
+    assert [(e.source, e.repo_id) for e in entries] == [("hf-cache", "google/gemma-3-270m-GGUF")]
+    assert entries[0].valid and Path(cached).resolve() == entries[0].path.resolve()
