@@ -44,11 +44,22 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    typical_p: float = 1.0
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    mirostat: str = "off"  # "off", "v1", "v2"
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     max_tokens: int = 1024
     seed: int = -1  # -1: a fresh random seed per reply
     stop: tuple[str, ...] = ()
+    output_format: str = "text"  # "text", "json", "json_schema", "gbnf"
+    json_schema: str = ""
+    grammar: str = ""
+    speculative: bool = False  # prompt-lookup (n-gram) drafting
+    draft_len: int = 8
 
     @classmethod
     def greedy(cls, max_tokens: int = 64) -> SamplingParams:
@@ -78,6 +89,7 @@ class AppSettings:
         sampling = _pick(SamplingParams, data.get("sampling"))
         if "stop" in sampling:
             sampling["stop"] = tuple(str(s) for s in sampling["stop"])
+        sampling = _valid_or_default(sampling)
         model_path = data.get("model_path")
         last = data.get("last_conversation")
         budget = data.get("snapshot_budget_mb")
@@ -115,6 +127,20 @@ class AppSettings:
             log.warning("settings file %s unreadable (%s); kept as %s", path, exc, aside)
             path.replace(aside)
             return cls()
+
+
+def _valid_or_default(values: dict[str, Any]) -> dict[str, Any]:
+    """Values that pass validation; a bad one falls back to its default."""
+    from app.params import SPEC_BY_NAME, SettingError, check
+
+    out = {}
+    for name, value in values.items():
+        spec = SPEC_BY_NAME.get(name)
+        try:
+            out[name] = check(spec, value) if spec is not None else value
+        except SettingError as exc:
+            log.warning("settings: %s; using the default", exc)
+    return out
 
 
 def _pick(kind: type, data: object) -> dict[str, Any]:

@@ -1,0 +1,381 @@
+"""Every sampling and load setting, declared once: type, range, default, help, group.
+
+The UI builds its controls from ``SPECS``; ``validate`` is the only way a
+value reaches llama.cpp, and its errors name the field and the allowed range.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from app.errors import LamplightError
+from app.settings import LoadConfig, SamplingParams
+
+GROUPS = ("basic", "advanced", "structured", "speculative", "model")
+
+
+class SettingError(LamplightError):
+    """A value out of range or of the wrong kind; the message names the field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One setting as the panel shows it and the validator checks it."""
+
+    name: str
+    label: str
+    kind: str  # "float", "int", "bool", "choice", "text", "list"
+    group: str
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float = 1.0
+    decimals: int = 0
+    choices: tuple[str, ...] = ()
+    reload: bool = False  # takes effect only when the model is loaded again
+    target: str = "sampling"  # "sampling" (SamplingParams) or "load" (LoadConfig)
+
+    @property
+    def default(self) -> Any:
+        source = LoadConfig() if self.target == "load" else SamplingParams()
+        return getattr(source, self.name)
+
+
+SPECS: tuple[FieldSpec, ...] = (
+    FieldSpec(
+        "temperature",
+        "Temperature",
+        "float",
+        "basic",
+        "Randomness: 0 always picks the most likely token; higher is more varied.",
+        0.0,
+        5.0,
+        0.05,
+        2,
+    ),
+    FieldSpec(
+        "top_k",
+        "Top-k",
+        "int",
+        "basic",
+        "Sample only from the k most likely tokens (0 turns it off).",
+        0,
+        1000,
+    ),
+    FieldSpec(
+        "top_p",
+        "Top-p",
+        "float",
+        "basic",
+        "Sample from the smallest set of tokens whose probabilities add up to p.",
+        0.0,
+        1.0,
+        0.01,
+        2,
+    ),
+    FieldSpec(
+        "min_p",
+        "Min-p",
+        "float",
+        "basic",
+        "Drop tokens less likely than min-p times the most likely one.",
+        0.0,
+        1.0,
+        0.01,
+        2,
+    ),
+    FieldSpec(
+        "max_tokens",
+        "Max new tokens",
+        "int",
+        "basic",
+        "The longest reply, in tokens.",
+        1,
+        32768,
+        16,
+    ),
+    FieldSpec(
+        "seed",
+        "Seed",
+        "int",
+        "basic",
+        "-1 picks a new random seed per reply (shown under it); "
+        "a fixed seed repeats a reply exactly.",
+        -1,
+        2**31 - 1,
+    ),
+    FieldSpec(
+        "typical_p",
+        "Typical-p",
+        "float",
+        "advanced",
+        "Locally typical sampling; 1 turns it off.",
+        0.0,
+        1.0,
+        0.01,
+        2,
+    ),
+    FieldSpec(
+        "repeat_penalty",
+        "Repeat penalty",
+        "float",
+        "advanced",
+        "Make recently used tokens less likely; 1 turns it off.",
+        0.0,
+        3.0,
+        0.01,
+        2,
+    ),
+    FieldSpec(
+        "repeat_last_n",
+        "Penalty window",
+        "int",
+        "advanced",
+        "How many recent tokens the penalties look at (0 off, -1 the whole context).",
+        -1,
+        32768,
+        16,
+    ),
+    FieldSpec(
+        "presence_penalty",
+        "Presence penalty",
+        "float",
+        "advanced",
+        "Penalize any token already present in the window.",
+        -2.0,
+        2.0,
+        0.05,
+        2,
+    ),
+    FieldSpec(
+        "frequency_penalty",
+        "Frequency penalty",
+        "float",
+        "advanced",
+        "Penalize tokens by how often they appear in the window.",
+        -2.0,
+        2.0,
+        0.05,
+        2,
+    ),
+    FieldSpec(
+        "mirostat",
+        "Mirostat",
+        "choice",
+        "advanced",
+        "Adaptive sampling that targets a constant surprise (replaces top-k/p/min-p).",
+        choices=("off", "v1", "v2"),
+    ),
+    FieldSpec(
+        "mirostat_tau",
+        "Mirostat tau",
+        "float",
+        "advanced",
+        "Target surprise: lower is more focused.",
+        0.0,
+        20.0,
+        0.1,
+        1,
+    ),
+    FieldSpec(
+        "mirostat_eta",
+        "Mirostat eta",
+        "float",
+        "advanced",
+        "How fast mirostat adapts.",
+        0.0,
+        1.0,
+        0.01,
+        2,
+    ),
+    FieldSpec(
+        "stop",
+        "Stop strings",
+        "list",
+        "advanced",
+        "The reply ends when it produces one of these (one per line).",
+    ),
+    FieldSpec(
+        "output_format",
+        "Output",
+        "choice",
+        "structured",
+        "Free text, any JSON, JSON matching a schema, or a custom GBNF grammar.",
+        choices=("text", "json", "json_schema", "gbnf"),
+    ),
+    FieldSpec(
+        "json_schema",
+        "JSON schema",
+        "text",
+        "structured",
+        "A JSON Schema the reply must match (Output: JSON schema).",
+    ),
+    FieldSpec(
+        "grammar",
+        "GBNF grammar",
+        "text",
+        "structured",
+        "A llama.cpp GBNF grammar with a `root` rule (Output: GBNF).",
+    ),
+    FieldSpec(
+        "speculative",
+        "Prompt-lookup drafting",
+        "bool",
+        "speculative",
+        "Guess the next tokens from text already in the conversation and check them "
+        "in one batch: faster on replies that repeat their context; never changes "
+        "what a greedy reply says.",
+    ),
+    FieldSpec(
+        "draft_len",
+        "Draft length",
+        "int",
+        "speculative",
+        "How many tokens to guess at a time.",
+        1,
+        16,
+    ),
+    FieldSpec(
+        "n_ctx",
+        "Context size",
+        "int",
+        "model",
+        "Tokens the model can see at once; more uses more memory.",
+        256,
+        262144,
+        256,
+        reload=True,
+        target="load",
+    ),
+    FieldSpec(
+        "n_threads",
+        "Threads",
+        "int",
+        "model",
+        "CPU threads (0: automatic).",
+        0,
+        256,
+        reload=True,
+        target="load",
+    ),
+)
+
+SPEC_BY_NAME = {s.name: s for s in SPECS}
+
+
+def check(spec: FieldSpec, value: Any) -> Any:
+    """``value`` converted to the field's type, or SettingError naming field and range."""
+    where = spec.label
+    if spec.kind in ("float", "int"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SettingError(spec.name, f"{where} must be a number (got {value!r}).")
+        if spec.kind == "int" and float(value) != int(value):
+            raise SettingError(spec.name, f"{where} must be a whole number (got {value}).")
+        number: float | int = int(value) if spec.kind == "int" else float(value)
+        if number != number or number in (float("inf"), float("-inf")):
+            raise SettingError(spec.name, f"{where} must be a finite number.")
+        assert spec.minimum is not None and spec.maximum is not None
+        if not spec.minimum <= number <= spec.maximum:
+            lo = int(spec.minimum) if spec.kind == "int" else spec.minimum
+            hi = int(spec.maximum) if spec.kind == "int" else spec.maximum
+            raise SettingError(spec.name, f"{where} must be between {lo} and {hi} (got {value}).")
+        return number
+    if spec.kind == "bool":
+        if not isinstance(value, bool):
+            raise SettingError(spec.name, f"{where} must be on or off (got {value!r}).")
+        return value
+    if spec.kind == "choice":
+        if value not in spec.choices:
+            raise SettingError(
+                spec.name, f"{where} must be one of {', '.join(spec.choices)} (got {value!r})."
+            )
+        return value
+    if spec.kind == "text":
+        if not isinstance(value, str):
+            raise SettingError(spec.name, f"{where} must be text.")
+        return value
+    if spec.kind == "list":
+        items = list(value) if isinstance(value, list | tuple) else None
+        if items is None or not all(isinstance(s, str) for s in items):
+            raise SettingError(spec.name, f"{where} must be a list of text.")
+        if any(not s for s in items) or len(items) > 16:
+            raise SettingError(spec.name, f"{where}: up to 16, none empty.")
+        return tuple(items)
+    raise SettingError(spec.name, f"unknown kind {spec.kind}")
+
+
+def validate_sampling(values: dict[str, Any], base: SamplingParams | None = None) -> SamplingParams:
+    """SamplingParams from ``values`` (missing fields from ``base``); every field checked.
+
+    Raises:
+        SettingError: the first bad field, by name, with its range.
+    """
+    base = base or SamplingParams()
+    known = {f.name for f in fields(SamplingParams)}
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in known:
+            raise SettingError(name, f"Unknown setting {name!r}.")
+        spec = SPEC_BY_NAME.get(name)
+        out[name] = check(spec, value) if spec is not None else value
+    params = replace(base, **out)
+    check_structured(params)
+    return params
+
+
+def validate_load(values: dict[str, Any], base: LoadConfig | None = None) -> LoadConfig:
+    base = base or LoadConfig()
+    out = {}
+    for name, value in values.items():
+        spec = SPEC_BY_NAME.get(name)
+        if spec is None or spec.target != "load":
+            raise SettingError(name, f"Unknown model setting {name!r}.")
+        out[name] = check(spec, value)
+    return replace(base, **out)
+
+
+def check_structured(params: SamplingParams) -> None:
+    """The schema or grammar must be usable before any generation starts."""
+    if params.output_format == "json_schema":
+        grammar_for(params)
+    elif params.output_format == "gbnf":
+        if "root" not in params.grammar:
+            raise SettingError("grammar", "The GBNF grammar needs a `root ::= ...` rule.")
+
+
+def grammar_for(params: SamplingParams) -> str:
+    """The GBNF text for the output format ('' for free text).
+
+    Raises:
+        SettingError: the JSON schema is not valid JSON or cannot be turned into a grammar.
+    """
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if params.output_format == "json":
+        return str(JSON_GBNF)
+    if params.output_format == "gbnf":
+        return params.grammar
+    if params.output_format == "json_schema":
+        try:
+            schema = json.loads(params.json_schema)
+        except ValueError as exc:
+            raise SettingError("json_schema", f"The JSON schema is not valid JSON: {exc}") from exc
+        if not isinstance(schema, dict):
+            raise SettingError("json_schema", "The JSON schema must be a JSON object.")
+        try:
+            return str(json_schema_to_gbnf(json.dumps(schema)))
+        except Exception as exc:  # the converter raises many types on odd schemas
+            raise SettingError("json_schema", f"The JSON schema cannot be used: {exc}") from exc
+    return ""
+
+
+def sampling_to_dict(params: SamplingParams) -> dict[str, Any]:
+    data = {f.name: getattr(params, f.name) for f in fields(SamplingParams)}
+    data["stop"] = list(params.stop)
+    return data
