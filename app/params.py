@@ -344,9 +344,8 @@ def check_structured(params: SamplingParams) -> None:
     """The schema or grammar must be usable before any generation starts."""
     if params.output_format == "json_schema":
         grammar_for(params)
-    elif params.output_format == "gbnf":
-        if "root" not in params.grammar:
-            raise SettingError("grammar", "The GBNF grammar needs a `root ::= ...` rule.")
+    elif params.output_format == "gbnf" and "root" not in params.grammar:
+        raise SettingError("grammar", "The GBNF grammar needs a `root ::= ...` rule.")
 
 
 def grammar_for(params: SamplingParams) -> str:
