@@ -13,13 +13,14 @@ one-token batch, the native sampler chain) so no per-token copy of the
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
 import ctypes
 import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,8 @@ from app.errors import (
 )
 from app.gguf_info import GgufInfo, read_gguf_info
 from app.metrics import MessageMetrics
+from app.ngram import NgramIndex
+from app.params import SettingError, grammar_for
 from app.settings import LoadConfig, SamplingParams
 from app.stopping import StopStringFilter
 from app.templates import ChatMessage, ChatTemplate, choose_template
@@ -106,6 +109,11 @@ class KvState:
     marks: list[tuple[int, int]]
 
 
+# llama.cpp's last warnings and errors: some failures (a grammar that does not parse)
+# are explained only in its log.
+RECENT_PROBLEMS: collections.deque[str] = collections.deque(maxlen=20)
+
+
 def _install_log_route() -> None:
     """Send llama.cpp's log to Python logging instead of the terminal."""
     import llama_cpp
@@ -120,6 +128,8 @@ def _install_log_route() -> None:
         msg = text.decode("utf-8", errors="replace").rstrip()
         if msg:
             llama_log.log(lvl, "%s", msg)
+            if lvl >= logging.WARNING:
+                RECENT_PROBLEMS.append(msg)
 
     cb = llama_cpp.llama_log_callback(route)
     llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
@@ -169,6 +179,81 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+class _Reply:
+    """The reply being generated: its text, stop strings, and the cache's text marks.
+
+    ``emit`` turns a sampled token into text to show; ``commit`` records that
+    the token is now in the KV cache (so its text is part of what the cache holds).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        params: SamplingParams,
+        template_stops: tuple[str, ...],
+        metrics: MessageMetrics,
+        t0: float,
+    ) -> None:
+        self._engine = engine
+        self._map = engine._map
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopStringFilter((*params.stop, *template_stops))
+        self._metrics = metrics
+        self._t0 = t0
+        self._parts: list[str] = []
+        self._raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
+        self._raw_len = 0
+        self._piece = ""
+        self._prompt_text = self._map.text
+        self.count = 0
+
+    @property
+    def hit(self) -> bool:
+        return self._stops.hit
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def emit(self, token: int) -> str:
+        self._metrics.token_times_ms.append((time.perf_counter() - self._t0) * 1000)
+        self._metrics.generated_tokens += 1
+        self.count += 1
+        self._piece = self._decoder.decode(self._engine._token_bytes(token))
+        text = self._stops.feed(self._piece)
+        if text:
+            self._parts.append(text)
+        return text
+
+    def commit(self, token: int) -> None:
+        self._map.tokens.append(token)
+        if self._piece:
+            self._raw.append(self._piece)
+            self._raw_len += len(self._piece)
+            self._piece = ""
+        if not self._decoder.getstate()[0]:  # no partial UTF-8 character pending
+            self._map.marks.append((len(self._map.tokens), len(self._prompt_text) + self._raw_len))
+
+    def ended(self, max_tokens: int) -> str:
+        """ "stop_string" or "max_tokens" once the reply must end, else ""."""
+        if self._stops.hit:
+            return "stop_string"
+        return "max_tokens" if self.count >= max_tokens else ""
+
+    def close(self) -> None:
+        self._map.text = self._prompt_text + "".join(self._raw)
+        self._map.keep_marks(len(self._map.tokens))
+
+    def tail(self) -> str:
+        """Text held back for a possible stop string, once the reply has ended."""
+        if self._stops.hit:
+            return ""
+        tail = self._stops.feed(self._decoder.decode(b"", final=True)) + self._stops.flush()
+        if tail:
+            self._parts.append(tail)
+        return tail
 
 
 class Engine:
@@ -439,6 +524,7 @@ class Engine:
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         assert self._template is not None
+        self._build_sampler(params, 0, check_only=True)  # a bad grammar fails before any work
         text = self._template.render(messages, True)
         n_mark, c_mark = self._map.match(text)
         prompt = self._map.tokens[:n_mark] + self._tokenize(text[c_mark:], bos=n_mark == 0)
@@ -551,71 +637,157 @@ class Engine:
     ) -> Iterator[EngineEvent]:
         import llama_cpp
 
-        llm = self._llm
-        ctx = llm._ctx.ctx
-        vocab = llm._model.vocab
-        n_ctx = metrics.n_ctx
         sampler = self._build_sampler(params, seed)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         assert self._template is not None
-        stops = StopStringFilter((*params.stop, *self._template.stop_strings))
-        parts: list[str] = []
-        raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
-        prompt_text = self._map.text
-        raw_len = 0
-        one = self._one_token
-        times = metrics.token_times_ms
-        reason = "max_tokens"
+        reply = _Reply(self, params, self._template.stop_strings, metrics, t0)
+        flash = self._config is not None and (
+            self._config.flash_attn or self._config.kv_type != "f16"
+        )
+        if params.speculative and flash:
+            metrics.notes.append(
+                "prompt-lookup drafting is off with flash attention, whose batched "
+                "evaluation rounds differently and could change the reply"
+            )
         try:
-            for _ in range(params.max_tokens):
-                if stop.is_set():
-                    reason = "cancelled"
-                    break
-                if len(self._map.tokens) >= n_ctx:
-                    reason = "context_full"
-                    break
-                tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
-                if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                    reason = "eos"
-                    break
-                times.append((time.perf_counter() - t0) * 1000)
-                metrics.generated_tokens += 1
-                piece = decoder.decode(self._token_bytes(tok))
-                text = stops.feed(piece)
-                if text:
-                    parts.append(text)
-                    yield Token(text)
-                if stops.hit:
-                    reason = "stop_string"
-                    break
-                if stop.is_set():
-                    reason = "cancelled"
-                    break
-                one[0] = tok
-                rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
-                if rc != 0:
-                    self._rewind(len(self._map.tokens))
-                    raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
-                self._map.tokens.append(tok)
-                if piece:
-                    raw.append(piece)
-                    raw_len += len(piece)
-                if not decoder.getstate()[0]:  # no partial UTF-8 character pending
-                    self._map.marks.append((len(self._map.tokens), len(prompt_text) + raw_len))
+            if params.speculative and not flash:
+                reason = yield from self._loop_lookup(sampler, reply, params, metrics, stop)
+            else:
+                reason = yield from self._loop_plain(sampler, reply, params, stop)
         finally:
             llama_cpp.llama_sampler_free(sampler)
-            self._map.text = prompt_text + "".join(raw)
-            self._map.keep_marks(len(self._map.tokens))
-        if not stops.hit:
-            tail = stops.feed(decoder.decode(b"", final=True)) + stops.flush()
-            if tail:
-                parts.append(tail)
-                yield Token(tail)
+            reply.close()
+        tail = reply.tail()
+        if tail:
+            yield Token(tail)
         metrics.stop_reason = reason
-        yield Finished("".join(parts), metrics)
+        yield Finished(reply.text, metrics)
 
-    def _build_sampler(self, params: SamplingParams, seed: int) -> Any:
-        """llama.cpp's native sampler chain for ``params``; caller frees it."""
+    def _loop_plain(
+        self, sampler: Any, reply: _Reply, params: SamplingParams, stop: threading.Event
+    ) -> Generator[Token, None, str]:
+        """One token per llama_decode (the fastest path when nothing can be drafted)."""
+        import llama_cpp
+
+        ctx = self._llm._ctx.ctx
+        vocab = self._llm._model.vocab
+        n_ctx = self._llm.n_ctx()
+        one = self._one_token
+        for _ in range(params.max_tokens):
+            if stop.is_set():
+                return "cancelled"
+            if len(self._map.tokens) >= n_ctx:
+                return "context_full"
+            tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+            if llama_cpp.llama_vocab_is_eog(vocab, tok):
+                return "eos"
+            text = reply.emit(tok)
+            if text:
+                yield Token(text)
+            if reply.hit:
+                return "stop_string"
+            if stop.is_set():
+                return "cancelled"
+            one[0] = tok
+            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
+            if rc != 0:
+                self._rewind(len(self._map.tokens))
+                raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+            reply.commit(tok)
+        return "max_tokens"
+
+    def _loop_lookup(
+        self,
+        sampler: Any,
+        reply: _Reply,
+        params: SamplingParams,
+        metrics: MessageMetrics,
+        stop: threading.Event,
+    ) -> Generator[Token, None, str]:
+        """Prompt-lookup speculative decoding.
+
+        The sampled token and up to ``draft_len`` tokens guessed from an earlier
+        occurrence of the latest n-gram are evaluated in one batch, with logits
+        for just those positions. Each position is then sampled in order; a
+        guess is kept while it equals what was sampled, so the reply is exactly
+        what plain decoding with the same sampler gives. Rejected guesses are
+        removed from the KV cache.
+        """
+        import llama_cpp
+
+        ctx = self._llm._ctx.ctx
+        vocab = self._llm._model.vocab
+        n_ctx = self._llm.n_ctx()
+        mem = llama_cpp.llama_get_memory(ctx)
+        index = NgramIndex(self._map.tokens)
+        k_max = params.draft_len
+        batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
+        try:
+            pending = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+            while True:
+                if stop.is_set():
+                    return "cancelled"
+                n_past = len(self._map.tokens)
+                if n_past >= n_ctx:
+                    return "context_full"
+                if llama_cpp.llama_vocab_is_eog(vocab, pending):
+                    return "eos"
+                text = reply.emit(pending)
+                if text:
+                    yield Token(text)
+                ended = reply.ended(params.max_tokens)
+                if ended:
+                    return ended
+                if stop.is_set():
+                    return "cancelled"
+                index.append(pending)
+                room = min(k_max, params.max_tokens - reply.count, n_ctx - n_past - 2)
+                draft = index.draft(room) if room > 0 else []
+                batch.n_tokens = 1 + len(draft)
+                for i, tok in enumerate([pending, *draft]):
+                    batch.token[i] = tok
+                    batch.pos[i] = n_past + i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = True
+                rc = llama_cpp.llama_decode(ctx, batch)
+                if rc != 0:
+                    llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
+                    raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+                reply.commit(pending)
+                metrics.drafted_tokens += len(draft)
+                # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
+                kept = 0
+                nxt = llama_cpp.llama_sampler_sample(sampler, ctx, 0)
+                for i, guess in enumerate(draft):
+                    if nxt != guess or llama_cpp.llama_vocab_is_eog(vocab, nxt):
+                        break
+                    text = reply.emit(guess)
+                    if text:
+                        yield Token(text)
+                    reply.commit(guess)
+                    index.append(guess)
+                    kept += 1
+                    if reply.hit or reply.count >= params.max_tokens or stop.is_set():
+                        break
+                    nxt = llama_cpp.llama_sampler_sample(sampler, ctx, i + 1)
+                metrics.accepted_tokens += kept
+                if kept < len(draft):
+                    llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1 + kept, -1)
+                ended = reply.ended(params.max_tokens)
+                if ended:
+                    return ended
+                pending = nxt
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def _build_sampler(self, params: SamplingParams, seed: int, check_only: bool = False) -> Any:
+        """llama.cpp's native sampler chain for ``params``; caller frees it.
+
+        With ``check_only``, only the grammar is built and freed (None is returned).
+
+        Raises:
+            SettingError: the grammar (or JSON schema) does not parse.
+        """
         import llama_cpp
 
         chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
@@ -623,25 +795,71 @@ class Engine:
         def add(s: Any) -> None:
             llama_cpp.llama_sampler_chain_add(chain, s)
 
-        if params.repeat_penalty != 1.0 and params.repeat_last_n != 0:
+        grammar = grammar_for(params)
+        if grammar:
+            RECENT_PROBLEMS.clear()
+            g = llama_cpp.llama_sampler_init_grammar(
+                self._llm._model.vocab, grammar.encode("utf-8"), b"root"
+            )
+            if not g:
+                llama_cpp.llama_sampler_free(chain)
+                detail = "; ".join(m for m in RECENT_PROBLEMS if "parse" in m or "error" in m)
+                field = "grammar" if params.output_format == "gbnf" else "json_schema"
+                raise SettingError(field, f"The grammar does not parse: {detail or 'see the log'}")
+            add(g)
+        if check_only:
+            llama_cpp.llama_sampler_free(chain)
+            return None
+        penalize = (
+            params.repeat_penalty != 1.0
+            or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0
+        )
+        if penalize and params.repeat_last_n != 0:
+            last_n = params.repeat_last_n if params.repeat_last_n > 0 else self._llm.n_ctx()
             add(
                 llama_cpp.llama_sampler_init_penalties(
-                    self._llm.n_vocab(), params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
+                    self._llm.n_vocab(),
+                    last_n,
+                    params.repeat_penalty,
+                    params.frequency_penalty,
+                    params.presence_penalty,
                 )
             )
-            for tok in self._map.tokens[-params.repeat_last_n :]:
-                llama_cpp.llama_sampler_accept(chain, tok)
         if params.temperature <= 0.0:
             add(llama_cpp.llama_sampler_init_greedy())
-            return chain
-        if params.top_k > 0:
-            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-        add(llama_cpp.llama_sampler_init_temp(params.temperature))
-        add(llama_cpp.llama_sampler_init_dist(seed))
+        elif params.mirostat != "off":
+            add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            if params.mirostat == "v1":
+                add(
+                    llama_cpp.llama_sampler_init_mirostat(
+                        self._llm.n_vocab(), seed, params.mirostat_tau, params.mirostat_eta, 100
+                    )
+                )
+            else:
+                add(
+                    llama_cpp.llama_sampler_init_mirostat_v2(
+                        seed, params.mirostat_tau, params.mirostat_eta
+                    )
+                )
+        else:
+            if params.top_k > 0:
+                add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+            if params.typical_p < 1.0:
+                add(llama_cpp.llama_sampler_init_typical(params.typical_p, 1))
+            if params.top_p < 1.0:
+                add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+            add(llama_cpp.llama_sampler_init_temp(params.temperature))
+            add(llama_cpp.llama_sampler_init_dist(seed))
+        if penalize:
+            # The penalties look back over the context; the grammar must not see the prompt.
+            window = params.repeat_last_n if params.repeat_last_n > 0 else len(self._map.tokens)
+            for tok in self._map.tokens[-window:]:
+                llama_cpp.llama_sampler_accept(
+                    llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
+                )
         return chain
 
     # -- internals -----------------------------------------------------------------

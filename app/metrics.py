@@ -43,6 +43,13 @@ class MessageMetrics:
     seed: int | None = None
     cache_note: str = ""  # why the KV cache was rebuilt instead of reused, if it was
     turn_offset: int = 0  # tokens of earlier context before this turn's new text
+    notes: list[str] = field(default_factory=list)  # things the user should know
+    drafted_tokens: int = 0  # speculative decoding: tokens guessed
+    accepted_tokens: int = 0  # ... and kept
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
     def context_used(self) -> int:
@@ -92,6 +99,7 @@ class MessageMetrics:
             itl_p95_ms=round(self.itl_p95_ms, 2),
             context_used=self.context_used,
             prefill_ms=round(self.prefill_ms, 2),
+            acceptance=round(self.acceptance, 3),
         )
         return data
 
@@ -103,6 +111,10 @@ class MessageMetrics:
             f"TTFT {self.ttft_ms:.0f} ms",
             f"prompt {self.evaluated_tokens}/{self.prompt_tokens} evaluated",
         ]
+        if self.drafted_tokens:
+            parts.append(f"drafts {self.acceptance:.0%} accepted")
+        if self.seed is not None:
+            parts.append(f"seed {self.seed}")
         if self.stop_reason and self.stop_reason != "eos":
             parts.append(f"stopped: {self.stop_reason.replace('_', ' ')}")
         return " · ".join(parts)

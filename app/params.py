@@ -275,6 +275,8 @@ def check(spec: FieldSpec, value: Any) -> Any:
     if spec.kind in ("float", "int"):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise SettingError(spec.name, f"{where} must be a number (got {value!r}).")
+        if value != value or value in (float("inf"), float("-inf")):
+            raise SettingError(spec.name, f"{where} must be a finite number.")
         if spec.kind == "int" and float(value) != int(value):
             raise SettingError(spec.name, f"{where} must be a whole number (got {value}).")
         number: float | int = int(value) if spec.kind == "int" else float(value)

@@ -30,7 +30,9 @@ class LoadConfig:
     n_gpu_layers: int = 0  # -1: all layers
     n_batch: int = 512
     kv_type: str = "f16"  # "q8_0" halves the KV cache and its snapshots
-    flash_attn: bool = True  # ~20% faster prompt evaluation on CPU here; needed for q8_0 V
+    # ~20% faster prompt evaluation on CPU here, and needed for a q8_0 V cache; but its
+    # batched kernels round differently, so prompt-lookup drafting is off with it.
+    flash_attn: bool = False
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()

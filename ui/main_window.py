@@ -767,6 +767,8 @@ class MainWindow(QMainWindow):
             )
             if metrics.cache_note:
                 self.transcript.add_notice(f"Cache rebuilt: {metrics.cache_note}.")
+            for note in metrics.notes:
+                self.transcript.add_notice(note[:1].upper() + note[1:] + ".")
         self._request = None
         self._update_buttons()
         pending, self._after_stop = self._after_stop, []

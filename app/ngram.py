@@ -1,0 +1,37 @@
+"""Prompt-lookup drafting: guess the next tokens from where the latest n-gram last occurred."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+NGRAM_SIZES = (4, 3, 2)
+
+
+class NgramIndex:
+    """For each n-gram, where it was last followed by a known token. Appends are O(1)."""
+
+    def __init__(self, tokens: Iterable[int] = (), sizes: tuple[int, ...] = NGRAM_SIZES) -> None:
+        self.sizes = sizes
+        self.tokens: list[int] = []
+        self._next: dict[tuple[int, ...], int] = {}
+        for t in tokens:
+            self.append(t)
+
+    def append(self, token: int) -> None:
+        m = len(self.tokens)
+        for n in self.sizes:
+            if m >= n:
+                # The n-gram ending just before position m is followed by the token at m.
+                self._next[tuple(self.tokens[m - n : m])] = m
+        self.tokens.append(token)
+
+    def draft(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the longest recent n-gram matching the end."""
+        h = self.tokens
+        for n in self.sizes:
+            if len(h) < n:
+                continue
+            at = self._next.get(tuple(h[-n:]))
+            if at is not None:
+                return h[at : at + k]
+        return []
