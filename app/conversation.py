@@ -56,6 +56,7 @@ class Conversation:
     system_prompt: str = ""
     forked_from: str | None = None
     n_tokens: int = 0
+    sampling: dict[str, Any] | None = None  # the settings its last reply used
     messages: list[Message] = field(default_factory=list)
 
     def chat(self) -> list[ChatMessage]:

@@ -16,6 +16,7 @@ import codecs
 import collections
 import contextlib
 import ctypes
+import itertools
 import logging
 import secrets
 import threading
@@ -35,17 +36,30 @@ from app.errors import (
     NoModelLoaded,
 )
 from app.gguf_info import GgufInfo, read_gguf_info
+from app.lora import (
+    AdapterInfo,
+    LoraError,
+    LoraStack,
+    ModelTensors,
+    check_adapter,
+    read_adapter,
+    read_model_tensors,
+    stack_key,
+)
 from app.metrics import MessageMetrics
 from app.ngram import NgramIndex
 from app.params import SettingError, grammar_for
 from app.settings import LoadConfig, SamplingParams
 from app.stopping import StopStringFilter
+from app.sysinfo import rss_bytes
 from app.templates import ChatMessage, ChatTemplate, choose_template
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
+MAX_IDLE_ADAPTERS = 4  # adapters kept loaded while out of the stack, for a quick re-add
+LORA_CHANGED_NOTE = "the LoRA stack changed"
 
 ProgressFn = Callable[[float], bool]
 """Load progress 0..1; return False to cancel the load."""
@@ -109,6 +123,16 @@ class KvState:
     marks: list[tuple[int, int]]
 
 
+@dataclass
+class _LoadedAdapter:
+    """An adapter llama.cpp has loaded for the current model."""
+
+    handle: Any  # llama_adapter_lora * (a ctypes pointer)
+    stamp: tuple[int, int]  # (size, mtime_ns) of the file when it was loaded
+    info: AdapterInfo
+    used: int  # when it was last in an applied stack, for freeing the idle ones
+
+
 # llama.cpp's last warnings and errors: some failures (a grammar that does not parse)
 # are explained only in its log.
 RECENT_PROBLEMS: collections.deque[str] = collections.deque(maxlen=20)
@@ -170,6 +194,12 @@ def _load_progress(progress: ProgressFn | None) -> Iterator[None]:
         yield
     finally:
         lc.llama_model_default_params = original
+
+
+def llama_cpp_perf_reset(ctx: Any) -> None:
+    import llama_cpp
+
+    llama_cpp.llama_perf_context_reset(ctx)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -274,6 +304,16 @@ class Engine:
         self._abort_cb: Any = None
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one_token: Any = None
+        self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
+        # LoRA: loaded adapters by resolved path; the applied stack; the stack the KV
+        # cache was computed under (it goes stale when the two differ).
+        self._adapters: dict[str, _LoadedAdapter] = {}
+        self._retired: list[Any] = []  # old versions of changed files, freed after the next set
+        self._clock = itertools.count()
+        self._tensors: ModelTensors | None = None
+        self._lora = LoraStack()
+        self._lora_sig: list[dict[str, Any]] = []
+        self._kv_lora_sig: list[dict[str, Any]] = []
 
     # -- model -----------------------------------------------------------------
 
@@ -349,6 +389,7 @@ class Engine:
                 "or use an architecture this llama.cpp build does not support."
             ) from exc
         load_ms = (time.perf_counter() - t0) * 1000
+        self.load_count += 1
         self._llm = llm
         self._gguf = gguf
         self._config = config
@@ -381,7 +422,15 @@ class Engine:
         return self._info
 
     def unload(self) -> None:
-        """Free the model and its context."""
+        """Free the model, its context and its LoRA adapters."""
+        # llama.cpp frees every adapter with its model (llama_model::~llama_model), so the
+        # handles are only dropped here: freeing one after the model would be a double free.
+        self._adapters.clear()
+        self._retired.clear()
+        self._tensors = None
+        self._lora = LoraStack()
+        self._lora_sig = []
+        self._kv_lora_sig = []
         if self._llm is not None:
             self._llm.close()
         self._llm = None
@@ -397,6 +446,154 @@ class Engine:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm._ctx.ctx), True)
         self._map.clear()
 
+    # -- LoRA --------------------------------------------------------------------------
+
+    @property
+    def lora_stack(self) -> LoraStack:
+        """A copy of the adapter stack applied to the context (empty after every load)."""
+        return self._lora.copy()
+
+    def lora_signature(self) -> list[dict[str, Any]]:
+        """The applied stack's ``LoraStack.signature()``."""
+        return [dict(s) for s in self._lora_sig]
+
+    @property
+    def lora_stale(self) -> bool:
+        """The KV cache holds tokens evaluated under a stack that changes the output differently."""
+        return bool(self._map.tokens) and stack_key(self._kv_lora_sig) != stack_key(self._lora_sig)
+
+    def set_lora_stack(self, stack: LoraStack) -> bool:
+        """Apply ``stack`` from the next message on; the model stays loaded.
+
+        Adapters loaded earlier for this model are reused (by path, size and mtime);
+        a new one is checked against the model's tensors before llama.cpp sees it.
+        ``llama_set_adapters_lora`` then replaces the whole set; disabled and scale-0
+        entries are left out. On any error nothing changes.
+
+        Returns True when the cached conversation is now stale: the next ``generate``
+        evaluates it again and says so in ``metrics.cache_note``. Changes that leave the
+        output alone (order, a disabled or scale-0 entry) keep the cache.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+        llm = self._require()
+        import llama_cpp
+
+        stack = stack.copy()
+        handles: dict[str, Any] = {}
+        scales: dict[str, float] = {}
+        for entry in stack.active():
+            key = self._adapter_key(entry.path)
+            handles[key] = self._adapter(key, entry.path)
+            # The same file twice: llama.cpp's map would keep one scale; the stack means the sum.
+            scales[key] = scales.get(key, 0.0) + entry.scale
+        try:
+            signature = stack.signature()
+        except OSError as exc:
+            raise LoraError(f"A LoRA adapter could not be read: {exc}") from exc
+        applied = [k for k, v in scales.items() if v != 0.0]
+        n = len(applied)
+        c_handles = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(handles[k] for k in applied))
+        c_scales = (ctypes.c_float * n)(*(scales[k] for k in applied))
+        llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, c_handles, n, c_scales)
+        self._lora, self._lora_sig = stack, signature
+        tick = next(self._clock)
+        for key in applied:
+            self._adapters[key].used = tick
+        self._free_idle_adapters(set(applied))
+        stale = self.lora_stale
+        log.info("LoRA stack applied: %s%s", stack.summary() or "none", " (cache stale)" * stale)
+        return stale
+
+    def adapter_info(self, path: str | Path) -> AdapterInfo:
+        """Read ``path`` and check it against the loaded model, without loading it.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+        self._require()
+        return check_adapter(read_adapter(path), self._model_tensors())
+
+    @property
+    def loaded_adapters(self) -> int:
+        """How many adapters llama.cpp holds for this model (applied or idle)."""
+        return len(self._adapters)
+
+    def last_logits(self) -> Any:
+        """A numpy copy of the logits of the last evaluated token (for tests and benches)."""
+        llm = self._require()
+        import llama_cpp
+        import numpy as np
+
+        row = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+        if not row:
+            raise LamplightError("There are no logits yet: nothing has been evaluated.")
+        return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).copy()
+
+    @staticmethod
+    def _adapter_key(path: Path) -> str:
+        return str(Path(path).expanduser().resolve())
+
+    def _model_tensors(self) -> ModelTensors:
+        if self._tensors is None:
+            assert self._gguf is not None
+            self._tensors = read_model_tensors(self._gguf.path)
+        return self._tensors
+
+    def _adapter(self, key: str, path: Path) -> Any:
+        """llama.cpp's handle for the adapter at ``key``, loaded when new or changed on disk."""
+        import llama_cpp
+
+        try:
+            st = Path(key).stat()
+        except OSError as exc:
+            raise LoraError(f"The LoRA adapter {Path(path).name} is missing ({path}).") from exc
+        stamp = (st.st_size, st.st_mtime_ns)
+        known = self._adapters.get(key)
+        if known is not None and known.stamp == stamp:
+            return known.handle
+        # Refused here, never by llama.cpp: it reports failure only as a NULL pointer and a
+        # log line, and some bad headers abort the process inside it.
+        info = check_adapter(read_adapter(key), self._model_tensors())
+        RECENT_PROBLEMS.clear()
+        handle = llama_cpp.llama_adapter_lora_init(self._llm._model.model, key.encode("utf-8"))
+        if not handle:  # a NULL ctypes pointer is falsy (llama-cpp-python does not check)
+            detail = "; ".join(RECENT_PROBLEMS)
+            raise LoraError(f"llama.cpp could not load {info.path.name}: {detail or 'see the log'}")
+        if known is not None:
+            # The file changed: the old version may still be in the context's set.
+            self._retired.append(known.handle)
+        self._adapters[key] = _LoadedAdapter(handle, stamp, info, next(self._clock))
+        return handle
+
+    def _free_idle_adapters(self, applied: set[str]) -> None:
+        """Free retired adapters and the least recently used idle ones beyond the limit.
+
+        Only called right after ``llama_set_adapters_lora``: an adapter the context no
+        longer references can then be freed safely.
+        """
+        import llama_cpp
+
+        for handle in self._retired:
+            llama_cpp.llama_adapter_lora_free(handle)
+        self._retired.clear()
+        idle = sorted((a.used, k) for k, a in self._adapters.items() if k not in applied)
+        for _, key in idle[: max(0, len(idle) - MAX_IDLE_ADAPTERS)]:
+            llama_cpp.llama_adapter_lora_free(self._adapters.pop(key).handle)
+
+    def _sync_lora(self) -> str:
+        """Empty a cache evaluated under another stack; returns the note to show, if any."""
+        if not self.lora_stale:
+            return ""
+        import llama_cpp
+
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm._ctx.ctx), True)
+        self._map.clear()
+        self._kv_lora_sig = self._lora_sig
+        log.info("cache rebuilt: %s", LORA_CHANGED_NOTE)
+        return LORA_CHANGED_NOTE
+
     # -- KV state ------------------------------------------------------------------
 
     def cache_config(self) -> dict[str, Any]:
@@ -410,6 +607,9 @@ class Engine:
             "flash_attn": self._config.flash_attn or self._config.kv_type != "f16",
             "swa_full": True,
             "n_swa": self._n_swa,
+            # The adapters the cached tokens were evaluated with (SessionCache moves this
+            # to the snapshot header's own ``lora`` field).
+            "lora": [dict(s) for s in (self._kv_lora_sig if self._map.tokens else self._lora_sig)],
         }
 
     def state_size(self) -> int:
@@ -465,6 +665,8 @@ class Engine:
                 else f"the saved state covers {pos_max + 1} tokens, not {len(kv.tokens)}"
             )
         self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
+        # The caller (SessionCache) applied the stack the state was saved under.
+        self._kv_lora_sig = self._lora_sig
 
     # -- tokens ------------------------------------------------------------------
 
@@ -525,6 +727,8 @@ class Engine:
         t0 = time.perf_counter()
         assert self._template is not None
         self._build_sampler(params, 0, check_only=True)  # a bad grammar fails before any work
+        llama_cpp_perf_reset(llm._ctx.ctx)
+        lora_note = self._sync_lora()
         text = self._template.render(messages, True)
         n_mark, c_mark = self._map.match(text)
         prompt = self._map.tokens[:n_mark] + self._tokenize(text[c_mark:], bos=n_mark == 0)
@@ -544,7 +748,7 @@ class Engine:
             cached_tokens=keep,
             n_ctx=n_ctx,
             seed=seed,
-            cache_note=note,
+            cache_note=lora_note or note,
             turn_offset=min(n_mark, keep),
         )
 
@@ -570,6 +774,8 @@ class Engine:
         """
         llm = self._require()
         assert self._template is not None
+        if self.lora_stale:
+            return 0  # the cache belongs to the previous stack; generate will rebuild it
         sentinel = "\ue000"  # a private-use character no template produces
         history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", sentinel)]
         rendered = self._template.render(history, False)
@@ -605,6 +811,8 @@ class Engine:
         ctx = self._llm._ctx.ctx
         n_batch = self._llm.n_batch
         self._stop = stop
+        if not self._map.tokens:
+            self._kv_lora_sig = self._lora_sig  # an empty cache fills under the applied stack
         llama_cpp.llama_set_abort_callback(ctx, self._abort_cb, None)
         try:
             for start in range(0, len(tokens), n_batch):
@@ -660,7 +868,18 @@ class Engine:
         if tail:
             yield Token(tail)
         metrics.stop_reason = reason
+        self._read_perf(metrics)
         yield Finished(reply.text, metrics)
+
+    def _read_perf(self, metrics: MessageMetrics) -> None:
+        import llama_cpp
+
+        perf = llama_cpp.llama_perf_context(self._llm._ctx.ctx)
+        if perf.t_p_eval_ms > 0:
+            metrics.native_prefill_tok_s = perf.n_p_eval * 1000.0 / perf.t_p_eval_ms
+        if perf.t_eval_ms > 0:
+            metrics.native_decode_tok_s = perf.n_eval * 1000.0 / perf.t_eval_ms
+        metrics.rss_mb = rss_bytes() / 1e6
 
     def _loop_plain(
         self, sampler: Any, reply: _Reply, params: SamplingParams, stop: threading.Event

@@ -46,6 +46,14 @@ class MessageMetrics:
     notes: list[str] = field(default_factory=list)  # things the user should know
     drafted_tokens: int = 0  # speculative decoding: tokens guessed
     accepted_tokens: int = 0  # ... and kept
+    # llama.cpp's own timers (llama_perf_context), to cross-check ours.
+    native_prefill_tok_s: float = 0.0
+    native_decode_tok_s: float = 0.0
+    rss_mb: float = 0.0  # the process's resident memory when the reply ended
+
+    @property
+    def itl_max_ms(self) -> float:
+        return max(self.inter_token_ms, default=0.0)
 
     @property
     def acceptance(self) -> float:
@@ -97,6 +105,7 @@ class MessageMetrics:
             decode_tok_s=round(self.decode_tok_s, 2),
             itl_p50_ms=round(self.itl_p50_ms, 2),
             itl_p95_ms=round(self.itl_p95_ms, 2),
+            itl_max_ms=round(self.itl_max_ms, 2),
             context_used=self.context_used,
             prefill_ms=round(self.prefill_ms, 2),
             acceptance=round(self.acceptance, 3),

@@ -1,16 +1,33 @@
-"""Saving and restoring a conversation's KV cache; runs on the engine's thread."""
+"""Saving and restoring a conversation's KV cache; runs on the engine's thread.
+
+A snapshot's header records the LoRA stack its cache was computed under. On
+restore, a stack that differs from the engine's (in what changes the output) is
+re-applied first when all of its adapter files are still there, unchanged; a
+missing or changed adapter leaves the engine's stack alone and the cache unused,
+and the transcript is evaluated again on the next message.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from app.engine import Engine
 from app.errors import LamplightError
 from app.fingerprint import FingerprintCache
-from app.snapshot import SnapshotError, SnapshotHeader, read_snapshot, runtime_info, write_snapshot
+from app.lora import LoraStack, stack_key
+from app.snapshot import (
+    SnapshotError,
+    SnapshotHeader,
+    read_header,
+    read_snapshot,
+    runtime_info,
+    write_snapshot,
+)
 from app.store import ConversationStore
 
 log = logging.getLogger(__name__)
@@ -18,13 +35,19 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RestoreResult:
-    """How opening a conversation went: ``note`` says why the cache was not used."""
+    """How opening a conversation went: ``note`` says why the cache was not used.
+
+    ``lora_stack`` is the engine's stack afterwards (None for an engine without
+    LoRA support); ``lora_changed`` says the restore switched to the conversation's.
+    """
 
     conv_id: str
     restored: bool
     n_tokens: int
     ms: float
     note: str
+    lora_stack: LoraStack | None = None
+    lora_changed: bool = False
 
 
 class SessionCache:
@@ -36,14 +59,17 @@ class SessionCache:
         self.fingerprints = fingerprints
 
     def header(self) -> SnapshotHeader:
+        """What the cache as it stands depends on, including the stack it was computed under."""
         model = self.engine.model
         if model is None:
             raise LamplightError("No model is loaded.")
+        cache = dict(self.engine.cache_config())
+        lora = cache.pop("lora", [])  # the header has a field of its own for it
         return SnapshotHeader(
             model=self.fingerprints.fingerprint(Path(model.path)),
             runtime=runtime_info(),
-            cache=self.engine.cache_config(),
-            lora=[],
+            cache=cache,
+            lora=list(lora),
         )
 
     def save(self, conv_id: str, keep: frozenset[str] = frozenset()) -> tuple[int, list[str]]:
@@ -57,17 +83,90 @@ class SessionCache:
         dropped = self.store.prune(keep | {conv_id})
         return size, dropped
 
-    def restore(self, conv_id: str) -> RestoreResult:
-        """Load ``conv_id``'s snapshot into the engine; on any problem, empty the cache."""
-        t0 = time.perf_counter()
+    def saved_stack(self, conv_id: str) -> LoraStack | None:
+        """The LoRA stack ``conv_id``'s snapshot was made with (None without a readable one)."""
         try:
-            kv = read_snapshot(self.store.snapshot_path(conv_id), self.header())
+            header, _, _ = read_header(self.store.snapshot_path(conv_id))
+            return LoraStack.from_signature(header.lora)
+        except (SnapshotError, KeyError, TypeError, ValueError):
+            return None
+
+    def restore(self, conv_id: str, apply_lora: bool = True) -> RestoreResult:
+        """Load ``conv_id``'s snapshot into the engine; on any problem, empty the cache.
+
+        With ``apply_lora``, the snapshot's LoRA stack replaces the engine's when they
+        differ; without, a different stack is a reason not to use the cache.
+        """
+        t0 = time.perf_counter()
+        before = self._applied()
+        try:
+            path = self.store.snapshot_path(conv_id)
+            saved, _, _ = read_header(path)
+            expected = self._expected(saved.lora, apply_lora)
+            kv = read_snapshot(path, expected)
             self.engine.import_state(kv)
         except (SnapshotError, LamplightError, OSError) as exc:
             self.engine.reset()
             note = str(exc) if not isinstance(exc, OSError) else f"it could not be read ({exc})"
             log.info("snapshot for %s not used: %s", conv_id, note)
-            return RestoreResult(conv_id, False, 0, (time.perf_counter() - t0) * 1000, note)
+            ms = (time.perf_counter() - t0) * 1000
+            return self._result(conv_id, False, 0, ms, note, before)
         self.store.touch_snapshot(conv_id)
         ms = (time.perf_counter() - t0) * 1000
-        return RestoreResult(conv_id, True, len(kv.tokens), ms, "")
+        return self._result(conv_id, True, len(kv.tokens), ms, "", before)
+
+    def _applied(self) -> list[dict[str, Any]]:
+        signature = getattr(self.engine, "lora_signature", None)  # a fake engine has none
+        return list(signature()) if signature is not None else []
+
+    def _expected(self, saved: Sequence[Mapping[str, Any]], apply_lora: bool) -> SnapshotHeader:
+        """The header a snapshot made with stack ``saved`` must match, after applying it."""
+        if stack_key(saved) != stack_key(self._applied()):
+            if not apply_lora:
+                raise SnapshotError("it was made with other LoRA adapters")
+            self._apply_saved_stack(saved)
+        # Equal keys: order and inactive entries do not change the cache.
+        return replace(self.header(), lora=[dict(s) for s in saved])
+
+    def _apply_saved_stack(self, saved: Sequence[Mapping[str, Any]]) -> None:
+        """Apply the stack a snapshot was made with, if its active adapters are unchanged.
+
+        Raises:
+            SnapshotError: an adapter is missing or changed (the engine's stack stays).
+            LamplightError: the engine refused the stack.
+        """
+        for entry in saved:
+            if not entry.get("enabled", True) or not entry.get("scale"):
+                continue  # does not change the cache; applied if present, skipped if not
+            path = Path(str(entry.get("path", "")))
+            name = entry.get("name") or path.name
+            if not path.is_file():
+                raise SnapshotError(f"its LoRA adapter {name} is missing ({path})")
+            if self.fingerprints.fingerprint(path)["sha256"] != entry.get("sha256"):
+                raise SnapshotError(f"its LoRA adapter {name} has changed since it was saved")
+        stack = LoraStack.from_signature(
+            s
+            for s in saved
+            if (s.get("enabled", True) and s.get("scale")) or Path(str(s.get("path"))).is_file()
+        )
+        self.engine.set_lora_stack(stack)
+
+    def _result(
+        self,
+        conv_id: str,
+        restored: bool,
+        n_tokens: int,
+        ms: float,
+        note: str,
+        before: list[dict[str, Any]],
+    ) -> RestoreResult:
+        stack = getattr(self.engine, "lora_stack", None)
+        return RestoreResult(
+            conv_id,
+            restored,
+            n_tokens,
+            ms,
+            note,
+            lora_stack=stack if isinstance(stack, LoraStack) else None,
+            lora_changed=self._applied() != before,
+        )

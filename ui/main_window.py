@@ -34,6 +34,7 @@ from app.conversation import (
 )
 from app.engine import ModelInfo
 from app.metrics import MessageMetrics
+from app.metrics_csv import metrics_csv
 from app.paths import DataDirs
 from app.session_cache import RestoreResult
 from app.settings import AppSettings
@@ -42,6 +43,7 @@ from app.templates import ChatMessage
 from ui.conversation_list import ConversationList, human_bytes
 from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
+from ui.perf_panel import PerfPanel
 from ui.transcript import TranscriptView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -180,6 +182,10 @@ class MainWindow(QMainWindow):
         splitter.setSizes([260, 920])
         self.setCentralWidget(splitter)
 
+        self.perf_panel = PerfPanel(self)
+        self.perf_panel.exportRequested.connect(self._on_export_metrics)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.perf_panel)
+
         bar = self.statusBar()
         self.status_model = QLabel("No model", self)
         self.status_model.setObjectName("statusModel")
@@ -276,6 +282,10 @@ class MainWindow(QMainWindow):
                 file_menu.addAction(a)
         chat_menu = menu.addMenu("&Chat")
         chat_menu.addAction(self.regenerate_action)
+        self.view_menu = menu.addMenu("&View")
+        perf_toggle = self.perf_panel.toggleViewAction()
+        perf_toggle.setShortcut(QKeySequence("Ctrl+Shift+P"))
+        self.view_menu.addAction(perf_toggle)
         model_menu = menu.addMenu("&Model")
         model_menu.addAction(self.manager_action)
         model_menu.addAction(self.open_model_action)
@@ -499,6 +509,7 @@ class MainWindow(QMainWindow):
         self._conv = conv
         self.reply_metrics = [m for m in (x.message_metrics() for x in conv.messages) if m]
         self.transcript.show_messages(conv.messages)
+        self.perf_panel.set_history(self.reply_metrics)
         self.refresh_sidebar()
         self._update_buttons()
         if restore and self._model is not None:
@@ -613,6 +624,22 @@ class MainWindow(QMainWindow):
             return
         self.statusBar().showMessage(f"Exported to {path}", 5000)
 
+    def _on_export_metrics(self) -> None:
+        stem = "".join(c if c.isalnum() or c in " -_" else "_" for c in self._conv.title)[:60]
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Export metrics", str(Path.home() / f"{stem or 'metrics'}.csv"), "CSV (*.csv)"
+        )
+        if path:
+            self.export_metrics(Path(path))
+
+    def export_metrics(self, path: Path) -> None:
+        try:
+            atomic_write_text(path, metrics_csv(self._conv.messages))
+        except OSError as exc:
+            QMessageBox.warning(self, "Could not export", f"{path}: {exc.strerror or exc}")
+            return
+        self.statusBar().showMessage(f"Metrics exported to {path}", 5000)
+
     def _persist(self) -> None:
         """Save the transcript (small, on this thread) if it has anything in it."""
         if not self._conv.messages:
@@ -672,6 +699,7 @@ class MainWindow(QMainWindow):
         del msgs[last:]
         if self.reply_metrics:
             self.reply_metrics.pop()
+        self.perf_panel.set_history(self.reply_metrics)
         self.transcript.show_messages(msgs)
         self._start_reply()
 
@@ -706,6 +734,7 @@ class MainWindow(QMainWindow):
 
     def _start_reply(self) -> None:
         self.transcript.begin_reply(len(self._conv.messages))
+        self.perf_panel.start_reply()
         self._pending.clear()
         self._reply_tokens = 0
         self._reply_started = time.perf_counter()
@@ -729,6 +758,7 @@ class MainWindow(QMainWindow):
         self._cancel_edit()
         self._conv = self._fresh_conversation()
         self.reply_metrics.clear()
+        self.perf_panel.set_history([])
         self.transcript.clear_conversation()
         self._client.reset()
         self.status_speed.setText("")
@@ -745,6 +775,7 @@ class MainWindow(QMainWindow):
             return
         self._pending.append(text)
         self._reply_tokens += 1
+        self.perf_panel.add_tokens()
 
     def _on_flush(self) -> None:
         if not self._pending:
@@ -762,6 +793,7 @@ class MainWindow(QMainWindow):
         self.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
         if metrics is not None:
             self.reply_metrics.append(metrics)
+            self.perf_panel.end_reply(metrics)
             self.status_speed.setText(
                 f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
             )
@@ -831,6 +863,7 @@ class MainWindow(QMainWindow):
             self.stop()
             loop.exec()
         self._flush_timer.stop()
+        self.perf_panel.stop_timers()
         self._persist()
         if self._conv.messages:
             self._settings.last_conversation = self._conv.id
