@@ -259,3 +259,26 @@ def test_a_snapshot_from_another_setting_rebuilds_with_a_note(
     chat(qtbot, second, "Which number?")
     assert second.reply_metrics[-1].cached_tokens == 0  # rebuilt from the transcript
     second.close()
+
+
+def test_a_conversation_reopens_with_its_settings(
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine
+) -> None:
+    from dataclasses import replace
+
+    from PySide6.QtWidgets import QDoubleSpinBox
+
+    spin = window.sampling_panel.findChild(QDoubleSpinBox, "field_temperature")
+    assert spin is not None
+    spin.setValue(0.3)
+    spin.editingFinished.emit()
+    assert window._settings.sampling.temperature == pytest.approx(0.3)
+    chat(qtbot, window, "Careful answer please")
+    first = window.conversation.id
+    window._on_sampling_changed(replace(window._settings.sampling, temperature=1.4))
+    window.new_chat()
+    chat(qtbot, window, "Wild answer please")
+    with qtbot.waitSignal(window.conversationOpened, timeout=5000):
+        window.open_conversation(first)
+    assert window._settings.sampling.temperature == pytest.approx(0.3)
+    assert spin.value() == pytest.approx(0.3)

@@ -35,15 +35,18 @@ from app.conversation import (
 from app.engine import ModelInfo
 from app.metrics import MessageMetrics
 from app.metrics_csv import metrics_csv
+from app.params import SettingError, sampling_to_dict, validate_sampling
 from app.paths import DataDirs
+from app.presets import PresetStore
 from app.session_cache import RestoreResult
-from app.settings import AppSettings
+from app.settings import AppSettings, LoadConfig, SamplingParams
 from app.store import ConversationStore
 from app.templates import ChatMessage
 from ui.conversation_list import ConversationList, human_bytes
 from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
 from ui.perf_panel import PerfPanel
+from ui.sampling_panel import SamplingPanel
 from ui.transcript import TranscriptView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -98,7 +101,7 @@ class MainWindow(QMainWindow):
         super().__init__()
         self.setObjectName("mainWindow")
         self.setWindowTitle("Lamplight")
-        self.resize(1180, 760)
+        self.resize(1280, 860)
         self._client = client
         self._settings = settings
         self._dirs = dirs
@@ -182,9 +185,16 @@ class MainWindow(QMainWindow):
         splitter.setSizes([260, 920])
         self.setCentralWidget(splitter)
 
+        self.presets = PresetStore(self._dirs.root / "presets.json")
+        self.sampling_panel = SamplingPanel(
+            self.presets, self._settings.sampling, self._settings.load, self
+        )
+        self.sampling_panel.samplingChanged.connect(self._on_sampling_changed)
+        self.sampling_panel.reloadRequested.connect(self._on_reload_requested)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.sampling_panel)
         self.perf_panel = PerfPanel(self)
         self.perf_panel.exportRequested.connect(self._on_export_metrics)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.perf_panel)
+        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.perf_panel)
 
         bar = self.statusBar()
         self.status_model = QLabel("No model", self)
@@ -283,9 +293,13 @@ class MainWindow(QMainWindow):
         chat_menu = menu.addMenu("&Chat")
         chat_menu.addAction(self.regenerate_action)
         self.view_menu = menu.addMenu("&View")
-        perf_toggle = self.perf_panel.toggleViewAction()
-        perf_toggle.setShortcut(QKeySequence("Ctrl+Shift+P"))
-        self.view_menu.addAction(perf_toggle)
+        for dock, keys in (
+            (self.sampling_panel, "Ctrl+Shift+S"),
+            (self.perf_panel, "Ctrl+Shift+P"),
+        ):
+            toggle = dock.toggleViewAction()
+            toggle.setShortcut(QKeySequence(keys))
+            self.view_menu.addAction(toggle)
         model_menu = menu.addMenu("&Model")
         model_menu.addAction(self.manager_action)
         model_menu.addAction(self.open_model_action)
@@ -424,6 +438,16 @@ class MainWindow(QMainWindow):
                 self._settings.imported_models = imported
                 self._save_settings()
 
+    def _on_sampling_changed(self, params: SamplingParams) -> None:
+        self._settings.sampling = params
+        self._save_settings()
+
+    def _on_reload_requested(self, load: LoadConfig) -> None:
+        self._settings.load = load
+        self._save_settings()
+        if self._model is not None:
+            self._run_when_idle(lambda: self.load_model(self._model.path if self._model else None))
+
     def _on_compact_cache_toggled(self) -> None:
         kv_type = "q8_0" if self.compact_cache_action.isChecked() else "f16"
         self._settings.load = replace(self._settings.load, kv_type=kv_type)
@@ -454,6 +478,11 @@ class MainWindow(QMainWindow):
         if str(info.path) != self._settings.model_path:
             self._settings.model_path = str(info.path)
             self._save_settings()
+        self.sampling_panel.set_load(self._settings.load)
+        key = f"{info.name}:{info.file_size}"
+        self.sampling_panel.model_key = key
+        if key in self.presets.model_defaults and not self._conv.sampling:
+            self.sampling_panel.select_preset(self.presets.default_for(key))
         if self._conv.messages:
             # Resume from the saved cache if it was made with this model; else re-read.
             self._client.restore_snapshot(self._conv.id)
@@ -507,6 +536,14 @@ class MainWindow(QMainWindow):
             return
         self._cancel_edit()
         self._conv = conv
+        if conv.sampling:
+            try:
+                params = validate_sampling(conv.sampling)
+            except SettingError as exc:
+                log.info("conversation %s: stored settings not used: %s", conv.id, exc)
+            else:
+                self._settings.sampling = params
+                self.sampling_panel.set_params(params)
         self.reply_metrics = [m for m in (x.message_metrics() for x in conv.messages) if m]
         self.transcript.show_messages(conv.messages)
         self.perf_panel.set_history(self.reply_metrics)
@@ -733,6 +770,7 @@ class MainWindow(QMainWindow):
             self.regenerate()
 
     def _start_reply(self) -> None:
+        self._conv.sampling = sampling_to_dict(self._settings.sampling)
         self.transcript.begin_reply(len(self._conv.messages))
         self.perf_panel.start_reply()
         self._pending.clear()
