@@ -27,7 +27,7 @@ class LoadConfig:
 
     n_ctx: int = 4096
     n_threads: int = 0  # 0: default_threads()
-    n_gpu_layers: int = 0  # -1: all layers
+    n_gpu_layers: int = -2  # -2: auto (what fits the GPU; 0 without one), -1: all layers
     n_batch: int = 512
     kv_type: str = "f16"  # "q8_0" halves the KV cache and its snapshots
     # ~20% faster prompt evaluation on CPU here, and needed for a q8_0 V cache; but its

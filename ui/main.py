@@ -35,6 +35,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--model", metavar="PATH", help="open this GGUF model")
     parser.add_argument(
+        "model_file",
+        nargs="?",
+        metavar="MODEL.gguf",
+        help='the same as --model (for "Open with" from a file manager)',
+    )
+    parser.add_argument(
         "--smoke-test",
         action="store_true",
         help="load the model, generate a "
