@@ -351,6 +351,10 @@ class Engine:
             LoadCancelled: ``progress`` returned False.
         """
         gguf = read_gguf_info(path)  # a bad file is refused before llama.cpp sees it
+        from app.offload import AUTO, resolve
+
+        if config.n_gpu_layers == AUTO:
+            config = resolve(config, gguf, self.backend())
         import llama_cpp
 
         self.unload()

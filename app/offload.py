@@ -127,8 +127,10 @@ def load_with_fallback(
         ModelFileError, ModelLoadError, LoadCancelled: as ``Engine.load``, when the CPU
             load fails too (or the file is bad, which no device can fix).
     """
-    info = read_gguf_info(path)
-    resolved = resolve(config, info, engine.backend())
+    try:
+        resolved = resolve(config, read_gguf_info(path), engine.backend())
+    except LamplightError:
+        resolved = config  # the engine's own load reports what is wrong with the file
     try:
         return engine.load(path, resolved, progress), ""
     except ModelLoadError as exc:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from app.backend import BackendInfo
 from app.engine import Finished, KvState, ModelInfo, ProgressFn, Token
 from app.errors import ContextOverflowError, ModelFileError, ModelLoadError
 from app.metrics import MessageMetrics
@@ -81,6 +82,9 @@ class FakeEngine:
         metrics.stop_reason = "eos"
         self.kv_tokens = list(range(10 + len(parts)))
         yield Finished("".join(parts), metrics)
+
+    def backend(self) -> BackendInfo:
+        return BackendInfo(False, ())
 
     def reset(self) -> None:
         self.resets += 1

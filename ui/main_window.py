@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.atomic import atomic_write_text
+from app.backend import detect_backend
 from app.conversation import (
     Conversation,
     ConversationError,
@@ -33,6 +34,7 @@ from app.conversation import (
     to_markdown,
 )
 from app.engine import ModelInfo
+from app.lora import LoraStack
 from app.metrics import MessageMetrics
 from app.metrics_csv import metrics_csv
 from app.params import SettingError, sampling_to_dict, validate_sampling
@@ -42,8 +44,10 @@ from app.session_cache import RestoreResult
 from app.settings import AppSettings, LoadConfig, SamplingParams
 from app.store import ConversationStore
 from app.templates import ChatMessage
+from ui.backend_page import BackendPage, system_info
 from ui.conversation_list import ConversationList, human_bytes
 from ui.hub_workers import HubServices
+from ui.lora_panel import LoraPanel
 from ui.model_manager import ModelManager
 from ui.perf_panel import PerfPanel
 from ui.sampling_panel import SamplingPanel
@@ -195,6 +199,11 @@ class MainWindow(QMainWindow):
         self.perf_panel = PerfPanel(self)
         self.perf_panel.exportRequested.connect(self._on_export_metrics)
         self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.perf_panel)
+        self.lora_panel = LoraPanel(self)
+        self.lora_panel.stackChanged.connect(self._on_lora_stack_changed)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.lora_panel)
+        self.tabifyDockWidget(self.sampling_panel, self.lora_panel)
+        self.sampling_panel.raise_()
 
         bar = self.statusBar()
         self.status_model = QLabel("No model", self)
@@ -215,6 +224,9 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.status_model, 1)
         bar.addPermanentWidget(self.load_progress)
         bar.addPermanentWidget(self.cancel_load_button)
+        self.status_lora = QLabel("", self)
+        self.status_lora.setObjectName("statusLora")
+        bar.addPermanentWidget(self.status_lora)
         bar.addPermanentWidget(self.status_speed)
         bar.addPermanentWidget(self.status_backend)
 
@@ -300,10 +312,15 @@ class MainWindow(QMainWindow):
             toggle = dock.toggleViewAction()
             toggle.setShortcut(QKeySequence(keys))
             self.view_menu.addAction(toggle)
+        help_menu_actions = [self._action("Hardware and backends…", self.show_backend_page)]
         model_menu = menu.addMenu("&Model")
         model_menu.addAction(self.manager_action)
         model_menu.addAction(self.open_model_action)
         model_menu.addAction(self.compact_cache_action)
+
+        help_menu = menu.addMenu("&Help")
+        for a in help_menu_actions:
+            help_menu.addAction(a)
 
         toolbar = QToolBar("Main", self)
         toolbar.setObjectName("mainToolbar")
@@ -329,6 +346,9 @@ class MainWindow(QMainWindow):
         w.snapshotSaved.connect(self._on_snapshot_saved)
         w.snapshotFailed.connect(self._on_snapshot_failed)
         w.restored.connect(self._on_restored)
+        w.loadNote.connect(self._on_load_note)
+        w.loraApplied.connect(self._on_lora_applied)
+        w.loraFailed.connect(self._on_lora_failed)
 
     # -- state ---------------------------------------------------------------------
 
@@ -405,6 +425,11 @@ class MainWindow(QMainWindow):
             m.defaultRequested.connect(self._on_manager_default)
             m.unloadRequested.connect(self._on_manager_unload)
             m.libraryChanged.connect(self._on_library_changed)
+            m.libraryChanged.connect(
+                lambda entries: self.lora_panel.set_library_adapters(
+                    [e.path for e in entries if e.valid and e.is_adapter]
+                )
+            )
             self.model_manager = m
             m.refresh_library()
         self.model_manager.show()
@@ -437,6 +462,28 @@ class MainWindow(QMainWindow):
             if imported != self._settings.imported_models:
                 self._settings.imported_models = imported
                 self._save_settings()
+
+    def _on_lora_stack_changed(self, stack: LoraStack) -> None:
+        # Queued after any running reply; the next message uses the new stack.
+        self._client.set_lora_stack(stack)
+
+    def _on_lora_applied(self, stack: LoraStack) -> None:
+        self.lora_panel.set_applied(stack)
+        self.status_lora.setText(stack.summary())
+
+    def _on_lora_failed(self, message: str, still: LoraStack) -> None:
+        self.lora_panel.show_error(message)
+        self.lora_panel.set_applied(still)
+        self.status_lora.setText(still.summary())
+
+    def _on_load_note(self, message: str) -> None:
+        self.transcript.add_notice(message)
+        self.statusBar().showMessage(message, 10000)
+
+    def show_backend_page(self) -> None:
+        page = BackendPage(detect_backend(), system_info(), self)
+        page.show()
+        self.backend_page = page
 
     def _on_sampling_changed(self, params: SamplingParams) -> None:
         self._settings.sampling = params
@@ -479,6 +526,7 @@ class MainWindow(QMainWindow):
             self._settings.model_path = str(info.path)
             self._save_settings()
         self.sampling_panel.set_load(self._settings.load)
+        self.lora_panel.set_model(info.path)
         key = f"{info.name}:{info.file_size}"
         self.sampling_panel.model_key = key
         if key in self.presets.model_defaults and not self._conv.sampling:
@@ -557,6 +605,13 @@ class MainWindow(QMainWindow):
     def _on_restored(self, result: RestoreResult) -> None:
         if result.conv_id != self._conv.id:
             return
+        if result.lora_stack is not None:
+            self.lora_panel.set_stack(result.lora_stack)
+            self.status_lora.setText(result.lora_stack.summary())
+            if result.lora_changed:
+                self.transcript.add_notice(
+                    f"Using this conversation's adapters: {result.lora_stack.summary()}."
+                )
         if result.restored:
             self.status_speed.setText(f"resumed {result.n_tokens} tokens in {result.ms:.0f} ms")
         elif self._conv.messages:

@@ -17,6 +17,8 @@ from app.default_model import ensure_default_model
 from app.engine import Engine, Finished, PrefillProgress, Token
 from app.errors import LamplightError
 from app.fingerprint import FingerprintCache
+from app.lora import LoraStack
+from app.offload import fit_report, load_with_fallback
 from app.session_cache import RestoreResult, SessionCache
 from app.settings import LoadConfig, SamplingParams
 from app.store import ConversationStore
@@ -48,6 +50,7 @@ class EngineWorker(QObject):
         modelLoaded(object): the ``ModelInfo`` of the loaded model.
         loadFailed(str, bool): why the model could not be loaded, and whether the
             previous model is still loaded.
+        loadNote(str): something to tell the user about a load (no fit, CPU fallback).
         prefillProgress(int, int, int): request id, prompt tokens done, total.
         tokens(int, str): request id and reply text.
         finished(int, str, object): request id, full reply, ``MessageMetrics``.
@@ -56,13 +59,17 @@ class EngineWorker(QObject):
         snapshotSaved(str, int, object): conversation id, bytes written, ids pruned.
         snapshotFailed(str, str): conversation id and why the cache was not saved.
         restored(object): a ``RestoreResult`` after opening a conversation.
+        loraApplied(object): the ``LoraStack`` now applied (after a request or a load).
+        loraFailed(str, object): why a stack was refused, and the stack still applied.
 
-    Exactly one of finished, cancelled, failed ends every request.
+    Exactly one of finished, cancelled, failed ends every request; one of loraApplied,
+    loraFailed answers every ``set_lora_stack``.
     """
 
     loadProgress = Signal(float, str)
     modelLoaded = Signal(object)
     loadFailed = Signal(str, bool)
+    loadNote = Signal(str)
     prefillProgress = Signal(int, int, int)
     tokens = Signal(int, str)
     finished = Signal(int, str, object)
@@ -71,11 +78,14 @@ class EngineWorker(QObject):
     snapshotSaved = Signal(str, int, object)
     snapshotFailed = Signal(str, str)
     restored = Signal(object)
+    loraApplied = Signal(object)
+    loraFailed = Signal(str, object)
 
     def __init__(self, engine: Any, models_dir: Path, store: ConversationStore | None) -> None:
         super().__init__()
         self._engine = engine
         self._models_dir = models_dir
+        self._lora_wanted = LoraStack()  # re-applied after each load: adapters die with a model
         self._cache = (
             SessionCache(
                 engine,
@@ -111,7 +121,31 @@ class EngineWorker(QObject):
             log.exception("restore failed")
             self._engine.reset()
             result = RestoreResult(conv_id, False, 0, 0.0, f"the saved cache failed to load: {exc}")
+        if result.lora_stack is not None:
+            self._lora_wanted = result.lora_stack  # the conversation's stack is now the one in use
         self.restored.emit(result)
+
+    @Slot(object)
+    def set_lora_stack(self, stack: LoraStack) -> None:
+        """Apply ``stack`` without reloading the model (kept for the next load without one)."""
+        self._lora_wanted = stack.copy()
+        self._apply_lora()
+
+    def _apply_lora(self) -> None:
+        apply = getattr(self._engine, "set_lora_stack", None)
+        if apply is None or self._engine.model is None:
+            why = "No model is loaded; the adapters apply once one is."
+            self.loraFailed.emit(why, LoraStack())
+            return
+        try:
+            apply(self._lora_wanted)
+        except LamplightError as exc:
+            self.loraFailed.emit(str(exc), self._engine.lora_stack)
+        except Exception as exc:  # a bad adapter must not take the app down
+            log.exception("applying the LoRA stack failed")
+            self.loraFailed.emit(f"The LoRA stack was not applied: {exc}", self._engine.lora_stack)
+        else:
+            self.loraApplied.emit(self._engine.lora_stack)
 
     @Slot(str, object, object)
     def load_model(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
@@ -128,13 +162,21 @@ class EngineWorker(QObject):
             if path == DEFAULT_MODEL:
                 self.loadProgress.emit(0.0, "Preparing the default model")
                 path = str(ensure_default_model(self._models_dir))
-            info = self._engine.load(path, config, progress)
+            backend = self._engine.backend()
+            fit = fit_report(path, config, backend)
+            if not fit.fits:
+                self.loadNote.emit(fit.warning(Path(path).name))
+            info, note = load_with_fallback(self._engine, path, config, progress)
+            if note:
+                self.loadNote.emit(note)
         except LamplightError as exc:
             self.loadFailed.emit(str(exc), self._engine.model is not None)
         except Exception as exc:  # the app must survive any loader failure
             log.exception("model load failed")
             self.loadFailed.emit(f"Could not load the model: {exc}", self._engine.model is not None)
         else:
+            if len(self._lora_wanted):
+                self._apply_lora()
             self.modelLoaded.emit(info)
 
     @Slot(int, object, object, object)
@@ -207,6 +249,7 @@ class EngineClient(QObject):
     _restoreRequested = Signal(str)
     _drainRequested = Signal()
     _unloadRequested = Signal()
+    _loraRequested = Signal(object)
 
     def __init__(
         self,
@@ -227,6 +270,7 @@ class EngineClient(QObject):
         self._saveRequested.connect(self.worker.save_snapshot)
         self._restoreRequested.connect(self.worker.restore_snapshot)
         self._unloadRequested.connect(self.worker.unload)
+        self._loraRequested.connect(self.worker.set_lora_stack)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
         # The model is freed on its own thread as that thread ends, after any running request.
         self._thread.finished.connect(self.worker.unload, Qt.ConnectionType.DirectConnection)
@@ -272,6 +316,10 @@ class EngineClient(QObject):
     def restore_snapshot(self, conv_id: str) -> None:
         """Load ``conv_id``'s snapshot; ``restored`` reports how it went."""
         self._restoreRequested.emit(conv_id)
+
+    def set_lora_stack(self, stack: LoraStack) -> None:
+        """Apply ``stack`` on the worker; ``loraApplied`` or ``loraFailed`` answers."""
+        self._loraRequested.emit(stack.copy())  # a copy: the panel keeps editing its own
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Stop any work, free the model on its thread, and join the thread."""
