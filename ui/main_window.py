@@ -204,6 +204,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.lora_panel)
         self.tabifyDockWidget(self.sampling_panel, self.lora_panel)
         self.sampling_panel.raise_()
+        self.resizeDocks([self.perf_panel], [250], Qt.Orientation.Vertical)
+        self.resizeDocks([self.sampling_panel], [380], Qt.Orientation.Horizontal)
 
         bar = self.statusBar()
         self.status_model = QLabel("No model", self)

@@ -18,6 +18,7 @@ from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import (
     QDockWidget,
     QGridLayout,
+    QHBoxLayout,
     QLabel,
     QProgressBar,
     QPushButton,
@@ -51,7 +52,7 @@ class PerfPanel(QDockWidget):
         pg.setConfigOptions(antialias=False)  # cheaper redraws
         body = QWidget(self)
         grid = QGridLayout()
-        self.live = self._plot("Live speed", "time", "s", "speed", "tok/s")
+        self.live = self._plot("Live speed (tok/s)", "time", "s", "speed", "tok/s")
         self.live_instant = self.live.plot(pen=pg.mkPen(BLUE, width=1), name="instant")
         self.live_average = self.live.plot(pen=pg.mkPen(ORANGE, width=2), name="1 s average")
         self.history = self._plot("Speed per reply", "reply", "", "speed", "tok/s")
@@ -65,16 +66,17 @@ class PerfPanel(QDockWidget):
         self.ttft_curve = self.ttft.plot(
             pen=pg.mkPen(PURPLE, width=2), symbol="o", symbolSize=5, symbolBrush=PURPLE
         )
-        self.itl = self._plot("Inter-token latency (last reply)", "latency", "ms", "tokens", "")
+        self.itl = self._plot("Token latency, last reply", "latency", "ms", "tokens", "")
         self.itl_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=BLUE)
         self.itl.addItem(self.itl_bars)
         self.memory = self._plot("Memory", "time", "s", "resident", "MB")
         self.memory_curve = self.memory.plot(pen=pg.mkPen(ORANGE, width=2))
-        grid.addWidget(self.live, 0, 0, 1, 2)
-        grid.addWidget(self.history, 1, 0)
-        grid.addWidget(self.ttft, 1, 1)
-        grid.addWidget(self.itl, 2, 0)
-        grid.addWidget(self.memory, 2, 1)
+        # One row of small charts: the panel sits under the chat without crowding it.
+        for col, (plot, stretch) in enumerate(
+            ((self.live, 3), (self.history, 2), (self.ttft, 2), (self.itl, 2), (self.memory, 2))
+        ):
+            grid.addWidget(plot, 0, col)
+            grid.setColumnStretch(col, stretch)
         self.context_bar = QProgressBar(body)
         self.context_bar.setObjectName("contextGauge")
         self.context_bar.setFormat("context %v / %m tokens")
@@ -82,14 +84,17 @@ class PerfPanel(QDockWidget):
         self.summary = QLabel("", body)
         self.summary.setObjectName("perfSummary")
         self.summary.setWordWrap(True)
-        export = QPushButton("Export metrics as CSV…", body)
+        export = QPushButton("Export CSV…", body)
         export.setObjectName("exportMetricsButton")
         export.clicked.connect(self.exportRequested)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.context_bar, 1)
+        bottom.addWidget(export)
         layout = QVBoxLayout(body)
+        layout.setContentsMargins(4, 2, 4, 2)
         layout.addLayout(grid, 1)
-        layout.addWidget(self.context_bar)
         layout.addWidget(self.summary)
-        layout.addWidget(export)
+        layout.addLayout(bottom)
         self.setWidget(body)
 
         self._arrivals: list[float] = []  # token arrival times of the running reply
@@ -118,7 +123,8 @@ class PerfPanel(QDockWidget):
         w.setLabel("left", y, units=y_unit or None)
         w.setMouseEnabled(x=False, y=False)
         w.hideButtons()
-        w.setMinimumHeight(120)
+        w.setMinimumHeight(150)
+        w.setMinimumWidth(170)
         # No grid: pyqtgraph draws it into the axes' QPicture, and replaying that made
         # each redraw ~6x slower here (37 ms instead of 6.5 ms per update, offscreen).
         return w
