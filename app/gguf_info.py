@@ -136,7 +136,9 @@ _STRING, _ARRAY = 8, 9
 _MAX_HEADER_ITEMS = 1 << 24  # more keys or tensors than this is a corrupt count
 
 
-def _parse_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
+def _parse_header(
+    path: Path, types: dict[str, int] | None = None
+) -> tuple[dict[str, Any], list[tuple[str, list[int], int, int]], int]:
     """Key/values (arrays skipped), tensor infos and the data offset of a GGUF file.
 
     ``gguf.GGUFReader`` decodes every array element into numpy objects, which
@@ -184,6 +186,8 @@ def _parse_header(path: Path) -> tuple[dict[str, Any], list[tuple[str, list[int]
             key, pos = read_str(pos)
             (vtype,) = struct.unpack_from("<I", buf, pos)
             pos += 4
+            if types is not None:
+                types[key] = vtype
             if vtype in _SCALARS:
                 (meta[key],) = struct.unpack_from("<" + _SCALARS[vtype], buf, pos)
             elif vtype == _STRING:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import mmap
 import struct
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from app.errors import LamplightError
-from app.gguf_info import _SCALARS, _STRING, GGUF_MAGIC, _parse_header
+from app.gguf_info import _STRING, GGUF_MAGIC, _parse_header
 
 SCALE_MIN, SCALE_MAX = -2.0, 2.0
 GGML_MAX_NAME = 64  # llama.cpp refuses tensor names this long or longer
@@ -108,42 +107,6 @@ def _pad(dims: Sequence[int]) -> tuple[int, ...]:
     return (*dims, *([1] * (4 - len(dims))))
 
 
-def _key_types(path: Path) -> dict[str, int]:
-    """The GGUF value type of every key (``_parse_header`` keeps values, not types).
-
-    llama.cpp reads ``general.type`` and friends with ``gguf_get_val_str`` and the
-    alpha with ``gguf_get_val_f32``, which assert on any other type.
-    """
-    types: dict[str, int] = {}
-    with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        (n_kv,) = struct.unpack_from("<Q", data, 16)
-        pos = 24
-
-        def skip(vtype: int, at: int) -> int:
-            if vtype in _SCALARS:
-                return at + struct.calcsize(_SCALARS[vtype])
-            if vtype == _STRING:
-                return at + 8 + int(struct.unpack_from("<Q", data, at)[0])
-            itype, count = struct.unpack_from("<IQ", data, at)
-            at += 12
-            if itype in _SCALARS:
-                return at + int(count) * struct.calcsize(_SCALARS[itype])
-            for _ in range(count):
-                at = skip(itype, at)
-                if at > len(data):
-                    raise ValueError("array runs past the end of the file")
-            return at
-
-        for _ in range(n_kv):
-            (n,) = struct.unpack_from("<Q", data, pos)
-            key = data[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace")
-            pos += 8 + n
-            (vtype,) = struct.unpack_from("<I", data, pos)
-            types[key] = vtype
-            pos = skip(vtype, pos + 4)
-    return types
-
-
 def read_adapter(path: str | Path) -> AdapterInfo:
     """Read an adapter GGUF and check it the way llama.cpp would, without a model.
 
@@ -162,8 +125,10 @@ def read_adapter(path: str | Path) -> AdapterInfo:
     if magic != GGUF_MAGIC:
         raise LoraError(f"{p.name} is not a GGUF file, so it cannot be a LoRA adapter.")
     try:
-        meta, tensors, data_start = _parse_header(p)
-        types = _key_types(p)
+        # llama.cpp reads general.type and friends with gguf_get_val_str and the alpha
+        # with gguf_get_val_f32, which assert on any other type: check the types too.
+        types: dict[str, int] = {}
+        meta, tensors, data_start = _parse_header(p, types)
     except (ValueError, struct.error, OSError, KeyError, RecursionError) as exc:
         raise LoraError(f"{p.name} is a damaged GGUF file ({exc}).") from exc
 

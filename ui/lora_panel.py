@@ -10,11 +10,10 @@ is explained here in plain words.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Qt, Signal, SignalInstance
+from PySide6.QtCore import Qt, Signal, SignalInstance
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -43,6 +42,7 @@ from app.lora import (
     validate_adapter,
 )
 from ui.conversation_list import human_bytes
+from ui.qt_util import blocked
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +51,6 @@ SPIN_STEP = 0.05
 ADAPTER_FILTER = "LoRA adapters (*.gguf);;All files (*)"
 ERROR_STYLE = "color: #c62828;"
 MUTED_STYLE = "color: palette(mid);"
-
-
-@contextmanager
-def _blocked(*widgets: QObject) -> Iterator[None]:
-    """Signals of ``widgets`` blocked for the block (programmatic updates)."""
-    before = [w.blockSignals(True) for w in widgets]
-    try:
-        yield
-    finally:
-        for w, was in zip(widgets, before, strict=True):
-            w.blockSignals(was)
 
 
 def describe(info: AdapterInfo) -> str:
@@ -145,7 +134,7 @@ class AdapterRow(QFrame):
 
     def show_entry(self, scale: float, enabled: bool, first: bool, last: bool) -> None:
         """Show an entry's state without reporting it as an edit."""
-        with _blocked(self.enable, self.slider, self.spin):
+        with blocked(self.enable, self.slider, self.spin):
             self.enable.setChecked(enabled)
             self.slider.setValue(round(scale * SLIDER_STEPS))
             self.spin.setValue(scale)
@@ -153,7 +142,7 @@ class AdapterRow(QFrame):
         self.down.setEnabled(not last)
 
     def _on_slider_moved(self, position: int) -> None:
-        with _blocked(self.spin):
+        with blocked(self.spin):
             self.spin.setValue(position / SLIDER_STEPS)
         if not self.slider.isSliderDown():  # keys and wheel apply at once; a drag on release
             self.scaleEdited.emit(position / SLIDER_STEPS)
@@ -162,7 +151,7 @@ class AdapterRow(QFrame):
         self.scaleEdited.emit(self.slider.value() / SLIDER_STEPS)
 
     def _on_spin_changed(self, value: float) -> None:
-        with _blocked(self.slider):
+        with blocked(self.slider):
             self.slider.setValue(round(value * SLIDER_STEPS))
         self.scaleEdited.emit(round(value, 2))
 
@@ -372,7 +361,7 @@ class LoraPanel(QDockWidget):
         i = self.rows.index(row)
         path = self._stack[i].path
         if on and self._check(path):
-            with _blocked(row.enable):
+            with blocked(row.enable):
                 row.enable.setChecked(False)
             self.show_error(self._problems[path])
             return

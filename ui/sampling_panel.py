@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,6 +58,7 @@ from app.params import (
 )
 from app.presets import PresetStore
 from app.settings import LoadConfig, SamplingParams
+from ui.qt_util import blocked
 
 log = logging.getLogger(__name__)
 
@@ -172,17 +172,6 @@ def format_value(value: Any) -> str:
     if value == "":
         return "empty"
     return str(value)
-
-
-@contextmanager
-def blocked(*widgets: QObject) -> Iterator[None]:
-    """Signals of ``widgets`` blocked for the block (programmatic updates)."""
-    before = [w.blockSignals(True) for w in widgets]
-    try:
-        yield
-    finally:
-        for w, was in zip(widgets, before, strict=True):
-            w.blockSignals(was)
 
 
 class _WheelGuard(QObject):
