@@ -97,7 +97,7 @@ def raw_round(llm: Any, prompt_tokens: list[int], tokens: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 

@@ -185,6 +185,9 @@ class PerfPanel(QDockWidget):
         edges = np.arange(t[0], t[-1] + bucket, bucket)
         counts, _ = np.histogram(t, bins=edges) if len(edges) > 1 else (np.array([len(t)]), 0)
         x = edges[1:] if len(edges) > 1 else np.array([t[-1]])
+        if len(x) > 1:
+            # The last bucket reaches past the newest token: it would read as a slowdown.
+            x, counts = x[:-1], counts[:-1]
         instant = counts / bucket
         k = max(1, round(LIVE_WINDOW_S / bucket))
         average = np.convolve(instant, np.ones(k) / k, mode="full")[: len(instant)]
