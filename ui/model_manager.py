@@ -277,16 +277,18 @@ class ModelManager(QDialog):
         for hit in hits:
             updated = hit.updated.strftime("%Y-%m-%d") if hit.updated else ""
             lock = " 🔒" if hit.gated else ""
+            when = f"  · updated {updated}" if updated else ""
             item = QListWidgetItem(
-                f"{hit.repo_id}{lock}\n↓ {_count(hit.downloads)}  ♥ {_count(hit.likes)}  "
-                f"· updated {updated}"
+                f"{hit.repo_id}{lock}\n↓ {_count(hit.downloads)}  ♥ {_count(hit.likes)}{when}"
             )
             item.setData(ROLE, hit.repo_id)
             self.results.addItem(item)
         self._results += len(hits)
         self.more_button.setEnabled(len(hits) == PAGE)
         self.discover_status.setText(
-            f"{self._results} models" if self._results else "No GGUF models match."
+            f"{self._results} model{'s' if self._results != 1 else ''}"
+            if self._results
+            else "No GGUF models match."
         )
 
     def _on_result_selected(self, item: QListWidgetItem | None, _prev: object = None) -> None:
