@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from app.errors import LamplightError
+from app.sysinfo import size_text
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,8 @@ class FileFetcher:
         free = self.free_space(dest.parent)
         if need + SPACE_MARGIN > free:
             raise DownloadError(
-                f"Not enough disk space for {dest.name}: it needs {_gb(need)} more and "
-                f"{_gb(free)} is free in {dest.parent}."
+                f"Not enough disk space for {dest.name}: it needs {size_text(need)} more and "
+                f"{size_text(free)} is free in {dest.parent}."
             )
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         headers = build_hf_headers(token=self.token)
@@ -278,7 +279,3 @@ class FileFetcher:
         self._hashers.pop(part, None)
         with contextlib.suppress(FileNotFoundError):
             part.unlink()
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"

@@ -196,12 +196,6 @@ def _load_progress(progress: ProgressFn | None) -> Iterator[None]:
         lc.llama_model_default_params = original
 
 
-def llama_cpp_perf_reset(ctx: Any) -> None:
-    import llama_cpp
-
-    llama_cpp.llama_perf_context_reset(ctx)
-
-
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the shared prefix of two token lists."""
     n = min(len(a), len(b))
@@ -726,12 +720,14 @@ class Engine:
         Raises:
             NoModelLoaded, ContextOverflowError, DecodeError.
         """
+        import llama_cpp
+
         llm = self._require()
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         assert self._template is not None
         self._build_sampler(params, 0, check_only=True)  # a bad grammar fails before any work
-        llama_cpp_perf_reset(llm._ctx.ctx)
+        llama_cpp.llama_perf_context_reset(llm._ctx.ctx)
         lora_note = self._sync_lora()
         text = self._template.render(messages, True)
         n_mark, c_mark = self._map.match(text)

@@ -20,6 +20,7 @@ from app.errors import LamplightError, ModelLoadError
 from app.gguf_info import GgufInfo, read_gguf_info
 from app.library import available_memory, estimate_ram
 from app.settings import LoadConfig
+from app.sysinfo import size_text
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +52,12 @@ class FitReport:
             return ""
         if self.ram_available > 0 and self.ram_needed > self.ram_available:
             return (
-                f"{name} needs about {_gb(self.ram_needed)} of memory and "
-                f"{_gb(self.ram_available)} is free; it may be very slow or fail."
+                f"{name} needs about {size_text(self.ram_needed)} of memory and "
+                f"{size_text(self.ram_available)} is free; it may be very slow or fail."
             )
         return (
-            f"{name} needs about {_gb(self.vram_needed)} of GPU memory for "
-            f"{self.gpu_layers} layers and {_gb(self.vram_available)} is free."
+            f"{name} needs about {size_text(self.vram_needed)} of GPU memory for "
+            f"{self.gpu_layers} layers and {size_text(self.vram_available)} is free."
         )
 
 
@@ -166,7 +167,3 @@ def _has_nvidia() -> bool:
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).splitlines()[0][:200] if str(exc) else exc.__class__.__name__
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"

@@ -302,8 +302,6 @@ def check(spec: FieldSpec, value: Any) -> Any:
         if spec.kind == "int" and float(value) != int(value):
             raise SettingError(spec.name, f"{where} must be a whole number (got {value}).")
         number: float | int = int(value) if spec.kind == "int" else float(value)
-        if number != number or number in (float("inf"), float("-inf")):
-            raise SettingError(spec.name, f"{where} must be a finite number.")
         assert spec.minimum is not None and spec.maximum is not None
         if not spec.minimum <= number <= spec.maximum:
             lo = int(spec.minimum) if spec.kind == "int" else spec.minimum

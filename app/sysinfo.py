@@ -20,3 +20,8 @@ def rss_bytes() -> int:
         return int(peak if sys.platform == "darwin" else peak * 1024)
     except (ImportError, OSError):
         return 0
+
+
+def size_text(n: int) -> str:
+    """``1.23 GB`` or ``45.6 MB``, for messages."""
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
