@@ -25,10 +25,11 @@ from typing import Any, ClassVar
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.default_model import ensure_default_model
-from app.engine import Engine, EngineEvent
-from app.settings import LoadConfig, SamplingParams
-from app.templates import ChatMessage
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.backend import EngineEvent
+from app.engine.llama import Engine
+from app.engine.templates import ChatMessage
+from app.models.default_model import ensure_default_model
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
@@ -104,8 +105,8 @@ def main() -> None:
     import llama_cpp
     from PySide6.QtWidgets import QApplication
 
-    from app.paths import data_dirs
-    from app.settings import AppSettings
+    from app.config.paths import data_dirs
+    from app.config.settings import AppSettings
     from ui.main_window import MainWindow
     from ui.worker import EngineClient
 

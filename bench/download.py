@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from app.default_model import ensure_default_model
+    from app.models.default_model import ensure_default_model
 
     model = ensure_default_model(ROOT / ".cache" / "test-models")
     work = Path(tempfile.mkdtemp(prefix="lamplight-dl-"))
@@ -101,7 +101,7 @@ def main() -> None:
     try:
         from huggingface_hub import hf_hub_download
 
-        from app.downloader import Control, FileFetcher
+        from app.models.downloader import Control, FileFetcher
 
         sizes = {p.name: p.stat().st_size for p in (model, small)}
         shas = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (model, small)}

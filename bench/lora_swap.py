@@ -38,12 +38,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.default_model import ensure_default_model
-from app.engine import Engine, Finished
-from app.gguf_info import read_gguf_info
-from app.lora import LoraStack
-from app.settings import LoadConfig, SamplingParams
-from app.templates import ChatMessage
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.backend import Finished
+from app.engine.llama import Engine
+from app.engine.templates import ChatMessage
+from app.gguf.info import read_gguf_info
+from app.gguf.lora import LoraStack
+from app.models.default_model import ensure_default_model
 from tests.lora_factory import make_lora
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -38,13 +38,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.default_model import ensure_default_model
-from app.engine import Engine, Finished, Token
-from app.fingerprint import FingerprintCache
-from app.session_cache import SessionCache
-from app.settings import LoadConfig, SamplingParams
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.chat.session_cache import SessionCache
+from app.chat.store import ConversationStore
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.backend import Finished, Token
+from app.engine.llama import Engine
+from app.engine.templates import ChatMessage
+from app.models.default_model import ensure_default_model
+from app.util.hashing import FingerprintCache
 
 ROOT = Path(__file__).resolve().parent.parent
 CONV_ID = "bench"
@@ -98,7 +99,7 @@ def build(model: Path, load: LoadConfig, data: Path, target: int) -> dict[str, A
     done = reply(engine, prompt, REPLY)
     messages = [*prompt, ChatMessage("assistant", done.text)]
     # As the app does after every reply: the next turn's opening tokens, evaluated ahead.
-    prepared = engine.prepare_next_turn(prompt, done.text)
+    prepared = engine.prewarm(prompt, done.text)
     cache = session_cache(engine, data)
     snapshot_bytes, _ = cache.save(CONV_ID)
     info = {

@@ -39,10 +39,11 @@ PROMPTS = {
 
 
 def run_mode(speculative: bool, tokens: int, threads: int) -> dict[str, Any]:
-    from app.default_model import ensure_default_model
-    from app.engine import Engine, Finished
-    from app.settings import LoadConfig, SamplingParams
-    from app.templates import ChatMessage
+    from app.config.params import LoadConfig, SamplingParams
+    from app.engine.backend import Finished
+    from app.engine.llama import Engine
+    from app.engine.templates import ChatMessage
+    from app.models.default_model import ensure_default_model
 
     engine = Engine()
     engine.load(

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def percentile(values: list[float], q: float) -> float:
-    from app.metrics import percentile as pct
+    from app.engine.metrics import percentile as pct
 
     return pct(values, q)
 
@@ -44,10 +44,11 @@ def main() -> None:
     from PySide6.QtCore import QEventLoop, QObject, Qt, QTimer, Slot
     from PySide6.QtWidgets import QApplication
 
-    from app.default_model import ensure_default_model
-    from app.paths import data_dirs
-    from app.settings import AppSettings, LoadConfig, SamplingParams
-    from app.store import ConversationStore
+    from app.chat.store import ConversationStore
+    from app.config.params import LoadConfig, SamplingParams
+    from app.config.paths import data_dirs
+    from app.config.settings import AppSettings
+    from app.models.default_model import ensure_default_model
     from ui.main_window import MainWindow
     from ui.worker import EngineClient
 

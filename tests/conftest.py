@@ -11,9 +11,9 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from app.default_model import ensure_default_model  # after the env var
-from app.engine import Engine
-from app.settings import LoadConfig
+from app.config.params import LoadConfig
+from app.engine.llama import Engine
+from app.models.default_model import ensure_default_model  # after the env var
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept between runs (git-ignored) so the 253 MB model is assembled once per checkout.

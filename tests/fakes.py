@@ -7,12 +7,12 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from app.backend import BackendInfo
-from app.engine import Finished, KvState, ModelInfo, ProgressFn, Token
-from app.errors import ContextOverflowError, ModelFileError, ModelLoadError
-from app.metrics import MessageMetrics
-from app.settings import LoadConfig, SamplingParams
-from app.templates import ChatMessage
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.backend import Finished, KvState, ModelInfo, ProgressFn, Token
+from app.engine.hardware import HardwareInfo
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError
 
 
 class FakeEngine:
@@ -83,8 +83,8 @@ class FakeEngine:
         self.kv_tokens = list(range(10 + len(parts)))
         yield Finished("".join(parts), metrics)
 
-    def backend(self) -> BackendInfo:
-        return BackendInfo(False, ())
+    def backend(self) -> HardwareInfo:
+        return HardwareInfo(False, ())
 
     def reset(self) -> None:
         self.resets += 1

@@ -1,6 +1,6 @@
 """Real LoRA adapter GGUFs for the default model, written with ``gguf.GGUFWriter``.
 
-Shapes come from the model's own tensor table (read with ``app.gguf_info``), in
+Shapes come from the model's own tensor table (read with ``app.gguf.info``), in
 llama.cpp's orientation: for a model tensor ``W`` of ``ne = [n_in, n_out]``,
 ``W.lora_a`` has ``ne = [n_in, rank]`` and ``W.lora_b`` has ``ne = [rank, n_out]``
 (numpy shapes are the reverse). Weights are seeded random values, large enough
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from app.gguf_info import _parse_header
+from app.gguf.info import _parse_header
 
 DEFAULT_TARGETS = ("attn_q", "attn_v", "ffn_up")
 DEFAULT_LAYERS = (0, 1, 2, 3)

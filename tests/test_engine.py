@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import Engine, Finished, LoadCancelled, PrefillProgress, Token
-from app.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
-from app.settings import SamplingParams
-from app.templates import ChatMessage
+from app.config.params import SamplingParams
+from app.engine.backend import Finished, LoadCancelled, PrefillProgress, Token
+from app.engine.llama import Engine
+from app.engine.templates import ChatMessage
+from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
 from tests.conftest import TEST_CTX, TEST_LOAD
 
 GREEDY = SamplingParams.greedy(24)

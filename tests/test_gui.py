@@ -9,10 +9,10 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.paths import data_dirs
-from app.settings import AppSettings
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.chat.store import ConversationStore
+from app.config.paths import data_dirs
+from app.config.settings import AppSettings
+from app.engine.templates import ChatMessage
 from tests.fakes import FakeEngine, overflow
 from ui.main_window import MainWindow
 from ui.worker import EngineClient

@@ -10,9 +10,9 @@ from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QDockWidget, QFileDialog
 from pytestqt.qtbot import QtBot
 
-from app.errors import LamplightError
-from app.lora import LoraStack
-from app.settings import LoadConfig
+from app.config.params import LoadConfig
+from app.gguf.lora import LoraStack
+from app.util.errors import LamplightError
 from tests.fakes import FakeEngine
 from tests.lora_factory import (
     corrupt_lora,
@@ -74,7 +74,7 @@ def test_adding_shows_the_adapter_and_reports_the_stack(
     row = panel.rows[0]
     assert row.enable.text() == "style" and row.enable.isChecked()
     assert row.details.text().startswith("rank 8 · alpha 16 · ")
-    assert "KB" in row.details.text()
+    assert "kB" in row.details.text()
     assert not panel.empty.isVisible() and not panel.error.isVisible()
     emitted(qtbot, panel, lambda: panel.add_adapter(files["tone"]))
     assert panel.rows[1].details.text().startswith("rank 4 · no alpha")

@@ -10,13 +10,13 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QProgressBar
 from pytestqt.qtbot import QtBot
 
-from app.downloader import FileFetcher
-from app.downloads import DownloadQueue
-from app.hub import HubClient
-from app.library import Library
-from app.paths import data_dirs
-from app.settings import AppSettings
-from app.store import ConversationStore
+from app.chat.store import ConversationStore
+from app.config.paths import data_dirs
+from app.config.settings import AppSettings
+from app.models.downloader import FileFetcher
+from app.models.downloads import DownloadQueue
+from app.models.hub import HubClient
+from app.models.library import Library
 from tests.conftest import TEST_LOAD
 from tests.hub_server import HubServer, serving_hub
 from ui.hub_workers import HubServices

@@ -10,9 +10,10 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.paths import data_dirs
-from app.settings import AppSettings, SamplingParams
-from app.store import ConversationStore
+from app.chat.store import ConversationStore
+from app.config.params import SamplingParams
+from app.config.paths import data_dirs
+from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD
 from ui.main_window import MainWindow
 from ui.worker import EngineClient

@@ -26,9 +26,8 @@ from PySide6.QtWidgets import (
 )
 from pytestqt.qtbot import QtBot
 
-from app.params import SPECS
-from app.presets import BUILTIN, PresetStore
-from app.settings import LoadConfig, SamplingParams
+from app.config.params import SPECS, LoadConfig, SamplingParams
+from app.config.presets import BUILTIN, PresetStore
 from ui.sampling_panel import SamplingPanel, nice_stops
 
 LOADED = LoadConfig(n_ctx=2048, n_threads=2)

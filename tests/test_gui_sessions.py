@@ -11,9 +11,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from app.paths import data_dirs
-from app.settings import AppSettings, SamplingParams
-from app.store import ConversationStore
+from app.chat.store import ConversationStore
+from app.config.params import SamplingParams
+from app.config.paths import data_dirs
+from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine
 from tests.test_gui import LONG_REPLY, make_window, send

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from app.downloader import Control, DownloadCancelled, DownloadError, FileFetcher
-from app.downloads import DownloadQueue, repo_dir_name
-from app.hub import HubClient, HubError
-from app.library import Library
-from app.quant import GgufChoice, RepoFile
+from app.models.downloader import Control, DownloadCancelled, DownloadError, FileFetcher
+from app.models.downloads import DownloadQueue, repo_dir_name
+from app.models.hub import HubClient, HubError
+from app.models.library import Library
+from app.models.quant import GgufChoice, RepoFile
 from tests.hub_server import HubServer, serving_hub
 
 SMALL = os.urandom(3 * 1024 * 1024 + 123)
@@ -256,9 +256,10 @@ def test_library_lists_valid_and_invalid_files(tmp_path: Path, model_path: Path)
 def test_download_and_load_the_default_model_through_the_hub(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_path: Path
 ) -> None:
-    from app.engine import Engine, Finished
-    from app.settings import SamplingParams
-    from app.templates import ChatMessage
+    from app.config.params import SamplingParams
+    from app.engine.backend import Finished
+    from app.engine.llama import Engine
+    from app.engine.templates import ChatMessage
     from tests.conftest import TEST_LOAD
 
     with serving_hub(monkeypatch, tmp_path / "hf-home") as server:

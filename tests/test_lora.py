@@ -11,22 +11,22 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from app.engine import LORA_CHANGED_NOTE, MAX_IDLE_ADAPTERS, Engine, Finished
-from app.fingerprint import FingerprintCache
-from app.lora import (
+from app.chat.session_cache import SessionCache
+from app.chat.snapshot import read_header
+from app.chat.store import ConversationStore
+from app.config.params import SamplingParams
+from app.engine.backend import Finished
+from app.engine.llama import LORA_CHANGED_NOTE, MAX_IDLE_ADAPTERS, Engine
+from app.engine.templates import ChatMessage
+from app.gguf.lora import (
     LoraError,
     LoraStack,
-    file_sha256,
     read_adapter,
     read_model_tensors,
     stack_key,
     validate_adapter,
 )
-from app.session_cache import SessionCache
-from app.settings import SamplingParams
-from app.snapshot import read_header
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.util.hashing import FingerprintCache, sha256_file
 from tests.conftest import TEST_LOAD
 from tests.lora_factory import (
     corrupt_lora,
@@ -137,7 +137,7 @@ def test_signature_round_trip_and_order_free_key(adapters: dict[str, Path]) -> N
         ("style.gguf", 0.5, True),
         ("tone.gguf", -1.0, True),
     ]
-    assert sig[0]["sha256"] == file_sha256(adapters["style"])
+    assert sig[0]["sha256"] == sha256_file(adapters["style"])
     assert sig[0]["size"] == adapters["style"].stat().st_size
     assert LoraStack.from_signature(sig) == a
     b = a.copy()
@@ -204,7 +204,7 @@ def test_hot_swap_keeps_the_model_and_rebuilds_the_cache(
     first = reply(engine, PROMPT)
     history = [*PROMPT, ChatMessage("assistant", first.text), ChatMessage("user", "Another.")]
     assert engine.set_lora_stack(stack((adapters["style"], 0.8))) is True  # cache now stale
-    assert engine.prepare_next_turn(PROMPT, first.text) == 0  # nothing added to a stale cache
+    assert engine.prewarm(PROMPT, first.text) == 0  # nothing added to a stale cache
     swapped = reply(engine, history)
     assert swapped.metrics.cache_note == LORA_CHANGED_NOTE
     assert swapped.metrics.cached_tokens == 0
@@ -353,7 +353,7 @@ def test_the_snapshot_header_records_the_stack(
         ("style.gguf", 0.8, True),
         ("tone.gguf", 1.0, False),
     ]
-    assert header.lora[0]["sha256"] == file_sha256(adapters["style"])
+    assert header.lora[0]["sha256"] == sha256_file(adapters["style"])
     assert "lora" not in header.cache and "lora" not in raw["cache"]
     assert cache.saved_stack("styled") == s
 

@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app.backend import BackendInfo, Device, detect_backend
-from app.engine import Engine
-from app.errors import ModelLoadError
-from app.gguf_info import read_gguf_info
-from app.library import estimate_ram
-from app.offload import (
+from app.config.params import LoadConfig
+from app.engine.hardware import Device, HardwareInfo, detect_hardware
+from app.engine.llama import Engine
+from app.engine.offload import (
     ALL,
     AUTO,
     accelerator_hint,
@@ -23,20 +21,22 @@ from app.offload import (
     fit_report,
     load_with_fallback,
 )
-from app.settings import LoadConfig
+from app.gguf.info import read_gguf_info
+from app.gguf.memory import estimate_ram
+from app.util.errors import ModelLoadError
 from tests.conftest import ROOT, TEST_LOAD
 
 GB = 1024**3
 
 
-def gpu(free: int) -> BackendInfo:
-    return BackendInfo(
+def gpu(free: int) -> HardwareInfo:
+    return HardwareInfo(
         True, (Device("CPU", "cpu", "CPU", 0, 0), Device("CUDA0", "Fake GPU", "GPU", free, free))
     )
 
 
 def test_this_machine_reports_cpu_only() -> None:
-    backend = detect_backend()
+    backend = detect_hardware()
     assert backend.label == "CPU"
     assert not backend.gpu_offload
     assert [d.kind for d in backend.devices] == ["CPU"]
@@ -46,7 +46,7 @@ def test_this_machine_reports_cpu_only() -> None:
 def test_auto_layers(model_path: Path) -> None:
     info = read_gguf_info(model_path)
     config = replace(TEST_LOAD, n_gpu_layers=AUTO)
-    assert auto_gpu_layers(info, config, detect_backend()) == 0  # no GPU here
+    assert auto_gpu_layers(info, config, detect_hardware()) == 0  # no GPU here
     assert auto_gpu_layers(info, config, gpu(8 * GB)) == ALL  # a small model fits
     assert auto_gpu_layers(info, config, gpu(300 * 1024**2)) == 0  # less than the margin
     some = auto_gpu_layers(info, config, gpu(int(0.7 * GB)))
@@ -59,7 +59,7 @@ def test_failed_gpu_load_falls_back_to_cpu(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = Engine()
-    monkeypatch.setattr(engine, "backend", lambda: gpu(8 * GB))
+    monkeypatch.setattr(engine, "hardware", lambda: gpu(8 * GB))
     real_load = engine.load
     attempts: list[int] = []
 
@@ -82,33 +82,33 @@ def test_failed_gpu_load_falls_back_to_cpu(
 def test_fit_report_warns_when_the_model_does_not_fit(
     model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    report = fit_report(model_path, TEST_LOAD, detect_backend())
+    report = fit_report(model_path, TEST_LOAD, detect_hardware())
     assert report.fits and report.warning("m") == ""
-    monkeypatch.setattr("app.offload.available_memory", lambda: 100 * 1024**2)
-    tight = fit_report(model_path, TEST_LOAD, detect_backend())
+    monkeypatch.setattr("app.engine.offload.available_memory", lambda: 100 * 1024**2)
+    tight = fit_report(model_path, TEST_LOAD, detect_hardware())
     assert not tight.fits and "needs about" in tight.warning("Gemma")
 
 
 def test_accelerator_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    cpu = detect_backend()
-    monkeypatch.setattr("app.offload._has_nvidia", lambda: True)
-    monkeypatch.setattr("app.offload.sys.platform", "linux")
+    cpu = detect_hardware()
+    monkeypatch.setattr("app.engine.offload._has_nvidia", lambda: True)
+    monkeypatch.setattr("app.engine.offload.sys.platform", "linux")
     assert "GGML_CUDA=on" in accelerator_hint(cpu)
     assert accelerator_hint(gpu(GB)) == ""
-    monkeypatch.setattr("app.offload._has_nvidia", lambda: False)
+    monkeypatch.setattr("app.engine.offload._has_nvidia", lambda: False)
     assert accelerator_hint(cpu) == ""
 
 
 def test_ram_estimate_is_within_25_percent_of_the_measured_increase(model_path: Path) -> None:
     script = f"""
 import json
-from app.engine import Engine
-from app.settings import LoadConfig
-from app.templates import ChatMessage
-from app.settings import SamplingParams
-from app.sysinfo import rss_bytes
+from app.engine.llama import Engine
+from app.config.params import LoadConfig
+from app.engine.templates import ChatMessage
+from app.config.params import SamplingParams
+from app.util.sysinfo import rss_bytes
 engine = Engine()
-engine.backend()  # llama.cpp's own libraries are loaded before the baseline
+engine.hardware()  # llama.cpp's own libraries are loaded before the baseline
 before = rss_bytes()
 engine.load({str(model_path)!r}, LoadConfig(n_ctx=4096, n_threads=2, n_gpu_layers=0))
 list(engine.generate([ChatMessage("user", "Hello there.")], SamplingParams.greedy(4)))

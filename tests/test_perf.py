@@ -9,12 +9,13 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.conversation import Message, metrics_to_dict
-from app.metrics import MessageMetrics
-from app.metrics_csv import COLUMNS, metrics_csv, read_metrics_csv
-from app.paths import data_dirs
-from app.settings import AppSettings, SamplingParams
-from app.store import ConversationStore
+from app.chat.conversation import Message, metrics_to_dict
+from app.chat.metrics_csv import COLUMNS, metrics_csv, read_metrics_csv
+from app.chat.store import ConversationStore
+from app.config.params import SamplingParams
+from app.config.paths import data_dirs
+from app.config.settings import AppSettings
+from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD
 from ui.main_window import MainWindow
 from ui.perf_panel import PerfPanel

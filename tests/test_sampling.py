@@ -7,11 +7,18 @@ from dataclasses import replace
 
 import pytest
 
-from app.engine import Engine, Finished
-from app.params import SPECS, SettingError, check, validate_load, validate_sampling
-from app.presets import BUILTIN, PresetStore
-from app.settings import SamplingParams
-from app.templates import ChatMessage
+from app.config.params import (
+    SPECS,
+    SamplingParams,
+    SettingError,
+    check,
+    validate_load,
+    validate_sampling,
+)
+from app.config.presets import BUILTIN, PresetStore
+from app.engine.backend import Finished
+from app.engine.llama import Engine
+from app.engine.templates import ChatMessage
 
 GREEDY = SamplingParams.greedy(48)
 PARAGRAPH = (

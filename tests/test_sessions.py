@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import Engine, Finished
-from app.fingerprint import FingerprintCache
-from app.session_cache import SessionCache
-from app.settings import SamplingParams
-from app.snapshot import SnapshotHeader, read_header, write_snapshot
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.chat.session_cache import SessionCache
+from app.chat.snapshot import SnapshotHeader, read_header, write_snapshot
+from app.chat.store import ConversationStore
+from app.config.params import SamplingParams
+from app.engine.backend import Finished
+from app.engine.llama import Engine
+from app.engine.templates import ChatMessage
+from app.util.hashing import FingerprintCache
 from tests.conftest import ROOT, TEST_LOAD
 
 GREEDY = SamplingParams.greedy(16)
@@ -59,12 +60,13 @@ def test_resume_in_a_new_process_continues_identically(
     script = f"""
 import json, sys
 from pathlib import Path
-from app.engine import Engine, Finished
-from app.fingerprint import FingerprintCache
-from app.session_cache import SessionCache
-from app.settings import LoadConfig, SamplingParams
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.engine.backend import Finished
+from app.engine.llama import Engine
+from app.util.hashing import FingerprintCache
+from app.chat.session_cache import SessionCache
+from app.config.params import LoadConfig, SamplingParams
+from app.chat.store import ConversationStore
+from app.engine.templates import ChatMessage
 engine = Engine()
 engine.load({str(model_path)!r}, LoadConfig(n_ctx={TEST_LOAD.n_ctx}, n_threads=2))
 data = Path({str(tmp_path / "data")!r})
@@ -233,7 +235,7 @@ def test_q8_cache_halves_the_snapshot(model_path: Path, tmp_path: Path) -> None:
 def test_the_next_turn_is_prepared_ahead(engine: Engine) -> None:
     t1 = [ChatMessage("user", "Name a colour.")]
     a1 = reply(engine, t1)
-    prepared = engine.prepare_next_turn(t1, a1.text)
+    prepared = engine.prewarm(t1, a1.text)
     opener = engine.tokenize("<end_of_turn>\n<start_of_turn>user\n")[1:]  # without BOS
     assert prepared == len(opener)
     t2 = [*t1, ChatMessage("assistant", a1.text), ChatMessage("user", "Name a fruit.")]
@@ -249,7 +251,7 @@ def test_crafted_snapshot_headers_are_refused(engine: Engine, cache: SessionCach
     import struct
     import zlib
 
-    from app.snapshot import MAGIC, SnapshotError, read_snapshot
+    from app.chat.snapshot import MAGIC, SnapshotError, read_snapshot
 
     two_turns(engine)
     cache.save("conv5")

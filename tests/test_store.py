@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.conversation import (
+from app.chat.conversation import (
     TITLE_CHARS,
     Conversation,
     ConversationError,
@@ -22,10 +22,10 @@ from app.conversation import (
     metrics_to_dict,
     to_markdown,
 )
-from app.engine import KvState
-from app.metrics import MessageMetrics
-from app.snapshot import SnapshotHeader, read_snapshot, write_snapshot
-from app.store import ConversationStore
+from app.chat.snapshot import SnapshotHeader, read_snapshot, write_snapshot
+from app.chat.store import ConversationStore
+from app.engine.backend import KvState
+from app.engine.metrics import MessageMetrics
 from tests.conftest import ROOT
 
 
@@ -392,10 +392,10 @@ HEADER = SnapshotHeader(
 CRASH_WRITER = f"""
 import hashlib, os, random, sys
 from pathlib import Path
-from app.conversation import Message
-from app.engine import KvState
-from app.snapshot import SnapshotHeader, write_snapshot
-from app.store import ConversationStore
+from app.chat.conversation import Message
+from app.engine.backend import KvState
+from app.chat.snapshot import SnapshotHeader, write_snapshot
+from app.chat.store import ConversationStore
 
 store = ConversationStore(Path(sys.argv[1]))
 conv_id = sys.argv[2]

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from app.metrics import MessageMetrics, percentile
-from app.settings import AppSettings, LoadConfig, SamplingParams
-from app.stopping import StopStringFilter
-from app.templates import ChatMessage, choose_template, jinja_template, template_for_architecture
+from app.config.params import LoadConfig, SamplingParams
+from app.config.settings import AppSettings
+from app.engine.metrics import MessageMetrics, percentile
+from app.engine.stopping import StopStringFilter
+from app.engine.templates import (
+    ChatMessage,
+    choose_template,
+    jinja_template,
+    template_for_architecture,
+)
 
 CHAT = [
     ChatMessage("system", "Be brief."),
@@ -178,7 +184,7 @@ def test_settings_ignore_wrong_types_and_unknown_keys(tmp_path: Path) -> None:
 
 
 def test_markdown_escapes_html_and_renders_no_images() -> None:
-    from app.markdown_render import render_markdown
+    from app.chat.markdown_render import render_markdown
 
     out = render_markdown(
         "<script>alert(1)</script> ![x](http://e.com/a.png) **b** "
@@ -192,7 +198,7 @@ def test_markdown_escapes_html_and_renders_no_images() -> None:
 
 
 def test_markdown_highlights_code_blocks() -> None:
-    from app.markdown_render import render_markdown
+    from app.chat.markdown_render import render_markdown
 
     out = render_markdown("```python\ndef f(x):\n    return '<b>'\n```")
     assert "<table" in out and "style=" in out

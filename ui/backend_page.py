@@ -13,16 +13,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.backend import BackendInfo
-from app.offload import accelerator_hint
-from ui.conversation_list import human_bytes
+from app.engine.hardware import HardwareInfo
+from app.engine.offload import accelerator_hint
+from app.util.sysinfo import size_text
 
 
 class BackendPage(QDialog):
     """Devices llama.cpp reports, GPU offload support, and the system info line."""
 
     def __init__(
-        self, backend: BackendInfo, system_info: str, parent: QWidget | None = None
+        self, backend: HardwareInfo, system_info: str, parent: QWidget | None = None
     ) -> None:
         super().__init__(parent)
         self.setObjectName("backendPage")
@@ -39,9 +39,7 @@ class BackendPage(QDialog):
         self.devices.horizontalHeader().setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
         for row, d in enumerate(backend.devices):
             memory = (
-                f"{human_bytes(d.free_bytes)} / {human_bytes(d.total_bytes)}"
-                if d.total_bytes
-                else ""
+                f"{size_text(d.free_bytes)} / {size_text(d.total_bytes)}" if d.total_bytes else ""
             )
             for col, text in enumerate((d.name, d.kind, d.description, memory)):
                 self.devices.setItem(row, col, QTableWidgetItem(text))

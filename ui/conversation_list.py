@@ -16,19 +16,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.store import ConversationSummary
+from app.chat.store import ConversationSummary
+from app.util.sysinfo import size_text
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
-
-
-def human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GB"
 
 
 def human_time(ts: float) -> str:
@@ -104,7 +96,7 @@ class ConversationList(QWidget):
             if row.n_tokens:
                 meta.append(f"{row.n_tokens} tokens")
             meta.append(
-                f"cache {human_bytes(row.snapshot_bytes)}" if row.snapshot_bytes else "no cache"
+                f"cache {size_text(row.snapshot_bytes)}" if row.snapshot_bytes else "no cache"
             )
             item.setText(f"{row.title}\n{' · '.join(meta)}")
             item.setData(ID_ROLE, row.id)
@@ -119,7 +111,7 @@ class ConversationList(QWidget):
             if row.id == current:
                 item.setSelected(True)
                 self.list.setCurrentItem(item)
-        self.usage.setText(f"Saved caches: {human_bytes(used)} of {human_bytes(budget)}")
+        self.usage.setText(f"Saved caches: {size_text(used)} of {size_text(budget)}")
         self._filling = False
         self._apply_filter(self.search.text())
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from app.downloads import DownloadJob, DownloadQueue, SpeedMeter
-from app.errors import LamplightError
-from app.hub import HubClient
-from app.library import Library
+from app.models.downloads import DownloadJob, DownloadQueue, SpeedMeter
+from app.models.hub import HubClient
+from app.models.library import Library
+from app.util.errors import LamplightError
 from ui.worker import register_thread
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 The panel edits a ``LoraStack`` and reports it; it never touches the engine. The
 window sends each reported stack to the engine thread and shows the engine's
-answer (``set_applied`` / ``show_error``). Adapters are checked with ``app.lora``
+answer (``set_applied`` / ``show_error``). Adapters are checked with ``app.gguf.lora``
 when added, and again when the model changes, so a file llama.cpp would refuse
 is explained here in plain words.
 """
@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.lora import (
+from app.gguf.lora import (
     SCALE_MAX,
     SCALE_MIN,
     AdapterInfo,
@@ -41,7 +41,7 @@ from app.lora import (
     read_adapter,
     validate_adapter,
 )
-from ui.conversation_list import human_bytes
+from app.util.sysinfo import size_text
 from ui.qt_util import blocked
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def describe(info: AdapterInfo) -> str:
     ranks = info.ranks
     rank = f"rank {ranks[0]}" if len(ranks) == 1 else f"rank {ranks[0]}–{ranks[-1]}"
     alpha = f"alpha {info.alpha:g}" if info.alpha else "no alpha"
-    return f"{rank} · {alpha} · {human_bytes(info.size)}"
+    return f"{rank} · {alpha} · {size_text(info.size)}"
 
 
 class AdapterRow(QFrame):

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app import __version__
-from app.paths import DataDirs, data_dirs
-from app.settings import AppSettings, SamplingParams
+from app.config.params import SamplingParams
+from app.config.paths import DataDirs, data_dirs
+from app.config.settings import AppSettings
 
 if TYPE_CHECKING:
     from ui.hub_workers import HubServices
@@ -84,10 +85,10 @@ def choose_model(args: argparse.Namespace, settings: AppSettings) -> tuple[str |
 
 def hub_services(dirs: DataDirs) -> HubServices:
     """Hub search, the library and the download queue (which resumes unfinished downloads)."""
-    from app.downloader import FileFetcher
-    from app.downloads import DownloadQueue
-    from app.hub import HubClient
-    from app.library import Library
+    from app.models.downloader import FileFetcher
+    from app.models.downloads import DownloadQueue
+    from app.models.hub import HubClient
+    from app.models.library import Library
     from ui.hub_workers import HubServices
 
     library = Library(dirs.models, dirs.root / "library.json")
@@ -108,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from app.store import ConversationStore
+    from app.chat.store import ConversationStore
     from ui.main_window import MainWindow
     from ui.worker import EngineClient
 
@@ -141,9 +142,9 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
 
-    from app.engine import ModelInfo
-    from app.metrics import MessageMetrics
-    from app.templates import ChatMessage
+    from app.engine.backend import ModelInfo
+    from app.engine.metrics import MessageMetrics
+    from app.engine.templates import ChatMessage
     from ui.worker import DEFAULT_MODEL, EngineClient
 
     app = QCoreApplication(sys.argv[:1])

@@ -24,28 +24,35 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.atomic import atomic_write_text
-from app.backend import detect_backend
-from app.conversation import (
+from app.chat.conversation import (
     Conversation,
     ConversationError,
     Message,
     metrics_to_dict,
     to_markdown,
 )
-from app.engine import ModelInfo
-from app.lora import LoraStack
-from app.metrics import MessageMetrics
-from app.metrics_csv import metrics_csv
-from app.params import SettingError, sampling_to_dict, validate_sampling
-from app.paths import DataDirs
-from app.presets import PresetStore
-from app.session_cache import RestoreResult
-from app.settings import AppSettings, LoadConfig, SamplingParams
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.chat.metrics_csv import metrics_csv
+from app.chat.session_cache import RestoreResult
+from app.chat.store import ConversationStore
+from app.config.params import (
+    LoadConfig,
+    SamplingParams,
+    SettingError,
+    sampling_to_dict,
+    validate_sampling,
+)
+from app.config.paths import DataDirs
+from app.config.presets import PresetStore
+from app.config.settings import AppSettings
+from app.engine.backend import ModelInfo
+from app.engine.hardware import detect_hardware
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+from app.gguf.lora import LoraStack
+from app.util.atomic import atomic_write_text
+from app.util.sysinfo import size_text
 from ui.backend_page import BackendPage, system_info
-from ui.conversation_list import ConversationList, human_bytes
+from ui.conversation_list import ConversationList
 from ui.hub_workers import HubServices
 from ui.lora_panel import LoraPanel
 from ui.model_manager import ModelManager
@@ -483,7 +490,7 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(message, 10000)
 
     def show_backend_page(self) -> None:
-        page = BackendPage(detect_backend(), system_info(), self)
+        page = BackendPage(detect_hardware(), system_info(), self)
         page.show()
         self.backend_page = page
 
@@ -757,7 +764,7 @@ class MainWindow(QMainWindow):
         if dropped:
             self.statusBar().showMessage(
                 f"Dropped {len(dropped)} old conversation cache(s) to stay within "
-                f"{human_bytes(self._store.budget_bytes)}",
+                f"{size_text(self._store.budget_bytes)}",
                 6000,
             )
         self.refresh_sidebar()

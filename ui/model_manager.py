@@ -29,12 +29,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.downloader import DownloadError
-from app.downloads import DownloadJob
-from app.hub import ModelHit, RepoDetails
-from app.library import LibraryEntry, available_memory
-from app.quant import GgufChoice
-from ui.conversation_list import human_bytes
+from app.models.downloader import DownloadError
+from app.models.downloads import DownloadJob
+from app.models.hub import ModelHit, RepoDetails
+from app.models.library import LibraryEntry
+from app.models.quant import GgufChoice
+from app.util.sysinfo import available_memory, size_text
 from ui.hub_workers import HubServices, job_summary
 
 log = logging.getLogger(__name__)
@@ -320,7 +320,7 @@ class ModelManager(QDialog):
             cells = [
                 choice.name + parts,
                 choice.quant or "?",
-                human_bytes(choice.size),
+                size_text(choice.size),
                 fits_hint(choice.size, available),
             ]
             for col, text in enumerate(cells):
@@ -378,7 +378,7 @@ class ModelManager(QDialog):
             new_bar.setRange(0, 1000)
             table.setCellWidget(row, 1, new_bar)
             table.setItem(row, 2, QTableWidgetItem(""))
-            table.setItem(row, 3, QTableWidgetItem(human_bytes(job.total_bytes)))
+            table.setItem(row, 3, QTableWidgetItem(size_text(job.total_bytes)))
         bar = table.cellWidget(row, 1)
         if isinstance(bar, QProgressBar):
             bar.setValue(int(1000 * job.done_bytes / job.total_bytes) if job.total_bytes else 0)
@@ -425,8 +425,8 @@ class ModelManager(QDialog):
                 params,
                 (info.file_type or "") if info else "",
                 str(info.context_length or "") if info else "",
-                human_bytes(e.size),
-                human_bytes(e.ram_estimate(self.n_ctx)) if info else "",
+                size_text(e.size),
+                size_text(e.ram_estimate(self.n_ctx)) if info else "",
                 ("adapter" if e.is_adapter else "ok") if e.valid else f"invalid: {e.error}",
             ]
             for col, text in enumerate(cells):
@@ -473,7 +473,7 @@ class ModelManager(QDialog):
         answer = QMessageBox.question(
             self,
             "Delete model",
-            f"Delete {e.path.name} ({human_bytes(e.size)}) from disk? This cannot be undone.",
+            f"Delete {e.path.name} ({size_text(e.size)}) from disk? This cannot be undone.",
         )
         if answer != QMessageBox.StandardButton.Yes:
             return

@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.metrics import MessageMetrics
-from app.sysinfo import rss_bytes
+from app.engine.metrics import MessageMetrics
+from app.util.sysinfo import rss_bytes
 
 REDRAW_MS = 250
 RSS_SAMPLE_MS = 2000

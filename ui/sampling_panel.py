@@ -1,4 +1,4 @@
-"""The sampling dock: every setting in ``app.params.SPECS``, presets, validation, reload mark.
+"""The sampling dock: every setting in ``app.config.params.SPECS``, presets, validation.
 
 The panel holds no list of settings of its own: each ``FieldSpec`` becomes a row of
 controls chosen by its ``kind``, in a collapsible section named by its ``group``.
@@ -46,18 +46,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.atomic import atomic_write_text
-from app.params import (
+from app.config.params import (
     GROUPS,
     SPEC_BY_NAME,
     SPECS,
     FieldSpec,
+    LoadConfig,
+    SamplingParams,
     SettingError,
     validate_load,
     validate_sampling,
 )
-from app.presets import PresetStore
-from app.settings import LoadConfig, SamplingParams
+from app.config.presets import PresetStore
+from app.util.atomic import atomic_write_text
 from ui.qt_util import blocked
 
 log = logging.getLogger(__name__)

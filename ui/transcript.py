@@ -18,8 +18,8 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
-from app.conversation import Message
-from app.markdown_render import render_markdown
+from app.chat.conversation import Message
+from app.chat.markdown_render import render_markdown
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 

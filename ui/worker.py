@@ -13,16 +13,17 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
-from app.default_model import ensure_default_model
-from app.engine import Engine, Finished, PrefillProgress, Token
-from app.errors import LamplightError
-from app.fingerprint import FingerprintCache
-from app.lora import LoraStack
-from app.offload import fit_report, load_with_fallback
-from app.session_cache import RestoreResult, SessionCache
-from app.settings import LoadConfig, SamplingParams
-from app.store import ConversationStore
-from app.templates import ChatMessage
+from app.chat.session_cache import RestoreResult, SessionCache
+from app.chat.store import ConversationStore
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.backend import Finished, PrefillProgress, Token
+from app.engine.llama import Engine
+from app.engine.offload import fit_report, load_with_fallback
+from app.engine.templates import ChatMessage
+from app.gguf.lora import LoraStack
+from app.models.default_model import ensure_default_model
+from app.util.errors import LamplightError
+from app.util.hashing import FingerprintCache
 
 log = logging.getLogger(__name__)
 

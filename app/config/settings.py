@@ -4,69 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_text
+from app.config.params import SPEC_BY_NAME, LoadConfig, SamplingParams, SettingError, check
+from app.util.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 
 SETTINGS_VERSION = 1
-
-
-def default_threads() -> int:
-    """Threads for decoding: all cores up to 8 (more rarely helps a memory-bound decode)."""
-    return max(1, min(os.cpu_count() or 1, 8))
-
-
-@dataclass(frozen=True)
-class LoadConfig:
-    """Settings that take effect when a model is (re)loaded."""
-
-    n_ctx: int = 4096
-    n_threads: int = 0  # 0: default_threads()
-    n_gpu_layers: int = -2  # -2: auto (what fits the GPU; 0 without one), -1: all layers
-    n_batch: int = 512
-    kv_type: str = "f16"  # "q8_0" halves the KV cache and its snapshots
-    # ~20% faster prompt evaluation on CPU here, and needed for a q8_0 V cache; but its
-    # batched kernels round differently, so prompt-lookup drafting is off with it.
-    flash_attn: bool = False
-
-    def threads(self) -> int:
-        return self.n_threads if self.n_threads > 0 else default_threads()
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Settings that apply to the next reply without a reload."""
-
-    temperature: float = 0.7
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    mirostat: str = "off"  # "off", "v1", "v2"
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    max_tokens: int = 1024
-    seed: int = -1  # -1: a fresh random seed per reply
-    stop: tuple[str, ...] = ()
-    output_format: str = "text"  # "text", "json", "json_schema", "gbnf"
-    json_schema: str = ""
-    grammar: str = ""
-    speculative: bool = False  # prompt-lookup (n-gram) drafting
-    draft_len: int = 8
-
-    @classmethod
-    def greedy(cls, max_tokens: int = 64) -> SamplingParams:
-        """Deterministic argmax sampling, for tests and benchmarks."""
-        return cls(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, max_tokens=max_tokens, seed=0)
 
 
 @dataclass
@@ -133,8 +80,6 @@ class AppSettings:
 
 def _valid_or_default(values: dict[str, Any]) -> dict[str, Any]:
     """Values that pass validation; a bad one falls back to its default."""
-    from app.params import SPEC_BY_NAME, SettingError, check
-
     out = {}
     for name, value in values.items():
         spec = SPEC_BY_NAME.get(name)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_bytes
-from app.engine import KvState
-from app.errors import LamplightError
+from app.engine.backend import KvState
+from app.util.atomic import atomic_write_bytes
+from app.util.errors import LamplightError
 
 MAGIC = b"LPKV"
 FORMAT_VERSION = 1

@@ -16,11 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine import Engine
-from app.errors import LamplightError
-from app.fingerprint import FingerprintCache
-from app.lora import LoraStack, stack_key
-from app.snapshot import (
+from app.chat.snapshot import (
     SnapshotError,
     SnapshotHeader,
     read_header,
@@ -28,7 +24,11 @@ from app.snapshot import (
     runtime_info,
     write_snapshot,
 )
-from app.store import ConversationStore
+from app.chat.store import ConversationStore
+from app.engine.llama import Engine
+from app.gguf.lora import LoraStack, stack_key
+from app.util.errors import LamplightError
+from app.util.hashing import FingerprintCache
 
 log = logging.getLogger(__name__)
 

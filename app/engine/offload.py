@@ -15,12 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.backend import BackendInfo, Device
-from app.errors import LamplightError, ModelLoadError
-from app.gguf_info import GgufInfo, read_gguf_info
-from app.library import available_memory, estimate_ram
-from app.settings import LoadConfig
-from app.sysinfo import size_text
+from app.config.params import LoadConfig
+from app.engine.hardware import Device, HardwareInfo
+from app.gguf.info import GgufInfo, read_gguf_info
+from app.gguf.memory import estimate_ram
+from app.util.errors import LamplightError, ModelLoadError
+from app.util.sysinfo import available_memory, size_text
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class FitReport:
         )
 
 
-def gpu_devices(backend: BackendInfo) -> list[Device]:
+def gpu_devices(backend: HardwareInfo) -> list[Device]:
     return [d for d in backend.devices if d.kind in ("GPU", "iGPU")]
 
 
@@ -74,7 +74,7 @@ def layer_bytes(info: GgufInfo, n_ctx: int, kv_type: str) -> float:
     return info.file_size / (layers + 1) + kv
 
 
-def auto_gpu_layers(info: GgufInfo, config: LoadConfig, backend: BackendInfo) -> int:
+def auto_gpu_layers(info: GgufInfo, config: LoadConfig, backend: HardwareInfo) -> int:
     """Layers to offload: 0 with no GPU, else as many as fit with a margin (ALL if all do)."""
     devices = gpu_devices(backend)
     if not backend.gpu_offload or not devices:
@@ -90,14 +90,14 @@ def auto_gpu_layers(info: GgufInfo, config: LoadConfig, backend: BackendInfo) ->
     return ALL if n >= layers + 1 else max(0, min(n, layers))
 
 
-def resolve(config: LoadConfig, info: GgufInfo, backend: BackendInfo) -> LoadConfig:
+def resolve(config: LoadConfig, info: GgufInfo, backend: HardwareInfo) -> LoadConfig:
     """``config`` with ``auto`` turned into a layer count."""
     if config.n_gpu_layers != AUTO:
         return config
     return replace(config, n_gpu_layers=auto_gpu_layers(info, config, backend))
 
 
-def fit_report(path: str | Path, config: LoadConfig, backend: BackendInfo) -> FitReport:
+def fit_report(path: str | Path, config: LoadConfig, backend: HardwareInfo) -> FitReport:
     """RAM and VRAM a load would need, against what is free (never raises for a bad file)."""
     try:
         info = read_gguf_info(path)
@@ -129,7 +129,7 @@ def load_with_fallback(
             load fails too (or the file is bad, which no device can fix).
     """
     try:
-        resolved = resolve(config, read_gguf_info(path), engine.backend())
+        resolved = resolve(config, read_gguf_info(path), engine.hardware())
     except LamplightError:
         resolved = config  # the engine's own load reports what is wrong with the file
     try:
@@ -142,7 +142,7 @@ def load_with_fallback(
         return engine.load(path, replace(resolved, n_gpu_layers=0), progress), note
 
 
-def accelerator_hint(backend: BackendInfo) -> str:
+def accelerator_hint(backend: HardwareInfo) -> str:
     """How to get a GPU build, when this build is CPU-only on a machine with a GPU."""
     if backend.gpu_offload and gpu_devices(backend):
         return ""

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.atomic import atomic_write_text
-from app.conversation import Conversation, ConversationError, new_id
+from app.chat.conversation import Conversation, ConversationError, new_id
+from app.util.atomic import atomic_write_text
 
 DEFAULT_BUDGET_BYTES = 1024 * 1024 * 1024
 SNAPSHOT_SUFFIX = ".lpkv"

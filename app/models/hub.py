@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.downloader import explain_http_error
-from app.errors import LamplightError
-from app.quant import GgufChoice, RepoFile, group_gguf
+from app.models.downloader import explain_http_error
+from app.models.quant import GgufChoice, RepoFile, group_gguf
+from app.util.errors import LamplightError
 
 SORTS = {"downloads": "downloads", "recent": "last_modified", "likes": "likes"}
 

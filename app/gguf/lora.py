@@ -18,7 +18,6 @@ Shape rules (ggml ``ne`` order, ``ne[0]`` first), for a model tensor ``W``:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import struct
 import threading
@@ -27,8 +26,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.errors import LamplightError
-from app.gguf_info import _STRING, GGUF_MAGIC, _parse_header
+from app.gguf.info import _STRING, GGUF_MAGIC, _parse_header
+from app.util.errors import LamplightError
+from app.util.hashing import sha256_file
 
 SCALE_MIN, SCALE_MAX = -2.0, 2.0
 GGML_MAX_NAME = 64  # llama.cpp refuses tensor names this long or longer
@@ -323,23 +323,6 @@ def validate_adapter(path: str | Path, model_path: str | Path) -> AdapterInfo:
     return check_adapter(read_adapter(path), read_model_tensors(model_path))
 
 
-def file_sha256(path: Path) -> str:
-    """The file's sha256, remembered for this process against (size, mtime)."""
-    key = _stamp(path)
-    with _cache_lock:
-        known = _sha_cache.get(key)
-    if known is not None:
-        return known
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            h.update(block)
-    digest = h.hexdigest()
-    with _cache_lock:
-        _sha_cache[key] = digest
-    return digest
-
-
 def format_scale(scale: float) -> str:
     """``0.8``, ``1.0``, ``-0.25``: at least one decimal, at most two."""
     text = f"{scale:.2f}"
@@ -475,7 +458,7 @@ class LoraStack:
 def _entry_signature(entry: LoraEntry) -> dict[str, Any]:
     try:
         size: int | None = entry.path.stat().st_size
-        digest: str | None = file_sha256(entry.path)
+        digest: str | None = sha256_file(entry.path)
     except OSError:
         if entry.active:
             raise

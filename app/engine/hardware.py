@@ -21,7 +21,7 @@ class Device:
 
 
 @dataclass(frozen=True)
-class BackendInfo:
+class HardwareInfo:
     """The compute backends llama.cpp reports at run time."""
 
     gpu_offload: bool
@@ -39,7 +39,7 @@ class BackendInfo:
         return "CPU"
 
 
-def detect_backend() -> BackendInfo:
+def detect_hardware() -> HardwareInfo:
     """Ask the loaded llama.cpp library which devices it has; never raises."""
     import llama_cpp
 
@@ -47,7 +47,7 @@ def detect_backend() -> BackendInfo:
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
     except (AttributeError, OSError):
         gpu = False
-    return BackendInfo(gpu_offload=gpu, devices=tuple(_devices()))
+    return HardwareInfo(gpu_offload=gpu, devices=tuple(_devices()))
 
 
 def _devices() -> list[Device]:

@@ -7,9 +7,9 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from app.errors import LamplightError
-from app.metrics import MessageMetrics
-from app.templates import ChatMessage
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+from app.util.errors import LamplightError
 
 FORMAT_VERSION = 1
 TITLE_CHARS = 60

@@ -1,6 +1,6 @@
 """The local model library: GGUFs in the models dir, the Hugging Face cache, and imports.
 
-Metadata comes from ``app.gguf_info`` and is cached in JSON by (path, size,
+Metadata comes from ``app.gguf.info`` and is cached in JSON by (path, size,
 mtime), so a rescan reads only new or changed files. A file that is not a
 valid GGUF is listed with the reason and never loaded.
 """
@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_text
-from app.downloader import PART_SUFFIX
-from app.errors import ModelFileError
-from app.gguf_info import GgufInfo, read_gguf_info
+from app.gguf.info import GgufInfo, read_gguf_info
+from app.gguf.memory import estimate_ram
+from app.models.downloader import PART_SUFFIX
+from app.util.atomic import atomic_write_text
+from app.util.errors import ModelFileError
 
 log = logging.getLogger(__name__)
 
@@ -53,59 +52,6 @@ class LibraryEntry:
         if self.info is None:
             return self.size
         return estimate_ram(self.info, n_ctx, kv_bytes_per_element)
-
-
-def estimate_ram(info: GgufInfo, n_ctx: int, kv_bytes_per_element: float = 2.0) -> int:
-    """Weights, the KV cache at ``n_ctx`` and llama.cpp's compute buffers, in bytes."""
-    kv = 0
-    if info.n_layers and info.n_embd_k_gqa and info.n_embd_v_gqa:
-        kv = int(
-            info.n_layers * n_ctx * (info.n_embd_k_gqa + info.n_embd_v_gqa) * kv_bytes_per_element
-        )
-    # Compute buffers: the output logits row set and activations, measured at roughly
-    # vocab x 4 bytes x 64 plus 64 MB here; small next to weights for large models.
-    compute = (info.n_vocab or 32_000) * 4 * 64 + 64 * 1024 * 1024
-    return info.file_size + kv + compute
-
-
-def physical_memory() -> int:
-    """Total RAM in bytes (0 if it cannot be told)."""
-    try:
-        if sys.platform == "win32":
-            import ctypes
-
-            class MemoryStatus(ctypes.Structure):
-                _fields_ = [
-                    ("length", ctypes.c_ulong),
-                    ("load", ctypes.c_ulong),
-                    ("total", ctypes.c_ulonglong),
-                    ("avail", ctypes.c_ulonglong),
-                    ("total_page", ctypes.c_ulonglong),
-                    ("avail_page", ctypes.c_ulonglong),
-                    ("total_virtual", ctypes.c_ulonglong),
-                    ("avail_virtual", ctypes.c_ulonglong),
-                    ("avail_extended", ctypes.c_ulonglong),
-                ]
-
-            status = MemoryStatus()
-            status.length = ctypes.sizeof(MemoryStatus)
-            ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))  # type: ignore[attr-defined]
-            return int(status.total)
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def available_memory() -> int:
-    """RAM available for a new model in bytes (MemAvailable on Linux, else total)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return physical_memory()
 
 
 class Library:

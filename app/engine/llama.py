@@ -21,22 +21,31 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.backend import BackendInfo, detect_backend
-from app.context_map import ContextMap
-from app.errors import (
-    ContextOverflowError,
-    DecodeError,
-    LamplightError,
-    ModelLoadError,
-    NoModelLoaded,
+from app.config.params import LoadConfig, SamplingParams, SettingError, grammar_for
+from app.engine.backend import (
+    Capabilities,
+    EngineEvent,
+    Finished,
+    KvState,
+    LoadCancelled,
+    ModelInfo,
+    PrefillProgress,
+    ProgressFn,
+    Token,
 )
-from app.gguf_info import GgufInfo, read_gguf_info
-from app.lora import (
+from app.engine.context_map import ContextMap
+from app.engine.hardware import HardwareInfo, detect_hardware
+from app.engine.metrics import MessageMetrics
+from app.engine.ngram import NgramIndex
+from app.engine.stopping import StopStringFilter
+from app.engine.templates import ChatMessage, ChatTemplate, choose_template
+from app.gguf.info import GgufInfo, read_gguf_info
+from app.gguf.lora import (
     AdapterInfo,
     LoraError,
     LoraStack,
@@ -46,13 +55,14 @@ from app.lora import (
     read_model_tensors,
     stack_key,
 )
-from app.metrics import MessageMetrics
-from app.ngram import NgramIndex
-from app.params import SettingError, grammar_for
-from app.settings import LoadConfig, SamplingParams
-from app.stopping import StopStringFilter
-from app.sysinfo import rss_bytes
-from app.templates import ChatMessage, ChatTemplate, choose_template
+from app.util.errors import (
+    ContextOverflowError,
+    DecodeError,
+    LamplightError,
+    ModelLoadError,
+    NoModelLoaded,
+)
+from app.util.sysinfo import rss_bytes
 
 log = logging.getLogger(__name__)
 llama_log = logging.getLogger("llama.cpp")
@@ -60,67 +70,6 @@ llama_log = logging.getLogger("llama.cpp")
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
 MAX_IDLE_ADAPTERS = 4  # adapters kept loaded while out of the stack, for a quick re-add
 LORA_CHANGED_NOTE = "the LoRA stack changed"
-
-ProgressFn = Callable[[float], bool]
-"""Load progress 0..1; return False to cancel the load."""
-
-
-class LoadCancelled(LamplightError):
-    """The user cancelled a model load."""
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """A loaded model, as the UI shows it."""
-
-    path: Path
-    name: str
-    architecture: str
-    n_params: int
-    file_size: int
-    n_ctx: int
-    n_ctx_train: int
-    n_threads: int
-    n_gpu_layers: int
-    template: str
-    backend: str
-    load_ms: float
-
-
-@dataclass(frozen=True)
-class Token:
-    """A piece of reply text, ready to show."""
-
-    text: str
-
-
-@dataclass(frozen=True)
-class PrefillProgress:
-    """Prompt evaluation advanced: ``done`` of ``total`` new tokens."""
-
-    done: int
-    total: int
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The reply ended; ``metrics.stop_reason`` says why (``cancelled`` for a stop)."""
-
-    text: str
-    metrics: MessageMetrics
-
-
-EngineEvent = Token | PrefillProgress | Finished
-
-
-@dataclass(frozen=True)
-class KvState:
-    """KV sequence 0 as llama.cpp serializes it, with the tokens and text it covers."""
-
-    state: bytes | bytearray | memoryview
-    tokens: list[int]
-    text: str
-    marks: list[tuple[int, int]]
 
 
 @dataclass
@@ -280,6 +229,12 @@ class _Reply:
         return tail
 
 
+_CAPABILITIES = Capabilities(
+    snapshots=True, lora=True, grammar=True, prewarm=True, token_latency=True
+)
+_CAPABILITIES_GPU = replace(_CAPABILITIES, gpu_offload=True)
+
+
 class Engine:
     """Owns one model and its KV cache; streams replies as events."""
 
@@ -289,7 +244,7 @@ class Engine:
         self._info: ModelInfo | None = None
         self._gguf: GgufInfo | None = None
         self._template: ChatTemplate | None = None
-        self._backend: BackendInfo | None = None
+        self._backend: HardwareInfo | None = None
         self._config: LoadConfig | None = None
         # Tokens whose keys/values are in KV sequence 0, and the text they encode.
         self._map = ContextMap()
@@ -329,15 +284,22 @@ class Engine:
         """A copy of the token ids currently held in the KV cache."""
         return list(self._map.tokens)
 
-    def backend(self) -> BackendInfo:
+    @property
+    def capabilities(self) -> Capabilities:
+        return _CAPABILITIES_GPU if self.hardware().gpu_offload else _CAPABILITIES
+
+    def hardware(self) -> HardwareInfo:
         if self._backend is None:
-            self._backend = detect_backend()
+            self._backend = detect_hardware()
         return self._backend
 
     def load(
         self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
     ) -> ModelInfo:
-        """Load a GGUF model, replacing the current one.
+        """Load a GGUF model, replacing the current one once the new one is ready.
+
+        The current model keeps working while the new one loads, and stays loaded
+        when the load fails or is cancelled.
 
         Raises:
             ModelFileError: missing, empty, non-GGUF or truncated file.
@@ -345,13 +307,12 @@ class Engine:
             LoadCancelled: ``progress`` returned False.
         """
         gguf = read_gguf_info(path)  # a bad file is refused before llama.cpp sees it
-        from app.offload import AUTO, resolve
+        from app.engine.offload import AUTO, resolve
 
         if config.n_gpu_layers == AUTO:
-            config = resolve(config, gguf, self.backend())
+            config = resolve(config, gguf, self.hardware())
         import llama_cpp
 
-        self.unload()
         cancelled = [False]
 
         def on_progress(value: float) -> bool:
@@ -387,21 +348,30 @@ class Engine:
                 "or use an architecture this llama.cpp build does not support."
             ) from exc
         load_ms = (time.perf_counter() - t0) * 1000
+        previous = self._llm
+        self._llm = llm  # the token helpers below read the new vocabulary
+        try:
+            template = choose_template(
+                gguf.chat_template,
+                gguf.architecture,
+                self._has_special_token,
+                bos_token=self._token_text(llm.token_bos()),
+                eos_token=self._token_text(llm.token_eos()),
+            )
+        except BaseException:
+            self._llm = previous
+            llm.close()
+            raise
+        self._llm = previous
+        self.unload()  # the old model, its adapters and its cache: only now
         self.load_count += 1
         self._llm = llm
         self._gguf = gguf
         self._config = config
-        self._map.clear()
+        self._template = template
         self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
         self._one_token = (llama_cpp.llama_token * 1)()
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
-        self._template = choose_template(
-            gguf.chat_template,
-            gguf.architecture,
-            self._has_special_token,
-            bos_token=self._token_text(llm.token_bos()),
-            eos_token=self._token_text(llm.token_eos()),
-        )
         self._info = ModelInfo(
             path=gguf.path,
             name=gguf.display_name,
@@ -413,7 +383,7 @@ class Engine:
             n_threads=config.threads(),
             n_gpu_layers=config.n_gpu_layers,
             template=self._template.label,
-            backend=self.backend().label if config.n_gpu_layers != 0 else "CPU",
+            backend=self.hardware().label if config.n_gpu_layers != 0 else "CPU",
             load_ms=load_ms,
         )
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
@@ -764,7 +734,7 @@ class Engine:
 
         yield from self._decode(params, seed, metrics, t0, stop)
 
-    def prepare_next_turn(self, messages: Sequence[ChatMessage], reply: str) -> int:
+    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
         """Evaluate the template text that opens the user's next turn, ahead of time.
 
         Called after a reply, while the user reads it: the next message (and a

@@ -12,9 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_text
-from app.downloader import Control, DownloadCancelled, DownloadError, FileFetcher, safe_destination
-from app.quant import GgufChoice, RepoFile
+from app.models.downloader import (
+    Control,
+    DownloadCancelled,
+    DownloadError,
+    FileFetcher,
+    safe_destination,
+)
+from app.models.quant import GgufChoice, RepoFile
+from app.util.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.atomic import atomic_write_text
-from app.params import SettingError, sampling_to_dict, validate_sampling
-from app.settings import SamplingParams
+from app.config.params import SamplingParams, SettingError, sampling_to_dict, validate_sampling
+from app.util.atomic import atomic_write_text
 
 BUILTIN: dict[str, SamplingParams] = {
     "Precise": SamplingParams(

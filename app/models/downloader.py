@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from app.errors import LamplightError
-from app.sysinfo import size_text
+from app.util.errors import LamplightError
+from app.util.sysinfo import size_text
 
 log = logging.getLogger(__name__)
 

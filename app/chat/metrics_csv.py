@@ -6,7 +6,7 @@ import csv
 import io
 from collections.abc import Sequence
 
-from app.conversation import Message
+from app.chat.conversation import Message
 
 COLUMNS = (
     "message",

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 from pathlib import Path
 
-from app.atomic import atomic_write_text
-from app.errors import ModelFileError
-
-_HASH_BLOCK = 4 * 1024 * 1024
+from app.util.atomic import atomic_write_text
+from app.util.errors import ModelFileError
+from app.util.hashing import sha256_file
 
 
 def _package() -> object:
@@ -27,14 +25,6 @@ def _package() -> object:
 
 def default_model_name() -> str:
     return str(_package().MODEL_NAME)  # type: ignore[attr-defined]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def ensure_default_model(models_dir: Path) -> Path:

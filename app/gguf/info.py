@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.errors import ModelFileError
+from app.util.errors import ModelFileError
 
 GGUF_MAGIC = b"GGUF"
 

@@ -1,0 +1,1 @@
+"""Conversations: the session that owns one, transcripts, KV snapshots."""

@@ -1,0 +1,1 @@
+"""Settings, their declarations and validation, presets, data directories."""

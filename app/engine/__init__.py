@@ -1,0 +1,1 @@
+"""Running a model: the Backend protocol, llama.cpp in-process, templates."""

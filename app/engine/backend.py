@@ -1,0 +1,176 @@
+"""The seam between the chat and an inference engine: the ``Backend`` protocol.
+
+The worker thread drives exactly this interface. The in-process llama.cpp
+engine (``app.engine.llama.Engine``) implements it; so does the test fake, and
+so will remote engines (llama-server, OpenAI-compatible servers). What an
+engine cannot do is declared in its ``Capabilities``, never discovered with
+``hasattr``: callers check a flag, and the UI disables what is off, saying why.
+
+A backend is not thread-safe: one thread owns it and makes every call; other
+threads may only set the stop ``Event`` passed to ``generate``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.hardware import HardwareInfo
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+from app.gguf.lora import LoraStack
+from app.util.errors import LamplightError
+
+ProgressFn = Callable[[float], bool]
+"""Load progress 0..1; return False to cancel the load."""
+
+
+class LoadCancelled(LamplightError):
+    """The user cancelled a model load."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """A loaded model, as the UI shows it."""
+
+    path: Path
+    name: str
+    architecture: str
+    n_params: int
+    file_size: int
+    n_ctx: int
+    n_ctx_train: int
+    n_threads: int
+    n_gpu_layers: int
+    template: str
+    backend: str
+    load_ms: float
+
+
+@dataclass(frozen=True)
+class Token:
+    """A piece of reply text, ready to show."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Prompt evaluation advanced: ``done`` of ``total`` new tokens."""
+
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The reply ended; ``metrics.stop_reason`` says why (``cancelled`` for a stop)."""
+
+    text: str
+    metrics: MessageMetrics
+
+
+EngineEvent = Token | PrefillProgress | Finished
+"""What ``Backend.generate`` yields: progress and tokens, then exactly one ``Finished``."""
+
+
+@dataclass(frozen=True)
+class KvState:
+    """KV sequence 0 as the engine serializes it, with the tokens and text it covers."""
+
+    state: bytes | bytearray | memoryview
+    tokens: list[int]
+    text: str
+    marks: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; ``why_not`` explains each missing one for a tooltip."""
+
+    snapshots: bool = False  # export_state / import_state
+    lora: bool = False  # set_lora_stack
+    grammar: bool = False  # JSON mode, JSON schema, GBNF
+    prewarm: bool = False  # evaluating the next turn's opening ahead of time
+    token_latency: bool = False  # per-token arrival times are the engine's own
+    gpu_offload: bool = False
+    why_not: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the engine worker calls. Every method runs on the worker's thread."""
+
+    @property
+    def model(self) -> ModelInfo | None:
+        """The loaded model, or None."""
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend supports (may change with the loaded model)."""
+
+    def hardware(self) -> HardwareInfo:
+        """The compute devices this backend can use."""
+
+    def load(
+        self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
+    ) -> ModelInfo:
+        """Load a model. The previous one stays loaded until the new one is ready, so a
+        failed or cancelled load leaves it working.
+
+        Raises:
+            ModelFileError, ModelLoadError, LoadCancelled.
+        """
+
+    def unload(self) -> None:
+        """Free the model (and everything that belongs to it)."""
+
+    def reset(self) -> None:
+        """Forget the conversation held in the cache (a new chat)."""
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        stop: threading.Event | None = None,
+    ) -> Iterator[EngineEvent]:
+        """Stream the assistant's reply to ``messages``: ``PrefillProgress`` and ``Token``
+        events, then one ``Finished``. Setting ``stop`` ends it promptly (``cancelled``).
+
+        Raises:
+            NoModelLoaded, ContextOverflowError, DecodeError, SettingError.
+        """
+
+    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
+        """Evaluate the next turn's opening after ``reply``; returns tokens evaluated."""
+
+    @property
+    def lora_stack(self) -> LoraStack:
+        """A copy of the applied adapter stack."""
+
+    def lora_signature(self) -> list[dict[str, Any]]:
+        """The applied stack's ``LoraStack.signature()`` (what a snapshot records)."""
+
+    def set_lora_stack(self, stack: LoraStack) -> bool:
+        """Apply ``stack`` from the next message on; True when the cache went stale.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+
+    def cache_config(self) -> dict[str, Any]:
+        """Context settings a saved cache depends on (checked before restoring one)."""
+
+    def export_state(self) -> KvState:
+        """The cache as it stands (``tokens`` empty when it holds nothing)."""
+
+    def import_state(self, kv: KvState) -> None:
+        """Replace the cache with ``kv``; on failure it is left empty.
+
+        Raises:
+            LamplightError: the state was refused.
+        """

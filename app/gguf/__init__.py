@@ -1,0 +1,1 @@
+"""Reading GGUF files: model headers, LoRA adapters, memory estimates."""

@@ -1,0 +1,1 @@
+"""Getting models: Hub search, downloads, the local library, the default model."""
