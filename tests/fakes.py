@@ -1,30 +1,74 @@
-"""A fake engine for fast widget tests; every behaviour is also tested on the real one."""
+"""A fake backend for fast widget and randomized tests; every behaviour is also tested
+on the real engine. It implements ``app.engine.backend.Backend`` (mypy checks it)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from pathlib import Path
+from typing import Any
 
 from app.config.params import LoadConfig, SamplingParams
-from app.engine.backend import Finished, KvState, ModelInfo, ProgressFn, Token
+from app.engine.backend import (
+    Backend,
+    Capabilities,
+    EngineEvent,
+    Finished,
+    KvState,
+    LoadCancelled,
+    ModelInfo,
+    ProgressFn,
+    Token,
+)
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
-from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError
+from app.gguf.lora import LoraStack
+from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
+
+FAKE_CAPABILITIES = Capabilities(
+    snapshots=True,
+    why_not={"lora": "the fake engine takes no adapters", "grammar": "the fake engine"},
+)
 
 
 class FakeEngine:
-    """Streams ``reply`` word by word, ``delay`` seconds apart."""
+    """Streams ``reply`` word by word, ``delay`` seconds apart, after ``prefill_delay``.
 
-    def __init__(self, reply: str = "Hello there, **friend**.", delay: float = 0.005) -> None:
+    A token list stands in for the KV cache, so snapshots round-trip.
+    """
+
+    def __init__(
+        self,
+        reply: str = "Hello there, **friend**.",
+        delay: float = 0.005,
+        prefill_delay: float = 0.0,
+    ) -> None:
         self.reply = reply
         self.delay = delay
-        self.model: ModelInfo | None = None
+        self.prefill_delay = prefill_delay
+        self._model: ModelInfo | None = None
         self.resets = 0
+        self.loads = 0
         self.requests: list[list[ChatMessage]] = []
         self.fail_with: Exception | None = None
+        self.kv_tokens: list[int] = []
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self._model
+
+    @model.setter
+    def model(self, value: ModelInfo | None) -> None:
+        self._model = value
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return FAKE_CAPABILITIES
+
+    def hardware(self) -> HardwareInfo:
+        return HardwareInfo(False, ())
 
     def load(
         self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
@@ -32,12 +76,14 @@ class FakeEngine:
         if "missing" in str(path):
             raise ModelFileError(f"Model file not found: {path}")
         if "broken" in str(path):
-            self.model = None  # like the real engine: the old model was freed first
+            # Like the real engine: the model in use stays loaded.
             raise ModelLoadError(f"llama.cpp could not load {Path(path).name}")
         for i in range(5):
             if progress and not progress(i / 4):
-                raise ModelFileError("cancelled")
-        self.model = ModelInfo(
+                raise LoadCancelled("cancelled")
+        self.loads += 1
+        self.kv_tokens = []
+        self._model = ModelInfo(
             path=Path(path),
             name="Fake model",
             architecture="fake",
@@ -51,20 +97,34 @@ class FakeEngine:
             backend="CPU",
             load_ms=1.0,
         )
-        return self.model
+        return self._model
+
+    def unload(self) -> None:
+        self._model = None
+        self.kv_tokens = []
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.kv_tokens = []
 
     def generate(
         self,
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
-    ) -> Iterator[Token | Finished]:
+    ) -> Generator[EngineEvent, None, None]:
+        if self._model is None:
+            raise NoModelLoaded("No model is loaded. Open a model first.")
         self.requests.append(list(messages))
         if self.fail_with is not None:
             raise self.fail_with
         stop = stop or threading.Event()
         t0 = time.perf_counter()
         metrics = MessageMetrics(prompt_tokens=10, evaluated_tokens=10, prefill_ms=1.0, n_ctx=2048)
+        if self.prefill_delay and stop.wait(self.prefill_delay):
+            metrics.stop_reason = "cancelled"
+            yield Finished("", metrics)
+            return
         parts: list[str] = []
         words = self.reply.split(" ")
         for i, word in enumerate(words[: params.max_tokens]):
@@ -83,21 +143,21 @@ class FakeEngine:
         self.kv_tokens = list(range(10 + len(parts)))
         yield Finished("".join(parts), metrics)
 
-    def backend(self) -> HardwareInfo:
-        return HardwareInfo(False, ())
+    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
+        return 0
 
-    def reset(self) -> None:
-        self.resets += 1
-        self.kv_tokens = []
+    @property
+    def lora_stack(self) -> LoraStack:
+        return LoraStack()
 
-    # The snapshot interface, with a token list standing in for the KV cache.
-    kv_tokens: list[int] = []  # noqa: RUF012  # replaced per instance on first use
+    def lora_signature(self) -> list[dict[str, Any]]:
+        return []
 
-    def cache_config(self) -> dict[str, object]:
+    def set_lora_stack(self, stack: LoraStack) -> bool:
+        raise NotImplementedError("the fake engine declares no LoRA capability")
+
+    def cache_config(self) -> dict[str, Any]:
         return {"n_ctx": 2048}
-
-    def state_size(self) -> int:
-        return 4 * len(self.kv_tokens)
 
     def export_state(self) -> KvState:
         return KvState(b"fake-state", list(self.kv_tokens), "", [(0, 0)])
@@ -105,9 +165,11 @@ class FakeEngine:
     def import_state(self, kv: KvState) -> None:
         self.kv_tokens = list(kv.tokens)
 
-    def unload(self) -> None:
-        self.model = None
-
 
 def overflow() -> ContextOverflowError:
     return ContextOverflowError(5000, 2048)
+
+
+def as_backend(fake: FakeEngine) -> Backend:
+    """The fake where a Backend is wanted (mypy checks that it implements the protocol)."""
+    return fake

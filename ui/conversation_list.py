@@ -90,30 +90,56 @@ class ConversationList(QWidget):
         self.list.clear()
         for row in rows:
             item = QListWidgetItem()
-            meta = [human_time(row.updated)]
-            if row.model_name:
-                meta.append(row.model_name)
-            if row.n_tokens:
-                meta.append(f"{row.n_tokens} tokens")
-            meta.append(
-                f"cache {size_text(row.snapshot_bytes)}" if row.snapshot_bytes else "no cache"
-            )
-            item.setText(f"{row.title}\n{' · '.join(meta)}")
-            item.setData(ID_ROLE, row.id)
-            item.setData(TITLE_ROLE, row.title)
-            if row.error:
-                item.setToolTip(row.error)
-                item.setForeground(Qt.GlobalColor.gray)
-            else:
-                item.setToolTip(row.title)
-                item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
+            self._fill_item(item, row)
             self.list.addItem(item)
             if row.id == current:
                 item.setSelected(True)
                 self.list.setCurrentItem(item)
-        self.usage.setText(f"Saved caches: {size_text(used)} of {size_text(budget)}")
+        self.set_usage(used, budget)
         self._filling = False
         self._apply_filter(self.search.text())
+
+    def update_row(self, row: ConversationSummary, current: str) -> None:
+        """Show one conversation's new state (added at the top when it is new)."""
+        self._filling = True
+        self._current = current
+        item = self.item_for(row.id)
+        if item is None:
+            item = QListWidgetItem()
+            self.list.insertItem(0, item)
+        self._fill_item(item, row)
+        for i in range(self.list.count()):
+            it = self.list.item(i)
+            it.setSelected(it.data(ID_ROLE) == current)
+            if it.data(ID_ROLE) == current:
+                self.list.setCurrentItem(it)
+        self._filling = False
+        self._apply_filter(self.search.text())
+
+    def remove_row(self, conv_id: str) -> None:
+        item = self.item_for(conv_id)
+        if item is not None:
+            self.list.takeItem(self.list.row(item))
+
+    def set_usage(self, used: int, budget: int) -> None:
+        self.usage.setText(f"Saved caches: {size_text(used)} of {size_text(budget)}")
+
+    def _fill_item(self, item: QListWidgetItem, row: ConversationSummary) -> None:
+        meta = [human_time(row.updated)]
+        if row.model_name:
+            meta.append(row.model_name)
+        if row.n_tokens:
+            meta.append(f"{row.n_tokens} tokens")
+        meta.append(f"cache {size_text(row.snapshot_bytes)}" if row.snapshot_bytes else "no cache")
+        item.setText(f"{row.title}\n{' · '.join(meta)}")
+        item.setData(ID_ROLE, row.id)
+        item.setData(TITLE_ROLE, row.title)
+        if row.error:
+            item.setToolTip(row.error)
+            item.setForeground(Qt.GlobalColor.gray)
+        else:
+            item.setToolTip(row.title)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
 
     def ids(self) -> list[str]:
         return [str(self.list.item(i).data(ID_ROLE)) for i in range(self.list.count())]

@@ -122,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if style.is_file():
         app.setStyleSheet(style.read_text(encoding="utf-8"))
     store = ConversationStore(dirs.root, settings.snapshot_budget_mb * 1024 * 1024)
+    store.drop_orphan_snapshots()  # caches of transcripts that were never written
     client = EngineClient(dirs.models, store=store)
     services = hub_services(dirs)
     window = MainWindow(client, settings, dirs, store, services)
@@ -170,7 +171,7 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
                 "backend": info.backend,
                 "load_ms": round(info.load_ms, 1),
             }
-            client.generate([ChatMessage("user", "Say hello.")], SamplingParams.greedy(16))
+            client.generate("", [ChatMessage("user", "Say hello.")], SamplingParams.greedy(16))
 
         @Slot(str, bool)
         def on_load_failed(self, message: str, _still_loaded: bool) -> None:

@@ -8,15 +8,15 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
 from app.chat.session_cache import RestoreResult, SessionCache
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
-from app.engine.backend import Finished, PrefillProgress, Token
+from app.engine.backend import Backend, EngineEvent, Finished, PrefillProgress, Token
 from app.engine.llama import Engine
 from app.engine.offload import fit_report, load_with_fallback
 from app.engine.templates import ChatMessage
@@ -44,7 +44,7 @@ def register_thread(thread: QThread) -> None:
 
 
 class EngineWorker(QObject):
-    """Runs engine calls on its own thread.
+    """Runs backend calls on its own thread.
 
     Signals:
         loadProgress(float, str): load fraction 0..1 and what is happening.
@@ -64,7 +64,9 @@ class EngineWorker(QObject):
         loraFailed(str, object): why a stack was refused, and the stack still applied.
 
     Exactly one of finished, cancelled, failed ends every request; one of loraApplied,
-    loraFailed answers every ``set_lora_stack``.
+    loraFailed answers every ``set_lora_stack``. After a reply that got going, the
+    conversation's snapshot is written on this thread, so any request queued after
+    the reply (a reload, a delete) sees it written.
     """
 
     loadProgress = Signal(float, str)
@@ -82,7 +84,7 @@ class EngineWorker(QObject):
     loraApplied = Signal(object)
     loraFailed = Signal(str, object)
 
-    def __init__(self, engine: Any, models_dir: Path, store: ConversationStore | None) -> None:
+    def __init__(self, engine: Backend, models_dir: Path, store: ConversationStore | None) -> None:
         super().__init__()
         self._engine = engine
         self._models_dir = models_dir
@@ -96,10 +98,15 @@ class EngineWorker(QObject):
             if store is not None
             else None
         )
+        self._store = store
 
     @Slot(str, object)
     def save_snapshot(self, conv_id: str, keep: frozenset[str]) -> None:
-        if self._cache is None or self._engine.model is None:
+        if (
+            self._cache is None
+            or self._engine.model is None
+            or not self._engine.capabilities.snapshots
+        ):
             return
         try:
             size, dropped = self._cache.save(conv_id, keep)
@@ -111,9 +118,22 @@ class EngineWorker(QObject):
             self.snapshotSaved.emit(conv_id, size, dropped)
 
     @Slot(str)
+    def drop_snapshot(self, conv_id: str) -> None:
+        if self._store is not None:
+            try:
+                self._store.drop_snapshot(conv_id)
+            except (LamplightError, OSError) as exc:
+                log.warning("could not delete the snapshot of %s: %s", conv_id, exc)
+
+    @Slot(str)
     def restore_snapshot(self, conv_id: str) -> None:
         if self._cache is None or self._engine.model is None:
             why = "no model is loaded" if self._engine.model is None else "saving is off"
+            self.restored.emit(RestoreResult(conv_id, False, 0, 0.0, why))
+            return
+        if not self._engine.capabilities.snapshots:
+            why = self._engine.capabilities.why_not.get("snapshots", "this engine keeps none")
+            self._engine.reset()
             self.restored.emit(RestoreResult(conv_id, False, 0, 0.0, why))
             return
         try:
@@ -133,13 +153,15 @@ class EngineWorker(QObject):
         self._apply_lora()
 
     def _apply_lora(self) -> None:
-        apply = getattr(self._engine, "set_lora_stack", None)
-        if apply is None or self._engine.model is None:
-            why = "No model is loaded; the adapters apply once one is."
-            self.loraFailed.emit(why, LoraStack())
+        if self._engine.model is None:
+            self.loraFailed.emit("No model is loaded; the adapters apply once one is.", LoraStack())
+            return
+        if not self._engine.capabilities.lora:
+            why = self._engine.capabilities.why_not.get("lora", "this engine takes no adapters")
+            self.loraFailed.emit(f"LoRA adapters are not available: {why}.", LoraStack())
             return
         try:
-            apply(self._lora_wanted)
+            self._engine.set_lora_stack(self._lora_wanted)
         except LamplightError as exc:
             self.loraFailed.emit(str(exc), self._engine.lora_stack)
         except Exception as exc:  # a bad adapter must not take the app down
@@ -163,8 +185,7 @@ class EngineWorker(QObject):
             if path == DEFAULT_MODEL:
                 self.loadProgress.emit(0.0, "Preparing the default model")
                 path = str(ensure_default_model(self._models_dir))
-            backend = self._engine.backend()
-            fit = fit_report(path, config, backend)
+            fit = fit_report(path, config, self._engine.hardware())
             if not fit.fits:
                 self.loadNote.emit(fit.warning(Path(path).name))
             info, note = load_with_fallback(self._engine, path, config, progress)
@@ -176,49 +197,55 @@ class EngineWorker(QObject):
             log.exception("model load failed")
             self.loadFailed.emit(f"Could not load the model: {exc}", self._engine.model is not None)
         else:
-            if len(self._lora_wanted):
+            if len(self._lora_wanted) and self._engine.capabilities.lora:
                 self._apply_lora()
             self.modelLoaded.emit(info)
 
-    @Slot(int, object, object, object)
-    def generate(
-        self,
-        request: int,
-        messages: Sequence[ChatMessage],
-        params: SamplingParams,
-        stop: threading.Event,
-    ) -> None:
+    @Slot(object)
+    def generate(self, job: GenerateJob) -> None:
         try:
-            with contextlib.closing(self._engine.generate(messages, params, stop)) as events:
-                self._relay(request, events, messages)
+            with contextlib.closing(
+                self._engine.generate(job.messages, job.params, job.stop)
+            ) as ev:
+                ended = self._relay(job.request, ev)
         except LamplightError as exc:
-            self.failed.emit(request, str(exc))
+            self.failed.emit(job.request, str(exc))
+            return
         except Exception as exc:  # one terminal signal per request, whatever happens
             log.exception("generation failed")
-            self.failed.emit(request, f"Generation failed: {exc}")
+            self.failed.emit(job.request, f"Generation failed: {exc}")
+            return
+        if ended is None or not job.conv_id:
+            return
+        if ended.metrics.stop_reason != "cancelled":
+            self._prewarm(job.messages, ended.text)
+        if ended.metrics.generated_tokens or ended.metrics.stop_reason != "cancelled":
+            # A reply stopped before its first token leaves the saved cache as it was.
+            self.save_snapshot(job.conv_id, frozenset({job.conv_id}))
 
-    def _prepare_next_turn(self, messages: Sequence[ChatMessage], reply: str) -> None:
+    def _prewarm(self, messages: Sequence[ChatMessage], reply: str) -> None:
+        if not self._engine.capabilities.prewarm:
+            return
         try:
-            prepare = getattr(self._engine, "prepare_next_turn", None)
-            if prepare is not None:
-                prepare(messages, reply)
+            self._engine.prewarm(messages, reply)
         except LamplightError as exc:
             log.info("could not prepare the next turn: %s", exc)
 
-    def _relay(self, request: int, events: Iterator[Any], messages: Sequence[ChatMessage]) -> None:
+    def _relay(self, request: int, events: Iterator[EngineEvent]) -> Finished | None:
+        """Forward events as signals; returns the ``Finished`` (None after a failure)."""
         for event in events:
             if isinstance(event, Token):
                 self.tokens.emit(request, event.text)
             elif isinstance(event, PrefillProgress):
                 self.prefillProgress.emit(request, event.done, event.total)
-            elif isinstance(event, Finished):
+            else:
                 if event.metrics.stop_reason == "cancelled":
                     self.cancelled.emit(request, event.text, event.metrics)
                 else:
                     self.finished.emit(request, event.text, event.metrics)
-                    self._prepare_next_turn(messages, event.text)
-                return
+                return event
         self.failed.emit(request, "The engine ended the reply without a result.")
+        return None
 
     @Slot()
     def reset(self) -> None:
@@ -237,6 +264,17 @@ class EngineWorker(QObject):
         self._engine.unload()
 
 
+@dataclass(frozen=True)
+class GenerateJob:
+    """One reply to run: its id, the conversation whose cache it extends, and a stop flag."""
+
+    request: int
+    conv_id: str
+    messages: list[ChatMessage]
+    params: SamplingParams
+    stop: threading.Event
+
+
 class EngineClient(QObject):
     """The GUI side: starts the worker thread, sends requests, stops and joins it.
 
@@ -244,7 +282,8 @@ class EngineClient(QObject):
     """
 
     _loadRequested = Signal(str, object, object)
-    _generateRequested = Signal(int, object, object, object)
+    _generateRequested = Signal(object)
+    _dropRequested = Signal(str)
     _resetRequested = Signal()
     _saveRequested = Signal(str, object)
     _restoreRequested = Signal(str)
@@ -255,7 +294,7 @@ class EngineClient(QObject):
     def __init__(
         self,
         models_dir: Path,
-        engine_factory: Callable[[], Any] = Engine,
+        engine_factory: Callable[[], Backend] = Engine,
         store: ConversationStore | None = None,
         parent: QObject | None = None,
     ) -> None:
@@ -270,6 +309,7 @@ class EngineClient(QObject):
         self._resetRequested.connect(self.worker.reset)
         self._saveRequested.connect(self.worker.save_snapshot)
         self._restoreRequested.connect(self.worker.restore_snapshot)
+        self._dropRequested.connect(self.worker.drop_snapshot)
         self._unloadRequested.connect(self.worker.unload)
         self._loraRequested.connect(self.worker.set_lora_stack)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
@@ -292,11 +332,18 @@ class EngineClient(QObject):
     def cancel_load(self) -> None:
         self._cancel_load.set()
 
-    def generate(self, messages: Sequence[ChatMessage], params: SamplingParams) -> int:
-        """Queue a reply; returns its request id."""
+    def generate(
+        self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> int:
+        """Queue a reply; the worker saves ``conv_id``'s snapshot after it ('' for none).
+
+        Returns the request id.
+        """
         self._next_request += 1
         self._stop = threading.Event()
-        self._generateRequested.emit(self._next_request, list(messages), params, self._stop)
+        self._generateRequested.emit(
+            GenerateJob(self._next_request, conv_id, list(messages), params, self._stop)
+        )
         return self._next_request
 
     def stop(self) -> None:
@@ -318,9 +365,18 @@ class EngineClient(QObject):
         """Load ``conv_id``'s snapshot; ``restored`` reports how it went."""
         self._restoreRequested.emit(conv_id)
 
+    def drop_snapshot(self, conv_id: str) -> None:
+        """Delete ``conv_id``'s snapshot, after any write of it already queued."""
+        self._dropRequested.emit(conv_id)
+
     def set_lora_stack(self, stack: LoraStack) -> None:
         """Apply ``stack`` on the worker; ``loraApplied`` or ``loraFailed`` answers."""
         self._loraRequested.emit(stack.copy())  # a copy: the panel keeps editing its own
+
+    def drain(self) -> None:
+        """Wait until the worker has run every request queued before this call."""
+        if self._thread.isRunning():
+            self._drainRequested.emit()
 
     def shutdown(self, timeout_ms: int = 10_000) -> bool:
         """Stop any work, free the model on its thread, and join the thread."""

@@ -25,7 +25,7 @@ from app.chat.snapshot import (
     write_snapshot,
 )
 from app.chat.store import ConversationStore
-from app.engine.llama import Engine
+from app.engine.backend import Backend
 from app.gguf.lora import LoraStack, stack_key
 from app.util.errors import LamplightError
 from app.util.hashing import FingerprintCache
@@ -53,7 +53,7 @@ class RestoreResult:
 class SessionCache:
     """Writes and reads KV snapshots for the engine's current model."""
 
-    def __init__(self, engine: Engine, store: ConversationStore, fingerprints: FingerprintCache):
+    def __init__(self, engine: Backend, store: ConversationStore, fingerprints: FingerprintCache):
         self.engine = engine
         self.store = store
         self.fingerprints = fingerprints
@@ -77,8 +77,8 @@ class SessionCache:
         kv = self.engine.export_state()
         path = self.store.snapshot_path(conv_id)
         if not kv.tokens:
-            self.store.drop_snapshot(conv_id)
-            return 0, []
+            # An empty cache (after a reload, say) says nothing about the saved one: keep it.
+            return self.store.snapshot_bytes(conv_id), []
         size = write_snapshot(path, self.header(), kv)
         dropped = self.store.prune(keep | {conv_id})
         return size, dropped
@@ -116,8 +116,7 @@ class SessionCache:
         return self._result(conv_id, True, len(kv.tokens), ms, "", before)
 
     def _applied(self) -> list[dict[str, Any]]:
-        signature = getattr(self.engine, "lora_signature", None)  # a fake engine has none
-        return list(signature()) if signature is not None else []
+        return self.engine.lora_signature() if self.engine.capabilities.lora else []
 
     def _expected(self, saved: Sequence[Mapping[str, Any]], apply_lora: bool) -> SnapshotHeader:
         """The header a snapshot made with stack ``saved`` must match, after applying it."""
@@ -160,13 +159,12 @@ class SessionCache:
         note: str,
         before: list[dict[str, Any]],
     ) -> RestoreResult:
-        stack = getattr(self.engine, "lora_stack", None)
         return RestoreResult(
             conv_id,
             restored,
             n_tokens,
             ms,
             note,
-            lora_stack=stack if isinstance(stack, LoraStack) else None,
+            lora_stack=self.engine.lora_stack if self.engine.capabilities.lora else None,
             lora_changed=self._applied() != before,
         )

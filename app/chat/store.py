@@ -16,7 +16,7 @@ import copy
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.chat.conversation import Conversation, ConversationError, new_id
@@ -49,6 +49,8 @@ class ConversationStore:
         self.conversations_dir.mkdir(parents=True, exist_ok=True)
         self.snapshots_dir.mkdir(parents=True, exist_ok=True)
         self.budget_bytes = budget_bytes
+        # Sidebar rows by id, with the transcript's (size, mtime_ns) they were read at.
+        self._summaries: dict[str, tuple[tuple[int, int], ConversationSummary]] = {}
 
     # -- paths -----------------------------------------------------------------------
 
@@ -61,42 +63,59 @@ class ConversationStore:
     # -- transcripts -------------------------------------------------------------------
 
     def list(self) -> list[ConversationSummary]:
-        """Every conversation, newest first; damaged ones are listed with the reason."""
+        """Every conversation, newest first; damaged ones are listed with the reason.
+
+        Only transcripts that changed since the last call (size or mtime) are read again.
+        """
         out = []
+        seen = set()
         for path in self.conversations_dir.glob("*.json"):
             conv_id = path.stem
             if not (conv_id.isalnum() and conv_id.isascii()):
                 continue
-            size = self.snapshot_bytes(conv_id)
-            try:
-                conv = self.load(conv_id)
-            except ConversationError as exc:
-                out.append(
-                    ConversationSummary(
-                        id=conv_id,
-                        title=f"(unreadable) {path.name}",
-                        updated=_mtime(path),
-                        model_name="",
-                        n_tokens=0,
-                        n_messages=0,
-                        snapshot_bytes=size,
-                        error=str(exc),
-                    )
-                )
-                continue
-            out.append(
-                ConversationSummary(
-                    id=conv.id,
-                    title=conv.title or "New chat",
-                    updated=conv.updated,
-                    model_name=conv.model_name,
-                    n_tokens=conv.n_tokens,
-                    n_messages=len(conv.messages),
-                    snapshot_bytes=size,
-                )
-            )
+            seen.add(conv_id)
+            out.append(self.summary(conv_id))
+        for gone in set(self._summaries) - seen:
+            del self._summaries[gone]
         out.sort(key=lambda s: s.updated, reverse=True)
         return out
+
+    def summary(self, conv_id: str) -> ConversationSummary:
+        """One sidebar row, read again only when the transcript changed on disk."""
+        path = self.transcript_path(conv_id)
+        try:
+            st = path.stat()
+            stamp = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = (-1, -1)
+        size = self.snapshot_bytes(conv_id)
+        known = self._summaries.get(conv_id)
+        if known is not None and known[0] == stamp:
+            return replace(known[1], snapshot_bytes=size)
+        try:
+            conv = self.load(conv_id)
+            row = ConversationSummary(
+                id=conv.id,
+                title=conv.title or "New chat",
+                updated=conv.updated,
+                model_name=conv.model_name,
+                n_tokens=conv.n_tokens,
+                n_messages=len(conv.messages),
+                snapshot_bytes=size,
+            )
+        except ConversationError as exc:
+            row = ConversationSummary(
+                id=conv_id,
+                title=f"(unreadable) {path.name}",
+                updated=_mtime(path),
+                model_name="",
+                n_tokens=0,
+                n_messages=0,
+                snapshot_bytes=size,
+                error=str(exc),
+            )
+        self._summaries[conv_id] = (stamp, row)
+        return row
 
     def load(self, conv_id: str) -> Conversation:
         path = self.transcript_path(conv_id)
@@ -122,9 +141,15 @@ class ConversationStore:
 
     def delete(self, conv_id: str) -> None:
         """Remove the transcript and the snapshot."""
-        for path in (self.transcript_path(conv_id), self.snapshot_path(conv_id)):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        self.delete_transcript(conv_id)
+        self.drop_snapshot(conv_id)
+
+    def delete_transcript(self, conv_id: str) -> None:
+        """Remove the transcript (the snapshot goes through the engine thread, after any
+        write of it that is under way)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.transcript_path(conv_id).unlink()
+        self._summaries.pop(conv_id, None)
 
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.load(conv_id)
@@ -207,6 +232,15 @@ class ConversationStore:
                     with contextlib.suppress(OSError):
                         tmp.unlink()
         return dropped
+
+    def drop_orphan_snapshots(self, keep: frozenset[str] = frozenset()) -> None:
+        """Delete snapshots whose transcript is gone (a transcript that could not be
+        written, say); ``keep``: ids whose transcript may still be written."""
+        for path in self._snapshot_files():
+            conv_id = path.name.removesuffix(SNAPSHOT_SUFFIX)
+            if conv_id not in keep and not self.transcript_path(conv_id).exists():
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     def _snapshot_files(self) -> builtins.list[Path]:
         return [p for p in self.snapshots_dir.glob(f"*{SNAPSHOT_SUFFIX}") if p.is_file()]

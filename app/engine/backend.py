@@ -13,7 +13,7 @@ threads may only set the stop ``Event`` passed to ``generate``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -137,9 +137,10 @@ class Backend(Protocol):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
-    ) -> Iterator[EngineEvent]:
+    ) -> Generator[EngineEvent, None, None]:
         """Stream the assistant's reply to ``messages``: ``PrefillProgress`` and ``Token``
-        events, then one ``Finished``. Setting ``stop`` ends it promptly (``cancelled``).
+        events, then one ``Finished``. Setting ``stop`` ends it promptly (``cancelled``);
+        closing the generator abandons the reply.
 
         Raises:
             NoModelLoaded, ContextOverflowError, DecodeError, SettingError.

@@ -1,0 +1,470 @@
+"""``ChatSession``: the one owner of the open conversation's lifecycle.
+
+It holds the conversation's messages (and so its per-reply metrics: the only
+copy), the request in flight, the edit point, and saving. The window shows
+what it says; the engine worker runs what it asks.
+
+Rules it keeps, whatever order clicks arrive in:
+- Operations are transactions. A regenerate or an edit replaces messages only
+  once the new reply has started (its first token); a failure, or a stop before
+  the first token, restores exactly what was there.
+- Every state the user has seen is saved before the next action runs: actions
+  that leave the conversation (new chat, open, fork, reload, quit) are queued
+  behind the running reply, which is stopped, recorded and saved first.
+- Roles alternate: a reply stopped before its first token is still recorded
+  (empty), and a message sent after a user turn with no reply is merged into it.
+- A transcript that cannot be written stays open and marked unsaved; the app
+  does not switch away from it, and the next action tries again.
+
+The snapshot (KV cache) of a conversation is written by the engine worker right
+after each reply, on its own thread; deleting one goes through the worker too,
+so it is always ordered after any write of the same conversation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
+from app.chat.store import ConversationStore
+from app.config.params import SamplingParams, sampling_to_dict
+from app.engine.backend import ModelInfo
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["send", "regenerate", "edit"]
+
+
+class EngineLink(Protocol):
+    """What a session asks of the engine worker (``ui.worker.EngineClient``)."""
+
+    def generate(
+        self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> int:
+        """Queue a reply; the worker saves ``conv_id``'s snapshot after it. Returns its id."""
+
+    def stop(self) -> None:
+        """Ask the running reply to stop (its terminal event follows)."""
+
+    def reset(self) -> None:
+        """Empty the engine's cache (queued after running work)."""
+
+    def restore_snapshot(self, conv_id: str) -> None:
+        """Load ``conv_id``'s saved cache (queued after running work)."""
+
+    def drop_snapshot(self, conv_id: str) -> None:
+        """Delete ``conv_id``'s saved cache (queued after any write of it)."""
+
+
+class SessionView(Protocol):
+    """What the window shows for a session. Every call comes on the session's thread."""
+
+    def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
+        """Render the whole conversation. ``opened``: another one was just opened;
+        ``restoring``: its saved cache is being loaded (the engine reports when)."""
+
+    def reply_begun(self, shown: Sequence[Message], added_user: bool) -> None:
+        """A reply starts after ``shown``; ``added_user``: only its last message is new."""
+
+    def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
+        """The streamed reply ended: kept with ``metrics``, or failed with ``error``."""
+
+    def open_failed(self, message: str) -> None:
+        """A conversation could not be opened (the open one stays)."""
+
+    def give_back(self, text: str) -> None:
+        """Put text the user wrote back into the input box."""
+
+    def notice(self, text: str) -> None:
+        """A one-line note for the user."""
+
+    def row_saved(self, conv_id: str) -> None:
+        """``conv_id``'s transcript was written (its sidebar row may change)."""
+
+    def row_removed(self, conv_id: str) -> None:
+        """``conv_id`` was deleted."""
+
+
+@dataclass
+class _Request:
+    """The reply in flight and what to restore if it does not get going."""
+
+    id: int
+    kind: Kind
+    before: list[Message]  # the messages before the operation
+    prompt: list[Message]  # the branch the reply answers
+    text: str = ""  # what the user typed (given back on failure)
+    edit_index: int | None = None
+    started: bool = False
+    parts: list[str] = field(default_factory=list)  # streamed text, for a quit that cannot wait
+
+
+class ChatSession:
+    """Owns the open conversation; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        store: ConversationStore,
+        link: EngineLink,
+        view: SessionView,
+        system_prompt: str = "",
+    ) -> None:
+        self.store = store
+        self._link = link
+        self._view = view
+        self.system_prompt = system_prompt
+        self.model: ModelInfo | None = None
+        self.conversation = self._fresh()
+        self.edit_index: int | None = None
+        self.unsaved = False  # the last write failed; retried at the next action
+        self._request: _Request | None = None
+        self._queue: deque[Callable[[], None]] = deque()
+        self._deleted: set[str] = set()
+        self.on_idle: Callable[[], None] | None = None  # after a reply and queued actions ran
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        return self._request is not None
+
+    @property
+    def request_id(self) -> int | None:
+        return self._request.id if self._request else None
+
+    @property
+    def reply_started(self) -> bool:
+        return self._request is not None and self._request.started
+
+    def reply_metrics(self) -> list[MessageMetrics]:
+        """Per-reply metrics, derived from the messages (their only copy)."""
+        return [m for m in (x.message_metrics() for x in self.conversation.messages) if m]
+
+    def can_regenerate(self) -> bool:
+        return not self.busy and any(m.role == "assistant" for m in self.conversation.messages)
+
+    def _fresh(self) -> Conversation:
+        return Conversation(system_prompt=self.system_prompt)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def when_idle(self, action: Callable[[], None]) -> bool:
+        """Run ``action`` now, or once the running reply is stopped, recorded and saved.
+
+        Actions run in the order they were asked for. Returns True if deferred.
+        """
+        if self.busy:
+            self._queue.append(action)
+            self._link.stop()
+            return True
+        action()
+        return False
+
+    def send(self, text: str, params: SamplingParams) -> bool:
+        """Ask for a reply to ``text`` (replacing the edited message when editing)."""
+        text = text.strip()
+        if not text or self.busy:
+            return False
+        msgs = self.conversation.messages
+        if self.edit_index is not None and 0 <= self.edit_index < len(msgs):
+            index = self.edit_index
+            prompt = [*msgs[:index], Message("user", text)]
+            self._start("edit", prompt, params, text=text, edit_index=index)
+            return True
+        self.edit_index = None
+        if msgs and msgs[-1].role == "user":
+            # A user turn with no reply (an old file, a crash mid-reply): merge, so
+            # roles alternate for templates that require it.
+            merged = Message("user", f"{msgs[-1].content}\n\n{text}", created=msgs[-1].created)
+            prompt = [*msgs[:-1], merged]
+        else:
+            prompt = [*msgs, Message("user", text)]
+        before = list(msgs)
+        self.conversation.messages = list(prompt)
+        self._start("send", prompt, params, text=text, before=before)
+        self._persist()  # the user's words are on disk before the reply starts
+        return True
+
+    def regenerate(self, params: SamplingParams) -> bool:
+        """Ask for another last reply; the old one stays until the new one starts."""
+        msgs = self.conversation.messages
+        last = max((i for i, m in enumerate(msgs) if m.role == "assistant"), default=-1)
+        if self.busy or last < 0:
+            return False
+        self._start("regenerate", list(msgs[:last]), params)
+        return True
+
+    def begin_edit(self, index: int) -> str | None:
+        """Make user message ``index`` the edit point; returns its text."""
+        msgs = self.conversation.messages
+        if self.busy or not 0 <= index < len(msgs) or msgs[index].role != "user":
+            return None
+        self.edit_index = index
+        return msgs[index].content
+
+    def cancel_edit(self) -> None:
+        self.edit_index = None
+
+    def stop(self) -> None:
+        if self.busy:
+            self._link.stop()
+
+    def new_chat(self) -> None:
+        self.when_idle(self._new_chat)
+
+    def open(self, conv_id: str, restore: bool = True) -> None:
+        """Show a saved conversation and load its cache (after settling the current one)."""
+        if conv_id == self.conversation.id and not self.busy:
+            return
+        self.when_idle(lambda: self._open(conv_id, restore))
+
+    def fork(self, index: int) -> None:
+        """Continue from message ``index`` in a new conversation; this one stays as it is."""
+        self.when_idle(lambda: self._fork(index))
+
+    def fork_saved(self, conv_id: str) -> None:
+        """Fork a saved conversation at its last message and open the fork."""
+
+        def fork() -> None:
+            try:
+                conv = self.store.load(conv_id)
+                if not conv.messages:
+                    return
+                copy = self.store.fork(conv, len(conv.messages) - 1)
+            except (ConversationError, OSError) as exc:
+                self._view.notice(f"Could not fork the conversation: {exc}")
+                return
+            self._view.row_saved(copy.id)
+            self._open(copy.id, True)
+
+        self.when_idle(fork)
+
+    def delete(self, conv_id: str) -> None:
+        """Delete a conversation now; the open one is replaced by a new chat once settled."""
+        try:
+            self.store.delete_transcript(conv_id)
+        except (ConversationError, OSError) as exc:
+            self._view.notice(f"Could not delete the conversation: {exc}")
+            return
+        self._link.drop_snapshot(conv_id)
+        self._deleted.add(conv_id)
+        self._view.row_removed(conv_id)
+        if conv_id == self.conversation.id:
+            self.when_idle(self._replace_deleted)
+
+    def rename(self, conv_id: str, title: str) -> None:
+        if conv_id == self.conversation.id:
+            self.conversation.title = " ".join(title.split())[:200] or self.conversation.title
+            self.conversation.title_is_custom = True
+            if self.conversation.messages:
+                self._persist()
+            return
+        try:
+            self.store.rename(conv_id, title)
+        except (ConversationError, OSError) as exc:
+            self._view.notice(f"Could not rename the conversation: {exc}")
+            return
+        self._view.row_saved(conv_id)
+
+    def save(self) -> bool:
+        """Write the transcript now (on quit); True when it is on disk."""
+        if self._request is not None and self._request.parts:
+            # Quitting while a reply could not be stopped in time: keep what was shown.
+            self._record("".join(self._request.parts), None)
+            self._request = None
+        return self._persist()
+
+    # -- engine events -------------------------------------------------------------------
+
+    def on_tokens(self, request: int, text: str) -> None:
+        req = self._request
+        if req is None or req.id != request:
+            return
+        req.parts.append(text)
+        if not req.started:
+            self._commit_branch(req)
+
+    def on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
+        req = self._request
+        if req is None or req.id != request:
+            return
+        self._commit_branch(req)
+        self._record(text, metrics)
+        self._end(text, metrics, "")
+
+    def on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
+        req = self._request
+        if req is None or req.id != request:
+            return
+        if req.started or req.kind == "send" or text:
+            # A stopped reply stays as the user saw it; an empty one keeps roles alternating.
+            self._commit_branch(req)
+            self._record(text, metrics)
+            self._end(text, metrics, "")
+        else:
+            self._restore(req)
+            self._end("", None, "", kept=False)
+
+    def on_failed(self, request: int, message: str) -> None:
+        req = self._request
+        if req is None or req.id != request:
+            return
+        self._restore(req)
+        self._end("", None, message, kept=False)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _start(
+        self,
+        kind: Kind,
+        prompt: list[Message],
+        params: SamplingParams,
+        text: str = "",
+        edit_index: int | None = None,
+        before: list[Message] | None = None,
+    ) -> None:
+        conv = self.conversation
+        conv.sampling = sampling_to_dict(params)
+        chat = Conversation(system_prompt=conv.system_prompt, messages=prompt).chat()
+        request = self._link.generate(conv.id, chat, params)
+        self._request = _Request(
+            id=request,
+            kind=kind,
+            before=list(before if before is not None else conv.messages),
+            prompt=prompt,
+            text=text,
+            edit_index=edit_index,
+        )
+        self.edit_index = None
+        self._view.reply_begun(prompt, added_user=kind == "send")
+
+    def _commit_branch(self, req: _Request) -> None:
+        """The reply has started: its branch replaces what it was asked to replace."""
+        if req.started:
+            return
+        req.started = True
+        if req.kind != "send":
+            self.conversation.messages = list(req.prompt)
+            self._persist()
+
+    def _restore(self, req: _Request) -> None:
+        """The reply did not get going: exactly what was there before comes back."""
+        changed = self.conversation.messages != req.before
+        self.conversation.messages = list(req.before)
+        if req.text:
+            self._view.give_back(req.text)
+        if req.kind == "edit":
+            self.edit_index = req.edit_index
+        if changed:
+            self._persist()
+
+    def _record(self, text: str, metrics: MessageMetrics | None) -> None:
+        msgs = self.conversation.messages
+        if metrics is not None and msgs and msgs[-1].role == "user":
+            msgs[-1].token_offset = metrics.turn_offset
+        msgs.append(
+            Message(
+                "assistant",
+                text,
+                token_offset=metrics.prompt_tokens if metrics else None,
+                metrics=metrics_to_dict(metrics) if metrics else None,
+            )
+        )
+        if metrics is not None:
+            self.conversation.n_tokens = metrics.context_used
+        self._persist()
+
+    def _end(
+        self, text: str, metrics: MessageMetrics | None, error: str, kept: bool = True
+    ) -> None:
+        self._request = None
+        self._view.reply_ended(text, metrics if kept else None, error)
+        if not kept and self.conversation.messages:
+            self._view.show_conversation(self.conversation, opened=False, restoring=False)
+        self._drain()
+
+    def _drain(self) -> None:
+        while self._queue and not self.busy:
+            self._queue.popleft()()
+        if not self.busy and self.on_idle is not None:
+            self.on_idle()
+
+    def _persist(self) -> bool:
+        """Write the transcript if it has messages; False (and a note) when that failed."""
+        conv = self.conversation
+        if not conv.messages or conv.id in self._deleted:
+            self.unsaved = False
+            return True
+        conv.auto_title()
+        if self.model is not None:
+            conv.model_name = self.model.name
+            conv.model_path = str(self.model.path)
+        try:
+            self.store.save(conv)
+        except (OSError, ConversationError) as exc:
+            log.warning("saving %s failed: %s", conv.id, exc)
+            self.unsaved = True
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._view.notice(
+                f"The conversation could not be saved ({reason}). It stays open, and saving "
+                "is tried again with your next action."
+            )
+            return False
+        self.unsaved = False
+        self._view.row_saved(conv.id)
+        return True
+
+    def _settled(self) -> bool:
+        """The open conversation is on disk (or has nothing to save); say so if not."""
+        if self._persist():
+            return True
+        self._view.notice("Stayed on this conversation so that nothing is lost.")
+        return False
+
+    def _new_chat(self) -> None:
+        if not self._settled():
+            return
+        self.conversation = self._fresh()
+        self.edit_index = None
+        self._link.reset()
+        self._view.show_conversation(self.conversation, opened=False, restoring=False)
+
+    def _replace_deleted(self) -> None:
+        self.conversation = self._fresh()
+        self.edit_index = None
+        self._link.reset()
+        self._view.show_conversation(self.conversation, opened=False, restoring=False)
+
+    def _open(self, conv_id: str, restore: bool) -> None:
+        if not self._settled():
+            return
+        try:
+            conv = self.store.load(conv_id)
+        except ConversationError as exc:
+            self._view.open_failed(str(exc))
+            return
+        self.conversation = conv
+        self.edit_index = None
+        restoring = restore and self.model is not None and bool(conv.messages)
+        self._view.show_conversation(conv, opened=True, restoring=restoring)
+        if restoring:
+            self._link.restore_snapshot(conv.id)
+
+    def _fork(self, index: int) -> None:
+        conv = self.conversation
+        if not conv.messages or not self._settled():
+            return
+        try:
+            copy = self.store.fork(conv, index)
+        except (ConversationError, OSError) as exc:
+            self._view.notice(f"Could not fork the conversation: {exc}")
+            return
+        self._view.row_saved(copy.id)
+        # No restore: the engine's cache holds the shared prefix already.
+        self._open(copy.id, restore=False)

@@ -1,0 +1,463 @@
+"""Randomized interleavings of everything a user can do to a conversation.
+
+A Hypothesis state machine drives ``ChatSession`` and the real engine worker
+thread (``EngineClient``) with random sequences of send, stop (before and after
+the first token), new chat, open another, regenerate, edit, fork, delete, model
+reload, setting change, injected generate and save failures, and quit-and-restart
+(a new session and worker reading the same data directory). Actions are taken
+while replies stream; invariants are checked whenever the app has settled:
+
+- what the session shows is what is on disk (unless a save was made to fail);
+- roles alternate in every saved conversation;
+- exactly one terminal event per request;
+- a snapshot disappears only with its conversation;
+- a conversation reopened after a restart equals what was shown before it.
+
+The fake backend runs thousands of steps; the real model runs a short sequence.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+from PySide6.QtCore import QCoreApplication, QObject, Slot
+from PySide6.QtWidgets import QApplication
+
+from app.chat.conversation import Conversation, Message
+from app.chat.session import ChatSession
+from app.chat.store import ConversationStore
+from app.config.params import LoadConfig, SamplingParams
+from app.config.paths import data_dirs
+from app.engine.backend import Backend, ModelInfo
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+from app.util.errors import DecodeError
+from tests.conftest import TEST_LOAD
+from tests.fakes import FakeEngine
+from ui.worker import EngineClient
+
+SETTLE_S = 30.0
+STEPS = [0]  # steps run, for the closing report  # generous: the real model on two loaded cores
+
+
+class RecordingView:
+    """A SessionView that remembers what a user would have seen."""
+
+    def __init__(self) -> None:
+        self.shown: list[Message] = []
+        self.notices: list[str] = []
+        self.given_back: list[str] = []
+
+    def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
+        self.shown = list(conv.messages)
+
+    def reply_begun(self, shown: Sequence[Message], added_user: bool) -> None:
+        self.shown = list(shown)
+
+    def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
+        if metrics is not None:
+            self.shown.append(Message("assistant", text))
+
+    def open_failed(self, message: str) -> None:
+        self.notices.append(message)
+
+    def give_back(self, text: str) -> None:
+        self.given_back.append(text)
+
+    def notice(self, text: str) -> None:
+        self.notices.append(text)
+
+    def row_saved(self, conv_id: str) -> None:
+        pass
+
+    def row_removed(self, conv_id: str) -> None:
+        pass
+
+
+class Link:
+    """The EngineLink the session drives: the real client, with every request recorded."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.issued: list[int] = []
+
+    def generate(
+        self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
+    ) -> int:
+        request = self.client.generate(conv_id, messages, params)
+        self.issued.append(request)
+        return request
+
+    def stop(self) -> None:
+        self.client.stop()
+
+    def reset(self) -> None:
+        self.client.reset()
+
+    def restore_snapshot(self, conv_id: str) -> None:
+        self.client.restore_snapshot(conv_id)
+
+    def drop_snapshot(self, conv_id: str) -> None:
+        self.client.drop_snapshot(conv_id)
+
+
+class Harness(QObject):
+    """One 'process': a worker thread, a session and the wiring the window would do."""
+
+    def __init__(
+        self, data: Path, backend: Callable[[], Backend], model: str, load: LoadConfig
+    ) -> None:
+        super().__init__()
+        self.dirs = data_dirs(data)
+        self.store = ConversationStore(self.dirs.root)
+        self.store.drop_orphan_snapshots()  # as the app does at start
+        self.client = EngineClient(self.dirs.models, engine_factory=backend, store=self.store)
+        self.link = Link(self.client)
+        self.view = RecordingView()
+        self.session = ChatSession(self.store, self.link, self.view)
+        self.terminals: dict[int, int] = {}
+        self.model_path = model
+        self.load_config = load
+        self.loading = False
+        w = self.client.worker
+        w.tokens.connect(self._on_tokens)
+        w.finished.connect(self._on_finished)
+        w.cancelled.connect(self._on_cancelled)
+        w.failed.connect(self._on_failed)
+        w.modelLoaded.connect(self._on_loaded)
+        w.loadFailed.connect(self._on_load_failed)
+
+    def _count(self, request: int) -> None:
+        self.terminals[request] = self.terminals.get(request, 0) + 1
+
+    @Slot(int, str)
+    def _on_tokens(self, request: int, text: str) -> None:
+        self.session.on_tokens(request, text)
+
+    @Slot(int, str, object)
+    def _on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
+        self._count(request)
+        self.session.on_finished(request, text, metrics)
+
+    @Slot(int, str, object)
+    def _on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
+        self._count(request)
+        self.session.on_cancelled(request, text, metrics)
+
+    @Slot(int, str)
+    def _on_failed(self, request: int, message: str) -> None:
+        self._count(request)
+        self.session.on_failed(request, message)
+
+    @Slot(object)
+    def _on_loaded(self, info: ModelInfo) -> None:
+        self.loading = False
+        self.session.model = info
+
+    @Slot(str, bool)
+    def _on_load_failed(self, _message: str, _still: bool) -> None:
+        self.loading = False
+
+    def load(self) -> None:
+        self.loading = True
+        self.client.load(self.model_path, self.load_config)
+
+    def pump(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            QCoreApplication.processEvents()
+            time.sleep(0.001)
+
+    def settle(self) -> None:
+        """Wait until no reply runs, no load is pending and the worker queue is empty."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            QCoreApplication.processEvents()
+            if not self.session.busy and not self.loading:
+                self.client.drain()
+                QCoreApplication.processEvents()
+                if not self.session.busy and not self.loading:
+                    return
+            time.sleep(0.002)
+        raise AssertionError("the session did not settle")
+
+    def quit(self) -> None:
+        """What closing the window does: stop, wait for the reply to end, save, join."""
+        self.session.stop()
+        deadline = time.monotonic() + SETTLE_S
+        while self.session.busy and time.monotonic() < deadline:
+            QCoreApplication.processEvents()
+            time.sleep(0.001)
+        self.session.save()
+        assert self.client.shutdown()
+        QCoreApplication.processEvents()
+
+
+def roles_alternate(messages: Sequence[Message]) -> bool:
+    return all(a.role != b.role for a, b in itertools.pairwise(messages))
+
+
+def same_messages(a: Sequence[Message], b: Sequence[Message]) -> bool:
+    return [(m.role, m.content) for m in a] == [(m.role, m.content) for m in b]
+
+
+class Interleavings(RuleBasedStateMachine):
+    """Random user actions against one data directory (see the module docstring)."""
+
+    backend: Callable[[], Backend] = FakeEngine
+    model_path = ""
+    load_config = LoadConfig(n_ctx=2048, n_threads=1)
+    params = SamplingParams(max_tokens=8)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="lamplight-interleave-"))
+        if not self.model_path:
+            fake_model = self.tmp / "model.gguf"
+            fake_model.write_bytes(b"fake model")  # the snapshot header fingerprints it
+            self.model_path = str(fake_model)
+        self.h = self._start()
+        self.snapshots_seen: set[str] = set()
+        self.deleted: set[str] = set()
+        self.save_failure_armed = False
+
+    def _start(self) -> Harness:
+        h = Harness(self.tmp / "data", type(self).backend, self.model_path, self.load_config)
+        h.load()
+        h.settle()
+        assert h.session.model is not None
+        return h
+
+    @property
+    def s(self) -> ChatSession:
+        return self.h.session
+
+    @initialize()
+    def start(self) -> None:
+        pass
+
+    # -- actions (taken with or without a reply streaming) ----------------------------
+
+    @rule(text=st.sampled_from(["hi", "tell me more", "why?", "ok\n\nnext"]))
+    def send(self, text: str) -> None:
+        if not self.s.busy and self.s.model is not None:
+            self.s.send(text, self.params)
+
+    @rule(ms=st.integers(0, 40))
+    def let_time_pass(self, ms: int) -> None:
+        self.h.pump(ms / 1000)
+
+    @rule()
+    def stop(self) -> None:
+        self.s.stop()
+
+    @rule()
+    def stop_after_first_token(self) -> None:
+        deadline = time.monotonic() + 5
+        while self.s.busy and not self.s.reply_started and time.monotonic() < deadline:
+            self.h.pump(0.001)
+        self.s.stop()
+
+    @rule()
+    def new_chat(self) -> None:
+        self.s.new_chat()
+
+    @rule(pick=st.integers(0, 50))
+    def open_other(self, pick: int) -> None:
+        rows = [r for r in self.h.store.list() if r.id != self.s.conversation.id]
+        if rows:
+            self.s.open(rows[pick % len(rows)].id)
+
+    @rule()
+    def regenerate(self) -> None:
+        if self.s.model is not None:
+            self.s.regenerate(self.params)
+
+    @rule(pick=st.integers(0, 50), text=st.sampled_from(["edited", "again?"]))
+    def edit(self, pick: int, text: str) -> None:
+        users = [i for i, m in enumerate(self.s.conversation.messages) if m.role == "user"]
+        if users and not self.s.busy and self.s.model is not None:
+            self.s.begin_edit(users[pick % len(users)])
+            self.s.send(text, self.params)
+
+    @rule(pick=st.integers(0, 50))
+    def fork(self, pick: int) -> None:
+        msgs = self.s.conversation.messages
+        if msgs:
+            self.s.fork(pick % len(msgs))
+
+    @rule(current=st.booleans(), pick=st.integers(0, 50))
+    def delete(self, current: bool, pick: int) -> None:
+        rows = self.h.store.list()
+        if current and self.s.conversation.messages:
+            target = self.s.conversation.id
+        elif rows:
+            target = rows[pick % len(rows)].id
+        else:
+            return
+        self.deleted.add(target)
+        self.s.delete(target)
+
+    @rule()
+    def reload_model(self) -> None:
+        self.s.when_idle(self.h.load)
+
+    @rule(temperature=st.sampled_from([0.0, 0.7]), compact=st.booleans())
+    def change_setting(self, temperature: float, compact: bool) -> None:
+        self.params = replace(self.params, temperature=temperature)
+        if compact:  # a model setting: the model is loaded again
+            self.h.load_config = replace(self.h.load_config, n_batch=256)
+            self.s.when_idle(self.h.load)
+
+    @rule()
+    def generate_fails_once(self) -> None:
+        fake = self.h.client.worker._engine
+        if isinstance(fake, FakeEngine) and not self.s.busy and self.s.model is not None:
+            fake.fail_with = DecodeError("llama.cpp failed while generating (code -1).")
+            self.s.regenerate(self.params) or self.s.send("fail please", self.params)
+            self.h.settle()
+            fake.fail_with = None
+
+    @rule()
+    def save_fails_once(self) -> None:
+        store = self.h.store
+        original = store.save
+
+        def failing(conv: Conversation) -> None:
+            store.save = original  # type: ignore[method-assign]
+            raise OSError(28, "No space left on device")
+
+        store.save = failing  # type: ignore[method-assign]
+        self.save_failure_armed = True
+
+    @rule()
+    def quit_and_restart(self) -> None:
+        self.h.quit()
+        shown_id = self.s.conversation.id  # after quit: queued actions may have switched
+        shown = list(self.s.conversation.messages)
+        unsaved = self.s.unsaved
+        self.h = self._start()
+        if shown and not unsaved and shown_id not in self.deleted:
+            self.s.open(shown_id, restore=True)
+            self.h.settle()
+            assert same_messages(self.s.conversation.messages, shown), "reopened != shown"
+
+    @invariant()
+    def count_step(self) -> None:
+        STEPS[0] += 1
+
+    @rule()
+    def settle_and_check(self) -> None:
+        self.h.settle()
+        self.check_settled()
+
+    # -- invariants ---------------------------------------------------------------------
+
+    @invariant()
+    def roles_alternate_in_memory(self) -> None:
+        assert roles_alternate(self.s.conversation.messages)
+
+    @invariant()
+    def at_most_one_terminal(self) -> None:
+        assert all(n == 1 for n in self.h.terminals.values()), self.h.terminals
+
+    def check_settled(self) -> None:
+        h = self.h
+        assert not self.s.busy
+        # Exactly one terminal event per request.
+        assert sorted(h.terminals) == sorted(h.link.issued), (h.terminals, h.link.issued)
+        # What is shown is on disk (a failed write is retried by the next action).
+        conv = self.s.conversation
+        if self.s.unsaved:
+            self.s.save()  # what the next action does
+        if conv.messages and conv.id not in self.deleted and not self.s.unsaved:
+            on_disk = h.store.load(conv.id)
+            assert same_messages(on_disk.messages, conv.messages)
+            assert same_messages(h.view.shown, conv.messages)
+        for row in h.store.list():
+            saved = h.store.load(row.id)
+            assert roles_alternate(saved.messages), [m.role for m in saved.messages]
+        # A snapshot disappears only with its conversation.
+        now = {p.name.removesuffix(".lpkv") for p in h.store.snapshots_dir.glob("*.lpkv")}
+        lost = self.snapshots_seen - now - self.deleted
+        assert not lost, f"snapshots deleted while their conversation lives: {lost}"
+        unsaved = {conv.id} if self.s.unsaved else set()
+        orphans = {c for c in now if not h.store.transcript_path(c).exists()} - unsaved
+        assert not orphans, f"snapshots without a transcript: {orphans}"
+        self.snapshots_seen = now
+
+    def teardown(self) -> None:
+        try:
+            self.h.settle()
+            self.check_settled()
+        finally:
+            self.h.quit()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _fake() -> Backend:
+    return FakeEngine(reply="one two three four five six", delay=0.002, prefill_delay=0.004)
+
+
+class FakeInterleavings(Interleavings):
+    backend = staticmethod(_fake)
+
+
+FAKE_EXAMPLES = int(os.environ.get("LAMPLIGHT_INTERLEAVE_EXAMPLES", "150"))
+FAKE_STEPS = 50
+
+
+def test_interleavings_fake_backend(qapp: QApplication) -> None:
+    """Thousands of steps (examples x steps) on the fake backend."""
+    run_state_machine_as_test(
+        FakeInterleavings,
+        settings=settings(
+            max_examples=FAKE_EXAMPLES,
+            stateful_step_count=FAKE_STEPS,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    print(f"interleaving steps run on the fake backend: {STEPS[0]}")
+    assert STEPS[0] >= FAKE_EXAMPLES * 10
+
+
+@pytest.mark.slow
+def test_interleavings_real_engine(qapp: QApplication, model_path: Path) -> None:
+    """A short run on the real model: the same invariants with llama.cpp underneath."""
+    from app.engine.llama import Engine
+
+    class RealInterleavings(Interleavings):
+        backend = Engine
+        load_config = TEST_LOAD
+        params = SamplingParams(max_tokens=6, temperature=0.0)
+
+    RealInterleavings.model_path = str(model_path)
+    run_state_machine_as_test(
+        RealInterleavings,
+        settings=settings(
+            max_examples=3,
+            stateful_step_count=15,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )

@@ -1,0 +1,165 @@
+"""The main window's actions, menus and toolbar, and the dialogs they open."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QFileDialog, QToolBar
+
+from app.engine.hardware import detect_hardware
+from app.models.library import LibraryEntry
+from ui import conversation_files
+from ui.backend_page import BackendPage, system_info
+from ui.hub_workers import HubServices
+from ui.model_manager import ModelManager
+
+if TYPE_CHECKING:
+    from ui.main_window import MainWindow
+
+Shortcut = QKeySequence | QKeySequence.StandardKey | str | None
+
+
+def _action(
+    win: MainWindow, text: str, slot: Callable[[], object], keys: Shortcut = None, tip: str = ""
+) -> QAction:
+    action = QAction(text, win)
+    if keys is not None:
+        action.setShortcut(QKeySequence(keys))
+        # Window-wide: the shortcut works wherever focus is (the message box included).
+        action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+    if tip:
+        action.setToolTip(tip)
+    action.triggered.connect(slot)
+    win.addAction(action)
+    return action
+
+
+def build(win: MainWindow) -> None:
+    """Create the window's actions (as attributes of ``win``), menus and toolbar."""
+    new = QKeySequence.StandardKey.New
+    win.new_chat_action = _action(win, "New chat", win.new_chat, new, "Start a new conversation")
+    win.open_model_action = _action(
+        win,
+        "Open model…",
+        lambda: ask_open_model(win),
+        QKeySequence.StandardKey.Open,
+        "Load a GGUF model file (Ctrl+O)",
+    )
+    win.regenerate_action = _action(
+        win, "Regenerate last reply", win.regenerate, "Ctrl+R", "Ask for another reply (Ctrl+R)"
+    )
+    import_action = _action(win, "Import conversation…", lambda: conversation_files.ask_import(win))
+    export_json = _action(
+        win,
+        "Export conversation as JSON…",
+        lambda: conversation_files.ask_export(win, win.conversation, win.conversation.id, "json"),
+    )
+    export_md = _action(
+        win,
+        "Export conversation as Markdown…",
+        lambda: conversation_files.ask_export(
+            win, win.conversation, win.conversation.id, "markdown"
+        ),
+    )
+    quit_action = _action(win, "Quit", win.close, QKeySequence.StandardKey.Quit)
+    _action(win, "Stop", win.stop, QKeySequence(Qt.Key.Key_Escape))
+    _action(win, "Focus input", win.chat_input.setFocus, "Ctrl+L")
+    win.manager_action = _action(
+        win,
+        "Model manager…",
+        win.show_model_manager,
+        "Ctrl+M",
+        "Find, download and manage models (Ctrl+M)",
+    )
+    win.manager_action.setEnabled(win._services is not None)
+    win.compact_cache_action = _action(
+        win, "Compact KV cache (q8_0, half-size snapshots)", win._on_compact_cache_toggled
+    )
+    win.compact_cache_action.setCheckable(True)
+    win.compact_cache_action.setChecked(win._settings.load.kv_type == "q8_0")
+
+    menu = win.menuBar()
+    file_menu = menu.addMenu("&File")
+    for a in (win.new_chat_action, win.open_model_action, None, import_action, export_json):
+        file_menu.addSeparator() if a is None else file_menu.addAction(a)
+    file_menu.addAction(export_md)
+    file_menu.addSeparator()
+    file_menu.addAction(quit_action)
+    menu.addMenu("&Chat").addAction(win.regenerate_action)
+    win.view_menu = menu.addMenu("&View")
+    for dock, keys in (
+        (win.sampling_panel, "Ctrl+Shift+S"),
+        (win.perf_panel, "Ctrl+Shift+P"),
+        (win.lora_panel, "Ctrl+Shift+L"),
+    ):
+        toggle = dock.toggleViewAction()
+        toggle.setShortcut(QKeySequence(keys))
+        win.view_menu.addAction(toggle)
+    model_menu = menu.addMenu("&Model")
+    for a in (win.manager_action, win.open_model_action, win.compact_cache_action):
+        model_menu.addAction(a)
+    menu.addMenu("&Help").addAction(
+        _action(win, "Hardware and backends…", lambda: show_backend_page(win))
+    )
+
+    toolbar = QToolBar("Main", win)
+    toolbar.setObjectName("mainToolbar")
+    toolbar.setMovable(False)
+    win.addToolBar(toolbar)
+    toolbar.addAction(win.new_chat_action)
+    win.new_chat_button = toolbar.widgetForAction(win.new_chat_action)
+    win.new_chat_button.setObjectName("newChatButton")
+    for a in (win.manager_action, win.open_model_action, win.regenerate_action):
+        toolbar.addAction(a)
+
+
+def ask_open_model(win: MainWindow) -> None:
+    settings = win._settings
+    start = str(Path(settings.model_path).parent) if settings.model_path else str(win._dirs.models)
+    path, _ = QFileDialog.getOpenFileName(
+        win, "Open a GGUF model", start, "GGUF models (*.gguf);;All files (*)"
+    )
+    if path:
+        win.session.when_idle(lambda: win.load_model(path))
+
+
+def show_backend_page(win: MainWindow) -> None:
+    page = BackendPage(detect_hardware(), system_info(), win)
+    page.show()
+    win.backend_page = page
+
+
+def show_model_manager(win: MainWindow, services: HubServices) -> None:
+    if win.model_manager is None:
+        model = win.session.model
+        m = ModelManager(
+            services, str(model.path) if model else None, win._settings.load.n_ctx, win
+        )
+        m.imported = [Path(p) for p in win._settings.imported_models]
+        m.loadRequested.connect(lambda path: win.session.when_idle(lambda: win.load_model(path)))
+        m.defaultRequested.connect(lambda path: _set_default_model(win, path))
+        m.unloadRequested.connect(win.unload_model)
+        m.libraryChanged.connect(lambda entries: _on_library_changed(win, entries))
+        win.model_manager = m
+        m.refresh_library()
+    win.model_manager.show()
+    win.model_manager.raise_()
+
+
+def _set_default_model(win: MainWindow, path: str) -> None:
+    win._settings.model_path = path
+    win._save_settings()
+    win.statusBar().showMessage(f"{Path(path).name} opens at start.", 5000)
+
+
+def _on_library_changed(win: MainWindow, entries: list[LibraryEntry]) -> None:
+    win.lora_panel.set_library_adapters([e.path for e in entries if e.valid and e.is_adapter])
+    if win.model_manager is not None:
+        imported = [str(p) for p in win.model_manager.imported]
+        if imported != win._settings.imported_models:
+            win._settings.imported_models = imported
+            win._save_settings()
