@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,17 +15,15 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMenu,
     QMessageBox,
-    QProgressBar,
-    QPushButton,
     QSplitter,
     QWidget,
 )
 
-from app.chat.conversation import Conversation, Message
+from app.chat.conversation import Conversation
 from app.chat.session import ChatSession
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams, SettingError, validate_sampling
+from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import DataDirs
 from app.config.presets import PresetStore
 from app.config.settings import AppSettings
@@ -41,8 +38,10 @@ from ui.conversation_list import ConversationList
 from ui.hub_workers import HubServices
 from ui.lora_panel import LoraPanel
 from ui.model_manager import ModelManager
+from ui.model_status import ModelStatus
 from ui.perf_panel import PerfPanel
 from ui.sampling_panel import SamplingPanel
+from ui.session_view import WindowView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
 log = logging.getLogger(__name__)
@@ -98,7 +97,8 @@ class MainWindow(QMainWindow):
         self._loading = False
         self._closing = False
         self._reply_started = 0.0
-        self.session = ChatSession(self._store, client, self, settings.system_prompt)
+        self.session_view = WindowView(self)
+        self.session = ChatSession(self._store, client, self.session_view, settings.system_prompt)
 
         self._build_widgets()
         window_actions.build(self)
@@ -158,27 +158,12 @@ class MainWindow(QMainWindow):
         self.resizeDocks([self.sampling_panel], [380], Qt.Orientation.Horizontal)
 
         bar = self.statusBar()
-        self.status_model = self._label("No model", "statusModel")
-        self.status_backend = self._label("", "statusBackend")
+        self.model_status = ModelStatus(self, bar, self._client.cancel_load)
+        self.status_model = self.model_status.label
+        self.status_backend = self.model_status.backend
         self.status_speed = self._label("", "statusSpeed")
         self.status_lora = self._label("", "statusLora")
-        self.load_progress = QProgressBar(self)
-        self.load_progress.setObjectName("loadProgress")
-        self.load_progress.setRange(0, 100)
-        self.load_progress.setMaximumWidth(180)
-        self.load_progress.hide()
-        self.cancel_load_button = QPushButton("Cancel", self)
-        self.cancel_load_button.setObjectName("cancelLoadButton")
-        self.cancel_load_button.clicked.connect(self._client.cancel_load)
-        self.cancel_load_button.hide()
-        bar.addWidget(self.status_model, 1)
-        for w in (
-            self.load_progress,
-            self.cancel_load_button,
-            self.status_lora,
-            self.status_speed,
-            self.status_backend,
-        ):
+        for w in (self.status_lora, self.status_speed, self.status_backend):
             bar.addPermanentWidget(w)
 
     def _label(self, text: str, name: str) -> QLabel:
@@ -229,80 +214,6 @@ class MainWindow(QMainWindow):
         self.open_model_action.setEnabled(not self.busy and not self._loading)
         self.regenerate_action.setEnabled(ready and self.session.can_regenerate())
 
-    # -- SessionView: what the session tells the window ------------------------------------
-
-    def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
-        self.chat.show_edit(None)
-        if opened and conv.sampling:
-            try:
-                params = validate_sampling(conv.sampling)
-            except SettingError as exc:
-                log.info("conversation %s: stored settings not used: %s", conv.id, exc)
-            else:
-                self._settings.sampling = params
-                self.sampling_panel.set_params(params)
-        if conv.messages:
-            self.transcript.show_messages(conv.messages)
-        else:
-            self.transcript.clear_conversation()
-            self.status_speed.setText("")
-        self.perf_panel.set_history(self.reply_metrics)
-        self.refresh_sidebar()
-        self._update_buttons()
-        if opened and not restoring:
-            self.conversationOpened.emit(RestoreResult(conv.id, False, 0, 0.0, ""))
-        if not opened:
-            self.chat_input.setFocus()
-
-    def reply_begun(self, shown: Sequence[Message], added_user: bool) -> None:
-        self.chat.show_edit(None)
-        if added_user:
-            self.transcript.add_user_message(shown[-1].content, len(shown) - 1)
-        else:
-            self.transcript.show_messages(shown)
-        self.transcript.begin_reply(len(shown))
-        self.perf_panel.start_reply()
-        self.chat.begin_stream()
-        self._reply_started = time.perf_counter()
-        self.status_speed.setText("thinking…")
-        self._update_buttons()
-
-    def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
-        self.chat.end_stream()
-        footer = metrics.short_text() if metrics is not None else ""
-        self.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
-        self.perf_panel.set_history(self.reply_metrics)
-        if metrics is not None:
-            self.status_speed.setText(
-                f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
-            )
-            if metrics.cache_note:
-                self.transcript.add_notice(f"Cache rebuilt: {metrics.cache_note}.")
-            for note in metrics.notes:
-                self.transcript.add_notice(note[:1].upper() + note[1:] + ".")
-        elif error:
-            self.status_speed.setText("error")
-        self._update_buttons()
-
-    def open_failed(self, message: str) -> None:
-        QMessageBox.warning(self, "Could not open the conversation", message)
-        self.refresh_sidebar()
-
-    def give_back(self, text: str) -> None:
-        self.chat.give_back(text)
-        if self.session.edit_index is not None:
-            self.chat.show_edit(self.session.edit_index)
-
-    def notice(self, text: str) -> None:
-        self.transcript.add_notice(text)
-        self.statusBar().showMessage(text, 10000)
-
-    def row_saved(self, conv_id: str) -> None:
-        self.sidebar.update_row(self._store.summary(conv_id), self.conversation.id)
-
-    def row_removed(self, conv_id: str) -> None:
-        self.sidebar.remove_row(conv_id)
-
     # -- engine events ---------------------------------------------------------------
 
     def _on_tokens(self, request: int, text: str) -> None:
@@ -348,7 +259,7 @@ class MainWindow(QMainWindow):
             )
         for changed in (conv_id, *dropped):
             if self._store.transcript_path(changed).exists():
-                self.row_saved(changed)
+                self.session_view.row_saved(changed)
         self.sidebar.set_usage(self._store.total_snapshot_bytes(), self._store.budget_bytes)
         self.snapshotSaved.emit(conv_id)
 
@@ -456,10 +367,7 @@ class MainWindow(QMainWindow):
     def load_model(self, path: str | Path | None) -> None:
         """Load ``path``, or the embedded default model when None."""
         self._loading = True
-        self.load_progress.setValue(0)
-        self.load_progress.show()
-        self.cancel_load_button.show()
-        self.status_model.setText("Loading model…")
+        self.model_status.loading()
         self._update_buttons()
         self._client.load(DEFAULT_MODEL if path is None else path, self._settings.load)
 
@@ -473,8 +381,7 @@ class MainWindow(QMainWindow):
         def unload() -> None:
             self._client.unload()
             self._model = self.session.model = None
-            self.status_model.setText("No model loaded: open one with Ctrl+O or Ctrl+M")
-            self.status_backend.setText("")
+            self.model_status.none()
             self._update_buttons()
 
         self.session.when_idle(unload)
@@ -499,22 +406,12 @@ class MainWindow(QMainWindow):
         self.reload_model()
 
     def _on_load_progress(self, value: float, what: str) -> None:
-        self.load_progress.setValue(int(value * 100))
-        self.status_model.setText(f"{what}… {value:.0%}")
+        self.model_status.advanced(value, what)
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
         self._loading = False
         self._model = self.session.model = info
-        self.load_progress.hide()
-        self.cancel_load_button.hide()
-        size = (
-            f"{info.n_params / 1e6:.0f}M" if info.n_params < 1e9 else f"{info.n_params / 1e9:.1f}B"
-        )
-        self.status_model.setText(
-            f"{info.name} · {size} · ctx {info.n_ctx} · template {info.template}"
-        )
-        self.status_model.setToolTip(str(info.path))
-        self.status_backend.setText(info.backend)
+        self.model_status.loaded(info)
         self.setWindowTitle(f"Lamplight — {info.name}")
         if self.model_manager is not None:
             self.model_manager.loaded_model = str(info.path)
@@ -536,15 +433,9 @@ class MainWindow(QMainWindow):
 
     def _on_load_failed(self, message: str, previous_still_loaded: bool) -> None:
         self._loading = False
-        self.load_progress.hide()
-        self.cancel_load_button.hide()
         if not previous_still_loaded:
             self._model = self.session.model = None
-            self.status_backend.setText("")
-        if self._model is not None:
-            self.status_model.setText(f"{self._model.name} (still loaded)")
-        else:
-            self.status_model.setText("No model loaded: open one with Ctrl+O")
+        self.model_status.failed(self._model)
         self.transcript.add_notice(message)
         self._update_buttons()
         self.modelFailed.emit(message)
@@ -552,7 +443,7 @@ class MainWindow(QMainWindow):
             QMessageBox.warning(self, "Could not load the model", message)
 
     def _on_load_note(self, message: str) -> None:
-        self.notice(message)
+        self.session_view.notice(message)
 
     def _on_lora_applied(self, stack: LoraStack) -> None:
         self.lora_panel.set_applied(stack)

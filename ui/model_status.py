@@ -1,0 +1,66 @@
+"""The status bar's model corner: what is loaded, load progress and its Cancel button."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWidget
+
+from app.engine.backend import ModelInfo
+
+
+class ModelStatus:
+    """Widgets in ``bar`` that say which model is loaded, or how its load is going."""
+
+    def __init__(self, parent: QWidget, bar: QStatusBar, cancel: Callable[[], None]) -> None:
+        self.label = QLabel("No model", parent)
+        self.label.setObjectName("statusModel")
+        self.backend = QLabel("", parent)
+        self.backend.setObjectName("statusBackend")
+        self.progress = QProgressBar(parent)
+        self.progress.setObjectName("loadProgress")
+        self.progress.setRange(0, 100)
+        self.progress.setMaximumWidth(180)
+        self.progress.hide()
+        self.cancel_button = QPushButton("Cancel", parent)
+        self.cancel_button.setObjectName("cancelLoadButton")
+        self.cancel_button.clicked.connect(cancel)
+        self.cancel_button.hide()
+        bar.addWidget(self.label, 1)
+        bar.addPermanentWidget(self.progress)
+        bar.addPermanentWidget(self.cancel_button)
+
+    def loading(self) -> None:
+        self.progress.setValue(0)
+        self.progress.show()
+        self.cancel_button.show()
+        self.label.setText("Loading model…")
+
+    def advanced(self, value: float, what: str) -> None:
+        self.progress.setValue(int(value * 100))
+        self.label.setText(f"{what}… {value:.0%}")
+
+    def loaded(self, info: ModelInfo) -> None:
+        self._done()
+        size = (
+            f"{info.n_params / 1e6:.0f}M" if info.n_params < 1e9 else f"{info.n_params / 1e9:.1f}B"
+        )
+        self.label.setText(f"{info.name} · {size} · ctx {info.n_ctx} · template {info.template}")
+        self.label.setToolTip(str(info.path))
+        self.backend.setText(info.backend)
+
+    def failed(self, still: ModelInfo | None) -> None:
+        """A load failed; ``still`` is the model that stays loaded, if any."""
+        self._done()
+        if still is not None:
+            self.label.setText(f"{still.name} (still loaded)")
+        else:
+            self.none("No model loaded: open one with Ctrl+O")
+
+    def none(self, text: str = "No model loaded: open one with Ctrl+O or Ctrl+M") -> None:
+        self.label.setText(text)
+        self.backend.setText("")
+
+    def _done(self) -> None:
+        self.progress.hide()
+        self.cancel_button.hide()

@@ -1,0 +1,107 @@
+"""The main window's side of a ``ChatSession``: what the session says, shown in the widgets."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QMessageBox
+
+from app.chat.conversation import Conversation, Message
+from app.chat.session_cache import RestoreResult
+from app.config.params import SettingError, validate_sampling
+from app.engine.metrics import MessageMetrics
+
+if TYPE_CHECKING:
+    from ui.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+
+class WindowView:
+    """The ``SessionView`` of the main window."""
+
+    def __init__(self, win: MainWindow) -> None:
+        self._win = win
+
+    def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
+        w = self._win
+        w.chat.show_edit(None)
+        if opened and conv.sampling:
+            try:
+                params = validate_sampling(conv.sampling)
+            except SettingError as exc:
+                log.info("conversation %s: stored settings not used: %s", conv.id, exc)
+            else:
+                w._settings.sampling = params
+                w.sampling_panel.set_params(params)
+        if conv.messages:
+            w.transcript.show_messages(conv.messages)
+        else:
+            w.transcript.clear_conversation()
+            w.status_speed.setText("")
+        w.perf_panel.set_history(w.reply_metrics)
+        w.refresh_sidebar()
+        w._update_buttons()
+        if opened and not restoring:
+            w.conversationOpened.emit(RestoreResult(conv.id, False, 0, 0.0, ""))
+        if not opened:
+            w.chat_input.setFocus()
+
+    def reply_begun(self, shown: Sequence[Message], added_user: bool) -> None:
+        w = self._win
+        w.chat.show_edit(None)
+        if added_user:
+            w.transcript.add_user_message(shown[-1].content, len(shown) - 1)
+        else:
+            w.transcript.show_messages(shown)
+        w.transcript.begin_reply(len(shown))
+        w.perf_panel.start_reply()
+        w.chat.begin_stream()
+        w._reply_started = time.perf_counter()
+        w.status_speed.setText("thinking…")
+        w._update_buttons()
+
+    def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
+        w = self._win
+        w.chat.end_stream()
+        footer = metrics.short_text() if metrics is not None else ""
+        w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
+        w.perf_panel.set_history(w.reply_metrics)
+        if metrics is not None:
+            w.status_speed.setText(
+                f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
+            )
+            if metrics.cache_note:
+                w.transcript.add_notice(f"Cache rebuilt: {metrics.cache_note}.")
+            for note in metrics.notes:
+                w.transcript.add_notice(note[:1].upper() + note[1:] + ".")
+        elif error:
+            w.status_speed.setText("error")
+        w._update_buttons()
+
+    def open_failed(self, message: str) -> None:
+        w = self._win
+        QMessageBox.warning(w, "Could not open the conversation", message)
+        w.refresh_sidebar()
+
+    def give_back(self, text: str) -> None:
+        w = self._win
+        w.chat.give_back(text)
+        if w.session.edit_index is not None:
+            w.chat.show_edit(w.session.edit_index)
+
+    def notice(self, text: str) -> None:
+        w = self._win
+        w.transcript.add_notice(text)
+        w.statusBar().showMessage(text, 10000)
+
+    def row_saved(self, conv_id: str) -> None:
+        w = self._win
+        w.sidebar.update_row(w._store.summary(conv_id), w.conversation.id)
+
+    def row_removed(self, conv_id: str) -> None:
+        w = self._win
+        w.sidebar.remove_row(conv_id)
