@@ -15,8 +15,9 @@ from app.chat.session_cache import SessionCache
 from app.chat.snapshot import read_header
 from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
+from app.engine.adapters import MAX_IDLE_ADAPTERS
 from app.engine.backend import Finished
-from app.engine.llama import LORA_CHANGED_NOTE, MAX_IDLE_ADAPTERS, Engine
+from app.engine.llama import LORA_CHANGED_NOTE, Engine
 from app.engine.templates import ChatMessage
 from app.gguf.lora import (
     LoraError,

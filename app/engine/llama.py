@@ -8,141 +8,57 @@ llama-cpp-python's ``Llama`` loads the model, context and vocabulary; the
 generation loop itself calls llama.cpp directly (``llama_decode`` on a
 one-token batch, the native sampler chain) so no per-token copy of the
 262k-entry logits row is made in Python.
+
+``Engine`` is the only entry point. The modules beside it hold its parts:
+``loader`` (opening a model), ``vocab`` (token text), ``adapters`` (LoRA
+handles), ``kv_state`` (KV serialization), ``sampler`` (the native sampler
+chain), ``decode`` (the decode loops) and ``llama_log`` (llama.cpp's log).
 """
 
 from __future__ import annotations
 
-import codecs
-import collections
-import contextlib
-import ctypes
-import itertools
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig, SamplingParams, SettingError, grammar_for
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.adapters import AdapterSet
 from app.engine.backend import (
     Capabilities,
     EngineEvent,
     Finished,
     KvState,
-    LoadCancelled,
     ModelInfo,
     PrefillProgress,
     ProgressFn,
-    Token,
 )
 from app.engine.context_map import ContextMap
+from app.engine.decode import decode
 from app.engine.hardware import HardwareInfo, detect_hardware
+from app.engine.kv_state import read_sequence, write_sequence
+from app.engine.llama_log import install_log_route
+from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
-from app.engine.ngram import NgramIndex
-from app.engine.stopping import StopStringFilter
+from app.engine.sampler import build_sampler
 from app.engine.templates import ChatMessage, ChatTemplate, choose_template
+from app.engine.vocab import Vocab
 from app.gguf.info import GgufInfo, read_gguf_info
-from app.gguf.lora import (
-    AdapterInfo,
-    LoraError,
-    LoraStack,
-    ModelTensors,
-    check_adapter,
-    read_adapter,
-    read_model_tensors,
-    stack_key,
-)
+from app.gguf.lora import AdapterInfo, LoraStack, stack_key
 from app.util.errors import (
     ContextOverflowError,
     DecodeError,
     LamplightError,
-    ModelLoadError,
     NoModelLoaded,
 )
-from app.util.sysinfo import rss_bytes
 
 log = logging.getLogger(__name__)
-llama_log = logging.getLogger("llama.cpp")
 
-KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
-MAX_IDLE_ADAPTERS = 4  # adapters kept loaded while out of the stack, for a quick re-add
 LORA_CHANGED_NOTE = "the LoRA stack changed"
-
-
-@dataclass
-class _LoadedAdapter:
-    """An adapter llama.cpp has loaded for the current model."""
-
-    handle: Any  # llama_adapter_lora * (a ctypes pointer)
-    stamp: tuple[int, int]  # (size, mtime_ns) of the file when it was loaded
-    info: AdapterInfo
-    used: int  # when it was last in an applied stack, for freeing the idle ones
-
-
-# llama.cpp's last warnings and errors: some failures (a grammar that does not parse)
-# are explained only in its log.
-RECENT_PROBLEMS: collections.deque[str] = collections.deque(maxlen=20)
-
-
-def _install_log_route() -> None:
-    """Send llama.cpp's log to Python logging instead of the terminal."""
-    import llama_cpp
-
-    # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 continues the previous line.
-    levels = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-    last = [logging.DEBUG]
-
-    def route(level: int, text: bytes, _user: Any) -> None:
-        lvl = levels.get(level, last[0])
-        last[0] = lvl
-        msg = text.decode("utf-8", errors="replace").rstrip()
-        if msg:
-            llama_log.log(lvl, "%s", msg)
-            if lvl >= logging.WARNING:
-                RECENT_PROBLEMS.append(msg)
-
-    cb = llama_cpp.llama_log_callback(route)
-    llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
-    _install_log_route.callback = cb  # type: ignore[attr-defined]  # keep it alive
-
-
-@contextlib.contextmanager
-def _load_progress(progress: ProgressFn | None) -> Iterator[None]:
-    """Give llama.cpp's model loader a progress callback.
-
-    ``Llama`` exposes no progress hook, but builds its params through
-    ``llama_model_default_params`` at load time; we hand it params that carry
-    our callback. Only the engine thread loads models, so the swap is safe.
-    """
-    if progress is None:
-        yield
-        return
-    import llama_cpp.llama_cpp as lc
-
-    original = lc.llama_model_default_params
-
-    def on_progress(value: float, _user: Any) -> bool:
-        try:
-            return bool(progress(float(value)))
-        except Exception:  # an exception must not unwind through C
-            log.exception("load progress callback failed")
-            return True
-
-    c_callback = lc.llama_progress_callback(on_progress)
-
-    def params_with_progress() -> Any:
-        params = original()
-        params.progress_callback = c_callback
-        return params
-
-    lc.llama_model_default_params = params_with_progress
-    try:
-        yield
-    finally:
-        lc.llama_model_default_params = original
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -152,81 +68,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-class _Reply:
-    """The reply being generated: its text, stop strings, and the cache's text marks.
-
-    ``emit`` turns a sampled token into text to show; ``commit`` records that
-    the token is now in the KV cache (so its text is part of what the cache holds).
-    """
-
-    def __init__(
-        self,
-        engine: Engine,
-        params: SamplingParams,
-        template_stops: tuple[str, ...],
-        metrics: MessageMetrics,
-        t0: float,
-    ) -> None:
-        self._engine = engine
-        self._map = engine._map
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = StopStringFilter((*params.stop, *template_stops))
-        self._metrics = metrics
-        self._t0 = t0
-        self._parts: list[str] = []
-        self._raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
-        self._raw_len = 0
-        self._piece = ""
-        self._prompt_text = self._map.text
-        self.count = 0
-
-    @property
-    def hit(self) -> bool:
-        return self._stops.hit
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
-
-    def emit(self, token: int) -> str:
-        self._metrics.token_times_ms.append((time.perf_counter() - self._t0) * 1000)
-        self._metrics.generated_tokens += 1
-        self.count += 1
-        self._piece = self._decoder.decode(self._engine._token_bytes(token))
-        text = self._stops.feed(self._piece)
-        if text:
-            self._parts.append(text)
-        return text
-
-    def commit(self, token: int) -> None:
-        self._map.tokens.append(token)
-        if self._piece:
-            self._raw.append(self._piece)
-            self._raw_len += len(self._piece)
-            self._piece = ""
-        if not self._decoder.getstate()[0]:  # no partial UTF-8 character pending
-            self._map.marks.append((len(self._map.tokens), len(self._prompt_text) + self._raw_len))
-
-    def ended(self, max_tokens: int) -> str:
-        """ "stop_string" or "max_tokens" once the reply must end, else ""."""
-        if self._stops.hit:
-            return "stop_string"
-        return "max_tokens" if self.count >= max_tokens else ""
-
-    def close(self) -> None:
-        self._map.text = self._prompt_text + "".join(self._raw)
-        self._map.keep_marks(len(self._map.tokens))
-
-    def tail(self) -> str:
-        """Text held back for a possible stop string, once the reply has ended."""
-        if self._stops.hit:
-            return ""
-        tail = self._stops.feed(self._decoder.decode(b"", final=True)) + self._stops.flush()
-        if tail:
-            self._parts.append(tail)
-        return tail
 
 
 _CAPABILITIES = Capabilities(
@@ -239,7 +80,7 @@ class Engine:
     """Owns one model and its KV cache; streams replies as events."""
 
     def __init__(self) -> None:
-        _install_log_route()
+        install_log_route()
         self._llm: Any = None
         self._info: ModelInfo | None = None
         self._gguf: GgufInfo | None = None
@@ -251,17 +92,12 @@ class Engine:
         self._n_swa = 0
         self._stop = threading.Event()
         self._abort_cb: Any = None
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._vocab: Vocab | None = None
         self._one_token: Any = None
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
-        # LoRA: loaded adapters by resolved path; the applied stack; the stack the KV
-        # cache was computed under (it goes stale when the two differ).
-        self._adapters: dict[str, _LoadedAdapter] = {}
-        self._retired: list[Any] = []  # old versions of changed files, freed after the next set
-        self._clock = itertools.count()
-        self._tensors: ModelTensors | None = None
-        self._lora = LoraStack()
-        self._lora_sig: list[dict[str, Any]] = []
+        # LoRA: the loaded adapters and the applied stack; the stack the KV cache was
+        # computed under (it goes stale when the two differ).
+        self._adapters = AdapterSet()
         self._kv_lora_sig: list[dict[str, Any]] = []
 
     # -- model -----------------------------------------------------------------
@@ -313,60 +149,27 @@ class Engine:
             config = resolve(config, gguf, self.hardware())
         import llama_cpp
 
-        cancelled = [False]
-
-        def on_progress(value: float) -> bool:
-            keep_going = progress(value) if progress else True
-            cancelled[0] = not keep_going
-            return keep_going
-
         t0 = time.perf_counter()
-        try:
-            with _load_progress(on_progress):
-                llm = llama_cpp.Llama(
-                    model_path=str(gguf.path),
-                    n_ctx=config.n_ctx,
-                    n_batch=config.n_batch,
-                    n_ubatch=config.n_batch,
-                    n_threads=config.threads(),
-                    n_threads_batch=config.threads(),
-                    n_gpu_layers=config.n_gpu_layers,
-                    # Full-size SWA cache: rewinding a sliding-window model's KV
-                    # (regenerate, edit, prefix reuse) needs positions outside the window.
-                    swa_full=True,
-                    # A quantized V cache needs flash attention in llama.cpp.
-                    flash_attn=config.flash_attn or config.kv_type != "f16",
-                    type_k=KV_TYPES[config.kv_type],
-                    type_v=KV_TYPES[config.kv_type],
-                    verbose=False,
-                )
-        except (ValueError, RuntimeError, OSError) as exc:
-            if cancelled[0]:
-                raise LoadCancelled(f"Loading {gguf.path.name} was cancelled.") from exc
-            raise ModelLoadError(
-                f"llama.cpp could not load {gguf.path.name}: {exc}. The file may be damaged "
-                "or use an architecture this llama.cpp build does not support."
-            ) from exc
+        llm = open_llama(gguf, config, progress)
         load_ms = (time.perf_counter() - t0) * 1000
-        previous = self._llm
-        self._llm = llm  # the token helpers below read the new vocabulary
+        vocab = Vocab(llm)
         try:
             template = choose_template(
                 gguf.chat_template,
                 gguf.architecture,
-                self._has_special_token,
-                bos_token=self._token_text(llm.token_bos()),
-                eos_token=self._token_text(llm.token_eos()),
+                vocab.is_special,
+                bos_token=vocab.text(llm.token_bos()),
+                eos_token=vocab.text(llm.token_eos()),
             )
         except BaseException:
-            self._llm = previous
             llm.close()
             raise
-        self._llm = previous
         self.unload()  # the old model, its adapters and its cache: only now
         self.load_count += 1
         self._llm = llm
+        self._vocab = vocab
         self._gguf = gguf
+        self._adapters = AdapterSet(gguf.path)
         self._config = config
         self._template = template
         self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
@@ -393,15 +196,12 @@ class Engine:
         """Free the model, its context and its LoRA adapters."""
         # llama.cpp frees every adapter with its model (llama_model::~llama_model), so the
         # handles are only dropped here: freeing one after the model would be a double free.
-        self._adapters.clear()
-        self._retired.clear()
-        self._tensors = None
-        self._lora = LoraStack()
-        self._lora_sig = []
+        self._adapters = AdapterSet()
         self._kv_lora_sig = []
         if self._llm is not None:
             self._llm.close()
         self._llm = None
+        self._vocab = None
         self._info = None
         self._template = None
         self._map.clear()
@@ -419,24 +219,24 @@ class Engine:
     @property
     def lora_stack(self) -> LoraStack:
         """A copy of the adapter stack applied to the context (empty after every load)."""
-        return self._lora.copy()
+        return self._adapters.stack.copy()
 
     def lora_signature(self) -> list[dict[str, Any]]:
         """The applied stack's ``LoraStack.signature()``."""
-        return [dict(s) for s in self._lora_sig]
+        return [dict(s) for s in self._adapters.signature]
 
     @property
     def lora_stale(self) -> bool:
         """The KV cache holds tokens evaluated under a stack that changes the output differently."""
-        return bool(self._map.tokens) and stack_key(self._kv_lora_sig) != stack_key(self._lora_sig)
+        return bool(self._map.tokens) and stack_key(self._kv_lora_sig) != stack_key(
+            self._adapters.signature
+        )
 
     def set_lora_stack(self, stack: LoraStack) -> bool:
         """Apply ``stack`` from the next message on; the model stays loaded.
 
-        Adapters loaded earlier for this model are reused (by path, size and mtime);
-        a new one is checked against the model's tensors before llama.cpp sees it.
-        ``llama_set_adapters_lora`` then replaces the whole set; disabled and scale-0
-        entries are left out. On any error nothing changes.
+        Loaded adapters are reused, new ones checked first (``AdapterSet.apply``).
+        On any error nothing changes.
 
         Returns True when the cached conversation is now stale: the next ``generate``
         evaluates it again and says so in ``metrics.cache_note``. Changes that leave the
@@ -445,33 +245,13 @@ class Engine:
         Raises:
             NoModelLoaded, LoraError.
         """
-        llm = self._require()
-        import llama_cpp
-
-        stack = stack.copy()
-        handles: dict[str, Any] = {}
-        scales: dict[str, float] = {}
-        for entry in stack.active():
-            key = self._adapter_key(entry.path)
-            handles[key] = self._adapter(key, entry.path)
-            # The same file twice: llama.cpp's map would keep one scale; the stack means the sum.
-            scales[key] = scales.get(key, 0.0) + entry.scale
-        try:
-            signature = stack.signature()
-        except OSError as exc:
-            raise LoraError(f"A LoRA adapter could not be read: {exc}") from exc
-        applied = [k for k, v in scales.items() if v != 0.0]
-        n = len(applied)
-        c_handles = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(handles[k] for k in applied))
-        c_scales = (ctypes.c_float * n)(*(scales[k] for k in applied))
-        llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, c_handles, n, c_scales)
-        self._lora, self._lora_sig = stack, signature
-        tick = next(self._clock)
-        for key in applied:
-            self._adapters[key].used = tick
-        self._free_idle_adapters(set(applied))
+        self._adapters.apply(self._require(), stack)
         stale = self.lora_stale
-        log.info("LoRA stack applied: %s%s", stack.summary() or "none", " (cache stale)" * stale)
+        log.info(
+            "LoRA stack applied: %s%s",
+            self._adapters.stack.summary() or "none",
+            " (cache stale)" * stale,
+        )
         return stale
 
     def adapter_info(self, path: str | Path) -> AdapterInfo:
@@ -481,7 +261,7 @@ class Engine:
             NoModelLoaded, LoraError.
         """
         self._require()
-        return check_adapter(read_adapter(path), self._model_tensors())
+        return self._adapters.check(path)
 
     @property
     def loaded_adapters(self) -> int:
@@ -499,57 +279,6 @@ class Engine:
             raise LamplightError("There are no logits yet: nothing has been evaluated.")
         return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).copy()
 
-    @staticmethod
-    def _adapter_key(path: Path) -> str:
-        return str(Path(path).expanduser().resolve())
-
-    def _model_tensors(self) -> ModelTensors:
-        if self._tensors is None:
-            assert self._gguf is not None
-            self._tensors = read_model_tensors(self._gguf.path)
-        return self._tensors
-
-    def _adapter(self, key: str, path: Path) -> Any:
-        """llama.cpp's handle for the adapter at ``key``, loaded when new or changed on disk."""
-        import llama_cpp
-
-        try:
-            st = Path(key).stat()
-        except OSError as exc:
-            raise LoraError(f"The LoRA adapter {Path(path).name} is missing ({path}).") from exc
-        stamp = (st.st_size, st.st_mtime_ns)
-        known = self._adapters.get(key)
-        if known is not None and known.stamp == stamp:
-            return known.handle
-        # Refused here, never by llama.cpp: it reports failure only as a NULL pointer and a
-        # log line, and some bad headers abort the process inside it.
-        info = check_adapter(read_adapter(key), self._model_tensors())
-        RECENT_PROBLEMS.clear()
-        handle = llama_cpp.llama_adapter_lora_init(self._llm._model.model, key.encode("utf-8"))
-        if not handle:  # a NULL ctypes pointer is falsy (llama-cpp-python does not check)
-            detail = "; ".join(RECENT_PROBLEMS)
-            raise LoraError(f"llama.cpp could not load {info.path.name}: {detail or 'see the log'}")
-        if known is not None:
-            # The file changed: the old version may still be in the context's set.
-            self._retired.append(known.handle)
-        self._adapters[key] = _LoadedAdapter(handle, stamp, info, next(self._clock))
-        return handle
-
-    def _free_idle_adapters(self, applied: set[str]) -> None:
-        """Free retired adapters and the least recently used idle ones beyond the limit.
-
-        Only called right after ``llama_set_adapters_lora``: an adapter the context no
-        longer references can then be freed safely.
-        """
-        import llama_cpp
-
-        for handle in self._retired:
-            llama_cpp.llama_adapter_lora_free(handle)
-        self._retired.clear()
-        idle = sorted((a.used, k) for k, a in self._adapters.items() if k not in applied)
-        for _, key in idle[: max(0, len(idle) - MAX_IDLE_ADAPTERS)]:
-            llama_cpp.llama_adapter_lora_free(self._adapters.pop(key).handle)
-
     def _sync_lora(self) -> str:
         """Empty a cache evaluated under another stack; returns the note to show, if any."""
         if not self.lora_stale:
@@ -558,7 +287,7 @@ class Engine:
 
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm._ctx.ctx), True)
         self._map.clear()
-        self._kv_lora_sig = self._lora_sig
+        self._kv_lora_sig = self._adapters.signature
         log.info("cache rebuilt: %s", LORA_CHANGED_NOTE)
         return LORA_CHANGED_NOTE
 
@@ -577,7 +306,10 @@ class Engine:
             "n_swa": self._n_swa,
             # The adapters the cached tokens were evaluated with (SessionCache moves this
             # to the snapshot header's own ``lora`` field).
-            "lora": [dict(s) for s in (self._kv_lora_sig if self._map.tokens else self._lora_sig)],
+            "lora": [
+                dict(s)
+                for s in (self._kv_lora_sig if self._map.tokens else self._adapters.signature)
+            ],
         }
 
     def state_size(self) -> int:
@@ -588,16 +320,8 @@ class Engine:
 
     def export_state(self) -> KvState:
         """Copy KV sequence 0 out of llama.cpp (no logits: it scales with the cache)."""
-        import llama_cpp
-
-        ctx = self._require()._ctx.ctx
-        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
-        buf = (ctypes.c_uint8 * size)()
-        written = llama_cpp.llama_state_seq_get_data(ctx, buf, size, 0)
-        if written != size:
-            raise LamplightError(f"llama.cpp wrote {written} of {size} bytes of state.")
         return KvState(
-            state=bytes(buf),
+            state=read_sequence(self._require()._ctx.ctx),
             tokens=list(self._map.tokens),
             text=self._map.text,
             marks=list(self._map.marks),
@@ -612,29 +336,14 @@ class Engine:
         import llama_cpp
 
         ctx = self._require()._ctx.ctx
-        mem = llama_cpp.llama_get_memory(ctx)
-        llama_cpp.llama_memory_clear(mem, True)
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         self._map.clear()
         if not kv.tokens:
             return
-        state = kv.state
-        if isinstance(state, bytes):
-            buf: Any = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        else:  # a writable buffer: llama.cpp reads it in place, no copy
-            buf = (ctypes.c_uint8 * len(state)).from_buffer(state)
-        read = llama_cpp.llama_state_seq_set_data(ctx, buf, len(state), 0)
-        del buf
-        pos_max = llama_cpp.llama_memory_seq_pos_max(mem, 0)
-        if read == 0 or pos_max != len(kv.tokens) - 1:
-            llama_cpp.llama_memory_clear(mem, True)
-            raise LamplightError(
-                "llama.cpp did not accept the saved state"
-                if read == 0
-                else f"the saved state covers {pos_max + 1} tokens, not {len(kv.tokens)}"
-            )
+        write_sequence(ctx, kv.state, len(kv.tokens))
         self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
         # The caller (SessionCache) applied the stack the state was saved under.
-        self._kv_lora_sig = self._lora_sig
+        self._kv_lora_sig = self._adapters.signature
 
     # -- tokens ------------------------------------------------------------------
 
@@ -648,29 +357,6 @@ class Engine:
         assert self._template is not None
         return self.tokenize(self._template.render(messages, True))
 
-    def _token_bytes(self, token: int, special: bool = False) -> bytes:
-        import llama_cpp
-
-        vocab = self._llm._model.vocab
-        n = llama_cpp.llama_token_to_piece(
-            vocab, token, self._piece_buf, len(self._piece_buf), 0, special
-        )
-        if n < 0:
-            self._piece_buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(
-                vocab, token, self._piece_buf, len(self._piece_buf), 0, special
-            )
-        return self._piece_buf.raw[:n]
-
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        return self._token_bytes(token, special=True).decode("utf-8", errors="replace")
-
-    def _has_special_token(self, text: str) -> bool:
-        ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
-        return len(ids) == 1
-
     # -- generation ----------------------------------------------------------------
 
     def generate(
@@ -678,7 +364,7 @@ class Engine:
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
-    ) -> Iterator[EngineEvent]:
+    ) -> Generator[EngineEvent, None, None]:
         """Stream the assistant's reply to ``messages``.
 
         Yields ``PrefillProgress`` while the prompt is read, ``Token`` for each
@@ -696,7 +382,8 @@ class Engine:
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         assert self._template is not None
-        self._build_sampler(params, 0, check_only=True)  # a bad grammar fails before any work
+        # A bad grammar fails before any work.
+        build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         llama_cpp.llama_perf_context_reset(llm._ctx.ctx)
         lora_note = self._sync_lora()
         text = self._template.render(messages, True)
@@ -782,7 +469,8 @@ class Engine:
         n_batch = self._llm.n_batch
         self._stop = stop
         if not self._map.tokens:
-            self._kv_lora_sig = self._lora_sig  # an empty cache fills under the applied stack
+            # An empty cache fills under the applied stack.
+            self._kv_lora_sig = self._adapters.signature
         llama_cpp.llama_set_abort_callback(ctx, self._abort_cb, None)
         try:
             for start in range(0, len(tokens), n_batch):
@@ -812,12 +500,9 @@ class Engine:
         metrics: MessageMetrics,
         t0: float,
         stop: threading.Event,
-    ) -> Iterator[EngineEvent]:
-        import llama_cpp
-
-        sampler = self._build_sampler(params, seed)
-        assert self._template is not None
-        reply = _Reply(self, params, self._template.stop_strings, metrics, t0)
+    ) -> Generator[EngineEvent, None, None]:
+        """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
+        assert self._template is not None and self._vocab is not None
         flash = self._config is not None and (
             self._config.flash_attn or self._config.kv_type != "f16"
         )
@@ -826,230 +511,20 @@ class Engine:
                 "prompt-lookup drafting is off with flash attention, whose batched "
                 "evaluation rounds differently and could change the reply"
             )
-        try:
-            if params.speculative and not flash:
-                reason = yield from self._loop_lookup(sampler, reply, params, metrics, stop)
-            else:
-                reason = yield from self._loop_plain(sampler, reply, params, stop)
-        finally:
-            llama_cpp.llama_sampler_free(sampler)
-            reply.close()
-        tail = reply.tail()
-        if tail:
-            yield Token(tail)
-        metrics.stop_reason = reason
-        self._read_perf(metrics)
-        yield Finished(reply.text, metrics)
-
-    def _read_perf(self, metrics: MessageMetrics) -> None:
-        import llama_cpp
-
-        perf = llama_cpp.llama_perf_context(self._llm._ctx.ctx)
-        if perf.t_p_eval_ms > 0:
-            metrics.native_prefill_tok_s = perf.n_p_eval * 1000.0 / perf.t_p_eval_ms
-        if perf.t_eval_ms > 0:
-            metrics.native_decode_tok_s = perf.n_eval * 1000.0 / perf.t_eval_ms
-        metrics.rss_mb = rss_bytes() / 1e6
-
-    def _loop_plain(
-        self, sampler: Any, reply: _Reply, params: SamplingParams, stop: threading.Event
-    ) -> Generator[Token, None, str]:
-        """One token per llama_decode (the fastest path when nothing can be drafted)."""
-        import llama_cpp
-
-        ctx = self._llm._ctx.ctx
-        vocab = self._llm._model.vocab
-        n_ctx = self._llm.n_ctx()
-        one = self._one_token
-        for _ in range(params.max_tokens):
-            if stop.is_set():
-                return "cancelled"
-            if len(self._map.tokens) >= n_ctx:
-                return "context_full"
-            tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
-            if llama_cpp.llama_vocab_is_eog(vocab, tok):
-                return "eos"
-            text = reply.emit(tok)
-            if text:
-                yield Token(text)
-            if reply.hit:
-                return "stop_string"
-            if stop.is_set():
-                return "cancelled"
-            one[0] = tok
-            rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
-            if rc != 0:
-                self._rewind(len(self._map.tokens))
-                raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
-            reply.commit(tok)
-        return "max_tokens"
-
-    def _loop_lookup(
-        self,
-        sampler: Any,
-        reply: _Reply,
-        params: SamplingParams,
-        metrics: MessageMetrics,
-        stop: threading.Event,
-    ) -> Generator[Token, None, str]:
-        """Prompt-lookup speculative decoding.
-
-        The sampled token and up to ``draft_len`` tokens guessed from an earlier
-        occurrence of the latest n-gram are evaluated in one batch, with logits
-        for just those positions. Each position is then sampled in order; a
-        guess is kept while it equals what was sampled, so the reply is exactly
-        what plain decoding with the same sampler gives. Rejected guesses are
-        removed from the KV cache.
-        """
-        import llama_cpp
-
-        ctx = self._llm._ctx.ctx
-        vocab = self._llm._model.vocab
-        n_ctx = self._llm.n_ctx()
-        mem = llama_cpp.llama_get_memory(ctx)
-        index = NgramIndex(self._map.tokens)
-        k_max = params.draft_len
-        batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
-        try:
-            pending = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
-            while True:
-                if stop.is_set():
-                    return "cancelled"
-                n_past = len(self._map.tokens)
-                if n_past >= n_ctx:
-                    return "context_full"
-                if llama_cpp.llama_vocab_is_eog(vocab, pending):
-                    return "eos"
-                text = reply.emit(pending)
-                if text:
-                    yield Token(text)
-                ended = reply.ended(params.max_tokens)
-                if ended:
-                    return ended
-                if stop.is_set():
-                    return "cancelled"
-                index.append(pending)
-                room = min(k_max, params.max_tokens - reply.count, n_ctx - n_past - 2)
-                draft = index.draft(room) if room > 0 else []
-                batch.n_tokens = 1 + len(draft)
-                for i, tok in enumerate([pending, *draft]):
-                    batch.token[i] = tok
-                    batch.pos[i] = n_past + i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = True
-                rc = llama_cpp.llama_decode(ctx, batch)
-                if rc != 0:
-                    llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
-                    raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
-                reply.commit(pending)
-                metrics.drafted_tokens += len(draft)
-                # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
-                kept = 0
-                nxt = llama_cpp.llama_sampler_sample(sampler, ctx, 0)
-                for i, guess in enumerate(draft):
-                    if nxt != guess or llama_cpp.llama_vocab_is_eog(vocab, nxt):
-                        break
-                    text = reply.emit(guess)
-                    if text:
-                        yield Token(text)
-                    reply.commit(guess)
-                    index.append(guess)
-                    kept += 1
-                    if reply.hit or reply.count >= params.max_tokens or stop.is_set():
-                        break
-                    nxt = llama_cpp.llama_sampler_sample(sampler, ctx, i + 1)
-                metrics.accepted_tokens += kept
-                if kept < len(draft):
-                    llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1 + kept, -1)
-                ended = reply.ended(params.max_tokens)
-                if ended:
-                    return ended
-                pending = nxt
-        finally:
-            llama_cpp.llama_batch_free(batch)
-
-    def _build_sampler(self, params: SamplingParams, seed: int, check_only: bool = False) -> Any:
-        """llama.cpp's native sampler chain for ``params``; caller frees it.
-
-        With ``check_only``, only the grammar is built and freed (None is returned).
-
-        Raises:
-            SettingError: the grammar (or JSON schema) does not parse.
-        """
-        import llama_cpp
-
-        chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-
-        def add(s: Any) -> None:
-            llama_cpp.llama_sampler_chain_add(chain, s)
-
-        grammar = grammar_for(params)
-        if grammar:
-            RECENT_PROBLEMS.clear()
-            g = llama_cpp.llama_sampler_init_grammar(
-                self._llm._model.vocab, grammar.encode("utf-8"), b"root"
-            )
-            if not g:
-                llama_cpp.llama_sampler_free(chain)
-                detail = "; ".join(m for m in RECENT_PROBLEMS if "parse" in m or "error" in m)
-                field = "grammar" if params.output_format == "gbnf" else "json_schema"
-                raise SettingError(field, f"The grammar does not parse: {detail or 'see the log'}")
-            add(g)
-        if check_only:
-            llama_cpp.llama_sampler_free(chain)
-            return None
-        penalize = (
-            params.repeat_penalty != 1.0
-            or params.presence_penalty != 0.0
-            or params.frequency_penalty != 0.0
+        return decode(
+            self._llm,
+            self._map,
+            params,
+            seed,
+            metrics,
+            t0,
+            stop,
+            template_stops=self._template.stop_strings,
+            lookup=params.speculative and not flash,
+            one=self._one_token,
+            token_bytes=self._vocab.piece,
+            rewind=self._rewind,
         )
-        if penalize and params.repeat_last_n != 0:
-            last_n = params.repeat_last_n if params.repeat_last_n > 0 else self._llm.n_ctx()
-            add(
-                llama_cpp.llama_sampler_init_penalties(
-                    self._llm.n_vocab(),
-                    last_n,
-                    params.repeat_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                )
-            )
-        if params.temperature <= 0.0:
-            add(llama_cpp.llama_sampler_init_greedy())
-        elif params.mirostat != "off":
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            if params.mirostat == "v1":
-                add(
-                    llama_cpp.llama_sampler_init_mirostat(
-                        self._llm.n_vocab(), seed, params.mirostat_tau, params.mirostat_eta, 100
-                    )
-                )
-            else:
-                add(
-                    llama_cpp.llama_sampler_init_mirostat_v2(
-                        seed, params.mirostat_tau, params.mirostat_eta
-                    )
-                )
-        else:
-            if params.top_k > 0:
-                add(llama_cpp.llama_sampler_init_top_k(params.top_k))
-            if params.typical_p < 1.0:
-                add(llama_cpp.llama_sampler_init_typical(params.typical_p, 1))
-            if params.top_p < 1.0:
-                add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
-            if params.min_p > 0.0:
-                add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
-            add(llama_cpp.llama_sampler_init_temp(params.temperature))
-            add(llama_cpp.llama_sampler_init_dist(seed))
-        if penalize:
-            # The penalties look back over the context; the grammar must not see the prompt.
-            window = params.repeat_last_n if params.repeat_last_n > 0 else len(self._map.tokens)
-            for tok in self._map.tokens[-window:]:
-                llama_cpp.llama_sampler_accept(
-                    llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
-                )
-        return chain
 
     # -- internals -----------------------------------------------------------------
 

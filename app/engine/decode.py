@@ -1,0 +1,282 @@
+"""Generating a reply once its prompt is in the KV cache: the decode loops.
+
+The loops call llama.cpp directly (``llama_decode`` on a one-token batch, the
+native sampler chain), so no per-token copy of the logits row is made in
+Python. They run once per token: keep them free of Python work that could be
+done before the loop.
+"""
+
+from __future__ import annotations
+
+import codecs
+import threading
+import time
+from collections.abc import Callable, Generator
+from typing import Any
+
+from app.config.params import SamplingParams
+from app.engine.backend import EngineEvent, Finished, Token
+from app.engine.context_map import ContextMap
+from app.engine.metrics import MessageMetrics
+from app.engine.ngram import NgramIndex
+from app.engine.sampler import build_sampler
+from app.engine.stopping import StopStringFilter
+from app.util.errors import DecodeError
+from app.util.sysinfo import rss_bytes
+
+
+class Reply:
+    """The reply being generated: its text, stop strings, and the cache's text marks.
+
+    ``emit`` turns a sampled token into text to show; ``commit`` records that
+    the token is now in the KV cache (so its text is part of what the cache holds).
+    """
+
+    def __init__(
+        self,
+        cmap: ContextMap,
+        token_bytes: Callable[[int], bytes],
+        params: SamplingParams,
+        template_stops: tuple[str, ...],
+        metrics: MessageMetrics,
+        t0: float,
+    ) -> None:
+        self._map = cmap
+        self._token_bytes = token_bytes
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stops = StopStringFilter((*params.stop, *template_stops))
+        self._metrics = metrics
+        self._t0 = t0
+        self._parts: list[str] = []
+        self._raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
+        self._raw_len = 0
+        self._piece = ""
+        self._prompt_text = self._map.text
+        self.count = 0
+
+    @property
+    def hit(self) -> bool:
+        return self._stops.hit
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def emit(self, token: int) -> str:
+        self._metrics.token_times_ms.append((time.perf_counter() - self._t0) * 1000)
+        self._metrics.generated_tokens += 1
+        self.count += 1
+        self._piece = self._decoder.decode(self._token_bytes(token))
+        text = self._stops.feed(self._piece)
+        if text:
+            self._parts.append(text)
+        return text
+
+    def commit(self, token: int) -> None:
+        self._map.tokens.append(token)
+        if self._piece:
+            self._raw.append(self._piece)
+            self._raw_len += len(self._piece)
+            self._piece = ""
+        if not self._decoder.getstate()[0]:  # no partial UTF-8 character pending
+            self._map.marks.append((len(self._map.tokens), len(self._prompt_text) + self._raw_len))
+
+    def ended(self, max_tokens: int) -> str:
+        """ "stop_string" or "max_tokens" once the reply must end, else ""."""
+        if self._stops.hit:
+            return "stop_string"
+        return "max_tokens" if self.count >= max_tokens else ""
+
+    def close(self) -> None:
+        self._map.text = self._prompt_text + "".join(self._raw)
+        self._map.keep_marks(len(self._map.tokens))
+
+    def tail(self) -> str:
+        """Text held back for a possible stop string, once the reply has ended."""
+        if self._stops.hit:
+            return ""
+        tail = self._stops.feed(self._decoder.decode(b"", final=True)) + self._stops.flush()
+        if tail:
+            self._parts.append(tail)
+        return tail
+
+
+def decode(
+    llm: Any,
+    cmap: ContextMap,
+    params: SamplingParams,
+    seed: int,
+    metrics: MessageMetrics,
+    t0: float,
+    stop: threading.Event,
+    *,
+    template_stops: tuple[str, ...],
+    lookup: bool,
+    one: Any,
+    token_bytes: Callable[[int], bytes],
+    rewind: Callable[[int], str],
+) -> Generator[EngineEvent, None, None]:
+    """Sample the reply after the prompt in ``cmap``: ``Token`` events, then ``Finished``.
+
+    ``llm`` is the loaded ``llama_cpp.Llama``; ``cmap`` the engine's map of its KV
+    sequence 0, kept up to date as tokens are evaluated. ``lookup`` picks
+    prompt-lookup drafting. ``one`` is a one-token ``llama_token`` array,
+    ``token_bytes`` a token's text, ``rewind`` the engine's cache rewind.
+    """
+    import llama_cpp
+
+    sampler = build_sampler(llm, params, seed, cmap.tokens)
+    reply = Reply(cmap, token_bytes, params, template_stops, metrics, t0)
+    try:
+        if lookup:
+            reason = yield from loop_lookup(llm, cmap, sampler, reply, params, metrics, stop)
+        else:
+            reason = yield from loop_plain(llm, cmap, sampler, reply, params, stop, one, rewind)
+    finally:
+        llama_cpp.llama_sampler_free(sampler)
+        reply.close()
+    tail = reply.tail()
+    if tail:
+        yield Token(tail)
+    metrics.stop_reason = reason
+    read_perf(llm, metrics)
+    yield Finished(reply.text, metrics)
+
+
+def read_perf(llm: Any, metrics: MessageMetrics) -> None:
+    """llama.cpp's own prefill and decode speeds, and the process's memory, into ``metrics``."""
+    import llama_cpp
+
+    perf = llama_cpp.llama_perf_context(llm._ctx.ctx)
+    if perf.t_p_eval_ms > 0:
+        metrics.native_prefill_tok_s = perf.n_p_eval * 1000.0 / perf.t_p_eval_ms
+    if perf.t_eval_ms > 0:
+        metrics.native_decode_tok_s = perf.n_eval * 1000.0 / perf.t_eval_ms
+    metrics.rss_mb = rss_bytes() / 1e6
+
+
+def loop_plain(
+    llm: Any,
+    cmap: ContextMap,
+    sampler: Any,
+    reply: Reply,
+    params: SamplingParams,
+    stop: threading.Event,
+    one: Any,
+    rewind: Callable[[int], str],
+) -> Generator[Token, None, str]:
+    """One token per llama_decode (the fastest path when nothing can be drafted)."""
+    import llama_cpp
+
+    ctx = llm._ctx.ctx
+    vocab = llm._model.vocab
+    n_ctx = llm.n_ctx()
+    for _ in range(params.max_tokens):
+        if stop.is_set():
+            return "cancelled"
+        if len(cmap.tokens) >= n_ctx:
+            return "context_full"
+        tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+        if llama_cpp.llama_vocab_is_eog(vocab, tok):
+            return "eos"
+        text = reply.emit(tok)
+        if text:
+            yield Token(text)
+        if reply.hit:
+            return "stop_string"
+        if stop.is_set():
+            return "cancelled"
+        one[0] = tok
+        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
+        if rc != 0:
+            rewind(len(cmap.tokens))
+            raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+        reply.commit(tok)
+    return "max_tokens"
+
+
+def loop_lookup(
+    llm: Any,
+    cmap: ContextMap,
+    sampler: Any,
+    reply: Reply,
+    params: SamplingParams,
+    metrics: MessageMetrics,
+    stop: threading.Event,
+) -> Generator[Token, None, str]:
+    """Prompt-lookup speculative decoding.
+
+    The sampled token and up to ``draft_len`` tokens guessed from an earlier
+    occurrence of the latest n-gram are evaluated in one batch, with logits
+    for just those positions. Each position is then sampled in order; a
+    guess is kept while it equals what was sampled, so the reply is exactly
+    what plain decoding with the same sampler gives. Rejected guesses are
+    removed from the KV cache.
+    """
+    import llama_cpp
+
+    ctx = llm._ctx.ctx
+    vocab = llm._model.vocab
+    n_ctx = llm.n_ctx()
+    mem = llama_cpp.llama_get_memory(ctx)
+    index = NgramIndex(cmap.tokens)
+    k_max = params.draft_len
+    batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
+    try:
+        pending = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+        while True:
+            if stop.is_set():
+                return "cancelled"
+            n_past = len(cmap.tokens)
+            if n_past >= n_ctx:
+                return "context_full"
+            if llama_cpp.llama_vocab_is_eog(vocab, pending):
+                return "eos"
+            text = reply.emit(pending)
+            if text:
+                yield Token(text)
+            ended = reply.ended(params.max_tokens)
+            if ended:
+                return ended
+            if stop.is_set():
+                return "cancelled"
+            index.append(pending)
+            room = min(k_max, params.max_tokens - reply.count, n_ctx - n_past - 2)
+            draft = index.draft(room) if room > 0 else []
+            batch.n_tokens = 1 + len(draft)
+            for i, tok in enumerate([pending, *draft]):
+                batch.token[i] = tok
+                batch.pos[i] = n_past + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = True
+            rc = llama_cpp.llama_decode(ctx, batch)
+            if rc != 0:
+                llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
+                raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+            reply.commit(pending)
+            metrics.drafted_tokens += len(draft)
+            # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
+            kept = 0
+            nxt = llama_cpp.llama_sampler_sample(sampler, ctx, 0)
+            for i, guess in enumerate(draft):
+                if nxt != guess or llama_cpp.llama_vocab_is_eog(vocab, nxt):
+                    break
+                text = reply.emit(guess)
+                if text:
+                    yield Token(text)
+                reply.commit(guess)
+                index.append(guess)
+                kept += 1
+                if reply.hit or reply.count >= params.max_tokens or stop.is_set():
+                    break
+                nxt = llama_cpp.llama_sampler_sample(sampler, ctx, i + 1)
+            metrics.accepted_tokens += kept
+            if kept < len(draft):
+                llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1 + kept, -1)
+            ended = reply.ended(params.max_tokens)
+            if ended:
+                return ended
+            pending = nxt
+    finally:
+        llama_cpp.llama_batch_free(batch)

@@ -1,0 +1,97 @@
+"""Opening a GGUF file as a ``llama_cpp.Llama``, with a load-progress hook that can cancel."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from app.config.params import LoadConfig
+from app.engine.backend import LoadCancelled, ProgressFn
+from app.gguf.info import GgufInfo
+from app.util.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
+
+
+def open_llama(gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None) -> Any:
+    """A ``llama_cpp.Llama`` for ``gguf`` with ``config`` (``config.n_gpu_layers`` resolved).
+
+    Raises:
+        ModelLoadError: llama.cpp refused the file.
+        LoadCancelled: ``progress`` returned False.
+    """
+    import llama_cpp
+
+    cancelled = [False]
+
+    def on_progress(value: float) -> bool:
+        keep_going = progress(value) if progress else True
+        cancelled[0] = not keep_going
+        return keep_going
+
+    try:
+        with load_progress(on_progress):
+            return llama_cpp.Llama(
+                model_path=str(gguf.path),
+                n_ctx=config.n_ctx,
+                n_batch=config.n_batch,
+                n_ubatch=config.n_batch,
+                n_threads=config.threads(),
+                n_threads_batch=config.threads(),
+                n_gpu_layers=config.n_gpu_layers,
+                # Full-size SWA cache: rewinding a sliding-window model's KV
+                # (regenerate, edit, prefix reuse) needs positions outside the window.
+                swa_full=True,
+                # A quantized V cache needs flash attention in llama.cpp.
+                flash_attn=config.flash_attn or config.kv_type != "f16",
+                type_k=KV_TYPES[config.kv_type],
+                type_v=KV_TYPES[config.kv_type],
+                verbose=False,
+            )
+    except (ValueError, RuntimeError, OSError) as exc:
+        if cancelled[0]:
+            raise LoadCancelled(f"Loading {gguf.path.name} was cancelled.") from exc
+        raise ModelLoadError(
+            f"llama.cpp could not load {gguf.path.name}: {exc}. The file may be damaged "
+            "or use an architecture this llama.cpp build does not support."
+        ) from exc
+
+
+@contextlib.contextmanager
+def load_progress(progress: ProgressFn | None) -> Iterator[None]:
+    """Give llama.cpp's model loader a progress callback.
+
+    ``Llama`` exposes no progress hook, but builds its params through
+    ``llama_model_default_params`` at load time; we hand it params that carry
+    our callback. Only the engine thread loads models, so the swap is safe.
+    """
+    if progress is None:
+        yield
+        return
+    import llama_cpp.llama_cpp as lc
+
+    original = lc.llama_model_default_params
+
+    def on_progress(value: float, _user: Any) -> bool:
+        try:
+            return bool(progress(float(value)))
+        except Exception:  # an exception must not unwind through C
+            log.exception("load progress callback failed")
+            return True
+
+    c_callback = lc.llama_progress_callback(on_progress)
+
+    def params_with_progress() -> Any:
+        params = original()
+        params.progress_callback = c_callback
+        return params
+
+    lc.llama_model_default_params = params_with_progress
+    try:
+        yield
+    finally:
+        lc.llama_model_default_params = original

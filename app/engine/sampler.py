@@ -1,0 +1,98 @@
+"""llama.cpp's native sampler chain for a set of ``SamplingParams``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from app.config.params import SamplingParams, SettingError, grammar_for
+from app.engine.llama_log import RECENT_PROBLEMS
+
+
+def build_sampler(
+    llm: Any,
+    params: SamplingParams,
+    seed: int,
+    context: Sequence[int],
+    check_only: bool = False,
+) -> Any:
+    """llama.cpp's native sampler chain for ``params``; caller frees it.
+
+    ``llm`` is the loaded ``llama_cpp.Llama``; ``context`` the tokens in the KV
+    cache, which the repetition penalties look back over. With ``check_only``,
+    only the grammar is built and freed (None is returned).
+
+    Raises:
+        SettingError: the grammar (or JSON schema) does not parse.
+    """
+    import llama_cpp
+
+    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
+
+    def add(s: Any) -> None:
+        llama_cpp.llama_sampler_chain_add(chain, s)
+
+    grammar = grammar_for(params)
+    if grammar:
+        RECENT_PROBLEMS.clear()
+        g = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, grammar.encode("utf-8"), b"root")
+        if not g:
+            llama_cpp.llama_sampler_free(chain)
+            detail = "; ".join(m for m in RECENT_PROBLEMS if "parse" in m or "error" in m)
+            field = "grammar" if params.output_format == "gbnf" else "json_schema"
+            raise SettingError(field, f"The grammar does not parse: {detail or 'see the log'}")
+        add(g)
+    if check_only:
+        llama_cpp.llama_sampler_free(chain)
+        return None
+    penalize = (
+        params.repeat_penalty != 1.0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+    )
+    if penalize and params.repeat_last_n != 0:
+        last_n = params.repeat_last_n if params.repeat_last_n > 0 else llm.n_ctx()
+        add(
+            llama_cpp.llama_sampler_init_penalties(
+                llm.n_vocab(),
+                last_n,
+                params.repeat_penalty,
+                params.frequency_penalty,
+                params.presence_penalty,
+            )
+        )
+    if params.temperature <= 0.0:
+        add(llama_cpp.llama_sampler_init_greedy())
+    elif params.mirostat != "off":
+        add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        if params.mirostat == "v1":
+            add(
+                llama_cpp.llama_sampler_init_mirostat(
+                    llm.n_vocab(), seed, params.mirostat_tau, params.mirostat_eta, 100
+                )
+            )
+        else:
+            add(
+                llama_cpp.llama_sampler_init_mirostat_v2(
+                    seed, params.mirostat_tau, params.mirostat_eta
+                )
+            )
+    else:
+        if params.top_k > 0:
+            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.typical_p < 1.0:
+            add(llama_cpp.llama_sampler_init_typical(params.typical_p, 1))
+        if params.top_p < 1.0:
+            add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        add(llama_cpp.llama_sampler_init_dist(seed))
+    if penalize:
+        # The penalties look back over the context; the grammar must not see the prompt.
+        window = params.repeat_last_n if params.repeat_last_n > 0 else len(context)
+        for tok in context[-window:]:
+            llama_cpp.llama_sampler_accept(
+                llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
+            )
+    return chain
