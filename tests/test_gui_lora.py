@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,10 @@ from PySide6.QtWidgets import QDockWidget, QFileDialog
 from pytestqt.qtbot import QtBot
 
 from app.config.params import LoadConfig
+from app.engine.backend import Capabilities
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
-from tests.fakes import FakeEngine
+from tests.fakes import FAKE_CAPABILITIES, FakeEngine
 from tests.lora_factory import (
     corrupt_lora,
     make_lora,
@@ -190,17 +192,25 @@ def test_set_stack_shows_without_reporting(
 
 
 class LoraFake(FakeEngine):
-    """The fake engine with the LoRA calls the worker makes."""
+    """The fake engine with the LoRA calls the worker makes (and the capability declared)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lora_stack = LoraStack()
+        self._stack = LoraStack()
         self.applied: list[LoraStack] = []
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return replace(FAKE_CAPABILITIES, lora=True)
+
+    @property
+    def lora_stack(self) -> LoraStack:
+        return self._stack.copy()
 
     def set_lora_stack(self, stack: LoraStack) -> bool:
         if any(e.name == "refused" for e in stack):
             raise LamplightError("refused.gguf was built for llama, the loaded model is fake.")
-        self.lora_stack = stack.copy()
+        self._stack = stack.copy()
         self.applied.append(stack.copy())
         return True
 
