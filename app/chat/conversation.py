@@ -66,6 +66,11 @@ class Conversation:
             out.insert(0, ChatMessage("system", self.system_prompt))
         return out
 
+    def rename(self, title: str) -> None:
+        """A title the user chose (whitespace folded, at most 200 characters)."""
+        self.title = " ".join(title.split())[:200] or self.title
+        self.title_is_custom = True
+
     def auto_title(self) -> None:
         if self.title_is_custom:
             return

@@ -260,8 +260,7 @@ class ChatSession:
 
     def rename(self, conv_id: str, title: str) -> None:
         if conv_id == self.conversation.id:
-            self.conversation.title = " ".join(title.split())[:200] or self.conversation.title
-            self.conversation.title_is_custom = True
+            self.conversation.rename(title)
             if self.conversation.messages:
                 self._persist()
             return
@@ -428,14 +427,11 @@ class ChatSession:
         return False
 
     def _new_chat(self) -> None:
-        if not self._settled():
-            return
-        self.conversation = self._fresh()
-        self.edit_index = None
-        self._link.reset()
-        self._view.show_conversation(self.conversation, opened=False, restoring=False)
+        if self._settled():
+            self._replace_deleted()
 
     def _replace_deleted(self) -> None:
+        """Start an empty conversation in place of the open one (already saved or deleted)."""
         self.conversation = self._fresh()
         self.edit_index = None
         self._link.reset()

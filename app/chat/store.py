@@ -153,8 +153,7 @@ class ConversationStore:
 
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.load(conv_id)
-        conv.title = " ".join(title.split())[:200] or conv.title
-        conv.title_is_custom = True
+        conv.rename(title)
         self.save(conv)
         return conv
 
