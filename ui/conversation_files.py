@@ -35,10 +35,22 @@ def ask_import(win: MainWindow) -> None:
     session.open(conv.id)
 
 
-def ask_export(win: MainWindow, current: Conversation, conv_id: str, fmt: str) -> None:
-    session = win.session
+def ask_delete(win: MainWindow, conv_id: str) -> None:
+    title = win.session.store.summary(conv_id).title
+    answer = QMessageBox.question(
+        win,
+        "Delete conversation",
+        f"Delete “{title}” and its saved cache? This cannot be undone.",
+    )
+    if answer == QMessageBox.StandardButton.Yes:
+        win.delete_conversation(conv_id)
+
+
+def ask_export(win: MainWindow, conv_id: str, fmt: str) -> None:
+    """Ask where to write conversation ``conv_id`` (the open one as shown) and write it."""
+    current = win.conversation
     try:
-        conv = current if conv_id == current.id else session.store.load(conv_id)
+        conv = current if conv_id == current.id else win.session.store.load(conv_id)
     except ConversationError as exc:
         QMessageBox.warning(win, "Could not export", str(exc))
         return

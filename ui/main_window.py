@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, Qt, QTimer, Signal
+from PySide6.QtCore import QEventLoop, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent
 from PySide6.QtWidgets import (
     QDialog,
@@ -32,15 +33,12 @@ from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.gguf.lora import LoraStack
 from app.util.sysinfo import size_text
-from ui import conversation_files, window_actions
+from ui import conversation_files, docks, window_actions
 from ui.chat_pane import ChatPane
 from ui.conversation_list import ConversationList
 from ui.hub_workers import HubServices
-from ui.lora_panel import LoraPanel
 from ui.model_manager import ModelManager
 from ui.model_status import ModelStatus
-from ui.perf_panel import PerfPanel
-from ui.sampling_panel import SamplingPanel
 from ui.session_view import WindowView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -126,8 +124,8 @@ class MainWindow(QMainWindow):
         self.sidebar.openRequested.connect(self.open_conversation)
         self.sidebar.renameRequested.connect(self.rename_conversation)
         self.sidebar.forkRequested.connect(self.session.fork_saved)
-        self.sidebar.deleteRequested.connect(self._on_delete_requested)
-        self.sidebar.exportRequested.connect(self._on_export_requested)
+        self.sidebar.deleteRequested.connect(partial(conversation_files.ask_delete, self))
+        self.sidebar.exportRequested.connect(partial(conversation_files.ask_export, self))
         self.sidebar.newChatRequested.connect(self.new_chat)
         splitter = QSplitter(self)
         splitter.setObjectName("mainSplitter")
@@ -138,24 +136,7 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
         self.presets = PresetStore(self._dirs.root / "presets.json")
-        self.sampling_panel = SamplingPanel(
-            self.presets, self._settings.sampling, self._settings.load, self
-        )
-        self.sampling_panel.samplingChanged.connect(self._on_sampling_changed)
-        self.sampling_panel.reloadRequested.connect(self._on_reload_requested)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.sampling_panel)
-        self.perf_panel = PerfPanel(self)
-        self.perf_panel.exportRequested.connect(
-            lambda: conversation_files.ask_export_metrics(self, self.conversation)
-        )
-        self.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, self.perf_panel)
-        self.lora_panel = LoraPanel(self)
-        self.lora_panel.stackChanged.connect(self._client.set_lora_stack)
-        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.lora_panel)
-        self.tabifyDockWidget(self.sampling_panel, self.lora_panel)
-        self.sampling_panel.raise_()
-        self.resizeDocks([self.perf_panel], [250], Qt.Orientation.Vertical)
-        self.resizeDocks([self.sampling_panel], [380], Qt.Orientation.Horizontal)
+        self.sampling_panel, self.perf_panel, self.lora_panel = docks.build(self)
 
         bar = self.statusBar()
         self.model_status = ModelStatus(self, bar, self._client.cancel_load)
@@ -264,23 +245,7 @@ class MainWindow(QMainWindow):
         self.snapshotSaved.emit(conv_id)
 
     def _on_restored(self, result: RestoreResult) -> None:
-        if result.conv_id != self.conversation.id:
-            return
-        if result.lora_stack is not None:
-            self.lora_panel.set_stack(result.lora_stack)
-            self.status_lora.setText(result.lora_stack.summary())
-            if result.lora_changed:
-                self.transcript.add_notice(
-                    f"Using this conversation's adapters: {result.lora_stack.summary()}."
-                )
-        if result.restored:
-            self.status_speed.setText(f"resumed {result.n_tokens} tokens in {result.ms:.0f} ms")
-        elif self.conversation.messages:
-            self.transcript.add_notice(
-                f"Saved cache not used: {result.note}. "
-                "It will be rebuilt from the transcript when you continue."
-            )
-        self.conversationOpened.emit(result)
+        self.session_view.restored(result)
 
     # -- chat commands ---------------------------------------------------------------
 
@@ -326,16 +291,6 @@ class MainWindow(QMainWindow):
     def delete_conversation(self, conv_id: str) -> None:
         self.session.delete(conv_id)
 
-    def _on_delete_requested(self, conv_id: str) -> None:
-        summary = self._store.summary(conv_id)
-        answer = QMessageBox.question(
-            self,
-            "Delete conversation",
-            f"Delete “{summary.title}” and its saved cache? This cannot be undone.",
-        )
-        if answer == QMessageBox.StandardButton.Yes:
-            self.delete_conversation(conv_id)
-
     def _on_message_action(self, action: str, index: int) -> None:
         if action == "edit":
             self.edit_message(index)
@@ -343,9 +298,6 @@ class MainWindow(QMainWindow):
             self.fork_at(index)
         elif action == "regenerate":
             self.regenerate()
-
-    def _on_export_requested(self, conv_id: str, fmt: str) -> None:
-        conversation_files.ask_export(self, self.conversation, conv_id, fmt)
 
     def export_conversation(self, conv: Conversation, path: Path, fmt: str) -> None:
         conversation_files.export_conversation(self, conv, path, fmt)

@@ -82,6 +82,27 @@ class WindowView:
             w.status_speed.setText("error")
         w._update_buttons()
 
+    def restored(self, result: RestoreResult) -> None:
+        """The worker restored (or could not restore) an opened conversation's cache."""
+        w = self._win
+        if result.conv_id != w.conversation.id:
+            return
+        if result.lora_stack is not None:
+            w.lora_panel.set_stack(result.lora_stack)
+            w.status_lora.setText(result.lora_stack.summary())
+            if result.lora_changed:
+                w.transcript.add_notice(
+                    f"Using this conversation's adapters: {result.lora_stack.summary()}."
+                )
+        if result.restored:
+            w.status_speed.setText(f"resumed {result.n_tokens} tokens in {result.ms:.0f} ms")
+        elif w.conversation.messages:
+            w.transcript.add_notice(
+                f"Saved cache not used: {result.note}. "
+                "It will be rebuilt from the transcript when you continue."
+            )
+        w.conversationOpened.emit(result)
+
     def open_failed(self, message: str) -> None:
         w = self._win
         QMessageBox.warning(w, "Could not open the conversation", message)

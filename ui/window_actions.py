@@ -56,14 +56,12 @@ def build(win: MainWindow) -> None:
     export_json = _action(
         win,
         "Export conversation as JSON…",
-        lambda: conversation_files.ask_export(win, win.conversation, win.conversation.id, "json"),
+        lambda: conversation_files.ask_export(win, win.conversation.id, "json"),
     )
     export_md = _action(
         win,
         "Export conversation as Markdown…",
-        lambda: conversation_files.ask_export(
-            win, win.conversation, win.conversation.id, "markdown"
-        ),
+        lambda: conversation_files.ask_export(win, win.conversation.id, "markdown"),
     )
     quit_action = _action(win, "Quit", win.close, QKeySequence.StandardKey.Quit)
     _action(win, "Stop", win.stop, QKeySequence(Qt.Key.Key_Escape))

@@ -47,7 +47,7 @@ from app.engine.metrics import MessageMetrics
 from app.engine.sampler import build_sampler
 from app.engine.templates import ChatMessage, ChatTemplate, choose_template
 from app.engine.vocab import Vocab
-from app.gguf.info import GgufInfo, read_gguf_info
+from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
 from app.util.errors import (
     ContextOverflowError,
@@ -83,7 +83,6 @@ class Engine:
         install_log_route()
         self._llm: Any = None
         self._info: ModelInfo | None = None
-        self._gguf: GgufInfo | None = None
         self._template: ChatTemplate | None = None
         self._backend: HardwareInfo | None = None
         self._config: LoadConfig | None = None
@@ -168,7 +167,6 @@ class Engine:
         self.load_count += 1
         self._llm = llm
         self._vocab = vocab
-        self._gguf = gguf
         self._adapters = AdapterSet(gguf.path)
         self._config = config
         self._template = template

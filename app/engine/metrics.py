@@ -8,8 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STOP_REASONS = ("eos", "stop_string", "max_tokens", "context_full", "cancelled")
-
 
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0..100) with linear interpolation; 0.0 for no values."""

@@ -23,10 +23,6 @@ def _package() -> object:
     return pkg
 
 
-def default_model_name() -> str:
-    return str(_package().MODEL_NAME)  # type: ignore[attr-defined]
-
-
 def ensure_default_model(models_dir: Path) -> Path:
     """The default model's path in ``models_dir``, assembling and verifying it if needed.
 

@@ -139,11 +139,6 @@ class DownloadQueue:
                 self._remove_parts(job)
                 self._save()
 
-    def remove_finished(self) -> None:
-        with self._wake:
-            self.jobs = [j for j in self.jobs if j.state not in ("done", "cancelled")]
-            self._save()
-
     def close(self) -> None:
         """Pause the running job and wake the worker so it can return."""
         with self._wake:

@@ -15,7 +15,6 @@ from typing import Any
 
 from app.gguf.info import GgufInfo, read_gguf_info
 from app.gguf.memory import estimate_ram
-from app.models.downloader import PART_SUFFIX
 from app.util.atomic import atomic_write_text
 from app.util.errors import ModelFileError
 
@@ -157,11 +156,6 @@ class Library:
             )
         except OSError as exc:
             log.warning("library cache not written: %s", exc)
-
-
-def partial_downloads(models_dir: Path) -> list[Path]:
-    """``.part`` files left by interrupted downloads."""
-    return sorted(models_dir.rglob(f"*{PART_SUFFIX}")) if models_dir.is_dir() else []
 
 
 def _info_to_json(info: GgufInfo | None) -> dict[str, Any] | None:

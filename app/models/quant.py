@@ -15,39 +15,6 @@ _QUANT = re.compile(
 )
 _SPLIT = re.compile(r"^(?P<base>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
 
-# Approximate bits per weight, for sorting and the size hint when no size is known.
-BITS = {
-    "Q2_K": 2.6,
-    "Q3_K_S": 3.5,
-    "Q3_K_M": 3.9,
-    "Q3_K_L": 4.3,
-    "Q4_0": 4.5,
-    "Q4_1": 5.0,
-    "Q4_K_S": 4.6,
-    "Q4_K_M": 4.8,
-    "Q5_0": 5.5,
-    "Q5_1": 6.0,
-    "Q5_K_S": 5.5,
-    "Q5_K_M": 5.7,
-    "Q6_K": 6.6,
-    "Q8_0": 8.5,
-    "F16": 16.0,
-    "BF16": 16.0,
-    "F32": 32.0,
-    "IQ1_S": 1.6,
-    "IQ1_M": 1.8,
-    "IQ2_XXS": 2.1,
-    "IQ2_XS": 2.3,
-    "IQ2_S": 2.5,
-    "IQ2_M": 2.7,
-    "IQ3_XXS": 3.1,
-    "IQ3_XS": 3.3,
-    "IQ3_S": 3.4,
-    "IQ3_M": 3.7,
-    "IQ4_NL": 4.5,
-    "IQ4_XS": 4.3,
-}
-
 
 def quant_of(filename: str) -> str:
     """The quantization a file name names (``Q4_K_M``, ``IQ2_XS``, ``F16``), or ``""``."""
