@@ -7,9 +7,15 @@ rename) and once with ``huggingface_hub.hf_hub_download``, alternating. The
 app's peak RSS growth is sampled every 5 ms during its downloads, for the big
 file and for a 10x smaller one, to show memory does not grow with file size.
 
-Prints one JSON object: app_mb_s, hf_mb_s, ratio, peak_rss_mb (the app's peak
-resident memory during its downloads) and the per-size growth figures.
-Usage: python bench/download.py [--rounds 3]
+Loopback figures are dominated by CPU (hashing, copying, the server's Python
+loop), not by the link. A second server throttles every body to ``--rate``
+(50 MB/s by default, a fast home or office connection), where both downloaders
+should reach the link rate: that is the comparison a user would notice.
+
+Prints one JSON object: app_mb_s, hf_mb_s, ratio (loopback), peak_rss_mb (the
+app's peak resident memory during its downloads), the per-size growth figures,
+and ``throttled`` with the same rates through the throttled server.
+Usage: python bench/download.py [--rounds 3] [--rate 50e6] [--throttled-rounds 2]
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,7 +64,8 @@ class PeakRss:
         self._thread.join()
 
 
-def serve(files: list[Path]) -> tuple[subprocess.Popen[str], str]:
+def serve(files: list[Path], rate: float | None = None) -> tuple[subprocess.Popen[str], str]:
+    extra = ["--rate", str(rate)] if rate else []
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -68,6 +76,7 @@ def serve(files: list[Path]) -> tuple[subprocess.Popen[str], str]:
             REPO,
             "--seconds",
             "900",
+            *extra,
         ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -82,6 +91,8 @@ def serve(files: list[Path]) -> tuple[subprocess.Popen[str], str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rate", type=float, default=50e6, help="throttled link, bytes/s")
+    parser.add_argument("--throttled-rounds", type=int, default=2)
     args = parser.parse_args()
 
     from app.models.default_model import ensure_default_model
@@ -92,6 +103,7 @@ def main() -> None:
     with model.open("rb") as src:
         small.write_bytes(src.read(model.stat().st_size // 10))
     proc, url = serve([model, small])
+    slow_proc, slow_url = serve([model], args.rate)
     os.environ.update(
         HF_ENDPOINT=url,
         HF_HUB_DISABLE_XET="1",
@@ -105,28 +117,41 @@ def main() -> None:
 
         sizes = {p.name: p.stat().st_size for p in (model, small)}
         shas = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (model, small)}
+
+        def app_download(endpoint: str, name: str, dest: Path) -> float:
+            t = time.perf_counter()
+            FileFetcher(endpoint=endpoint).fetch(
+                REPO, name, dest, sizes[name], shas[name], Control.new()
+            )
+            dt = time.perf_counter() - t
+            dest.unlink()
+            return sizes[name] / 1e6 / dt
+
+        def hf_download(endpoint: str, cache: Path) -> float:
+            t = time.perf_counter()
+            path = hf_hub_download(REPO, model.name, endpoint=endpoint, cache_dir=str(cache))
+            dt = time.perf_counter() - t
+            Path(path).resolve().unlink()
+            return sizes[model.name] / 1e6 / dt
+
         app_rates, hf_rates, growth = [], [], {"big": 0.0, "small": 0.0}
         peak_rss = 0.0
         for i in range(args.rounds):
             for label, name in (("big", model.name), ("small", small.name)):
-                dest = work / f"app-{i}" / name
                 with PeakRss() as mem:
-                    t = time.perf_counter()
-                    FileFetcher(endpoint=url).fetch(
-                        REPO, name, dest, sizes[name], shas[name], Control.new()
-                    )
-                    dt = time.perf_counter() - t
+                    rate = app_download(url, name, work / f"app-{i}" / name)
                 growth[label] = max(growth[label], mem.peak - mem.start)
                 peak_rss = max(peak_rss, mem.peak)
                 if label == "big":
-                    app_rates.append(sizes[name] / 1e6 / dt)
-                dest.unlink()
-            t = time.perf_counter()
-            path = hf_hub_download(REPO, model.name, endpoint=url, cache_dir=str(work / f"hf-{i}"))
-            hf_rates.append(sizes[model.name] / 1e6 / (time.perf_counter() - t))
-            Path(path).resolve().unlink()
+                    app_rates.append(rate)
+            hf_rates.append(hf_download(url, work / f"hf-{i}"))
+        slow_app, slow_hf = [], []
+        for i in range(args.throttled_rounds):
+            slow_app.append(app_download(slow_url, model.name, work / f"slow-app-{i}" / model.name))
+            slow_hf.append(hf_download(slow_url, work / f"slow-hf-{i}"))
         app = statistics.median(app_rates)
         hf = statistics.median(hf_rates)
+        s_app, s_hf = statistics.median(slow_app), statistics.median(slow_hf)
         print(
             json.dumps(
                 {
@@ -140,13 +165,24 @@ def main() -> None:
                     "rounds": args.rounds,
                     "app_rounds": [round(r, 1) for r in app_rates],
                     "hf_rounds": [round(r, 1) for r in hf_rates],
+                    "throttled": {
+                        "link_mb_s": round(args.rate / 1e6, 1),
+                        "app_mb_s": round(s_app, 1),
+                        "hf_mb_s": round(s_hf, 1),
+                        "ratio": round(s_app / s_hf, 3),
+                        "rounds": args.throttled_rounds,
+                        "app_rounds": [round(r, 1) for r in slow_app],
+                        "hf_rounds": [round(r, 1) for r in slow_hf],
+                    },
                     "verified": "sha256 while downloading (app); size only (hf_hub_download)",
                 }
             )
         )
     finally:
-        proc.terminate()
-        proc.wait(10)
+        for p in (proc, slow_proc):
+            p.terminate()
+            p.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -65,11 +65,14 @@ What the 2.4.0 client does (pinned by tests/test_hub_server.py):
 Fault injection (per file path in the repo, optionally per repo): ``drop_after`` (close the
 connection after N body bytes), ``stall`` (send headers, then sleep in small steps that end when
 the server stops), ``corrupt`` (same size, one byte flipped: sha256 no longer matches the
-metadata), ``fail`` (answer with an HTTP status), and ``throttle`` (global bytes/s). Every request
-is recorded in ``server.requests`` as ``(method, path, headers)`` with lower-case header names.
+metadata), ``fail`` (answer with an HTTP status), ``throttle`` (bytes/s per response),
+``ignore_range`` (answer every GET with 200 and the whole file, as some proxies and mirrors do),
+and ``raw_responses`` (a canned status and body for one URL path, for malformed API answers).
+Every request is recorded in ``server.requests`` as ``(method, path, headers)`` with lower-case
+header names.
 
 ``python -m tests.hub_server FILE.gguf ...`` serves local files as ``local/test-GGUF`` for manual
-runs of the app (bounded by ``--seconds``).
+runs of the app (bounded by ``--seconds``; ``--rate`` throttles file bodies to bytes/s).
 """
 
 from __future__ import annotations
@@ -354,8 +357,9 @@ class HubServer:
     per page; the Hub uses 1000, or 50 with ``expand``), ``cdn_redirect`` (answer resolve of LFS
     files with a 302 to ``http://localhost:{port}/__cdn/...``, a different origin, like the
     Hub's CDN), ``reject_invalid_tokens`` (like the Hub, 401 on any endpoint for a token not in
-    ``valid_tokens``). ``requests`` and ``errors`` (unexpected exceptions in handlers) are
-    recorded.
+    ``valid_tokens``), ``ignore_range`` (200 with the whole file whatever the ``Range``),
+    ``raw_responses`` (URL path -> ``(status, body bytes)``, served as JSON before any routing).
+    ``requests`` and ``errors`` (unexpected exceptions in handlers) are recorded.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -366,6 +370,8 @@ class HubServer:
         self.tree_page_size: int | None = None
         self.cdn_redirect = False
         self.reject_invalid_tokens = False
+        self.ignore_range = False
+        self.raw_responses: dict[str, tuple[int, bytes]] = {}
         self.requests: list[RecordedRequest] = []
         self.errors: list[BaseException] = []
         self._repos: dict[str, HubRepo] = {}
@@ -617,6 +623,9 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "LamplightTestHub/1.0"
+    # Headers and body go out in separate writes: with Nagle's algorithm and the client's
+    # delayed ACK every small API answer waited 40 ms.
+    disable_nagle_algorithm = True
     timeout = 30  # bounds an idle keep-alive connection; stop() cuts it sooner
     server: _HTTPServer
 
@@ -725,6 +734,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _route(self, method: str) -> None:
         hub = self.hub
         path = urlsplit(self.path).path
+        if (raw := hub.raw_responses.get(unquote(path))) is not None:
+            self._send(raw[0], raw[1])
+            return
         if (
             hub.reject_invalid_tokens
             and self._token() is not None
@@ -981,7 +993,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve_file(self, method: str, f: HubFile, plan: _Plan, headers: dict[str, str]) -> None:
         start, end, status = 0, f.size, 200
-        if (range_header := self.headers.get("Range")) is not None:
+        range_header = None if self.hub.ignore_range else self.headers.get("Range")
+        if range_header is not None:
             parsed = _parse_range(range_header, f.size)
             if parsed is None:
                 message = f"Range Not Satisfiable: {range_header}"
@@ -1145,9 +1158,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repo", default="local/test-GGUF")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--seconds", type=float, default=600.0, help="serve this long, then exit")
+    parser.add_argument("--rate", type=float, default=None, help="throttle bodies to bytes/s")
     args = parser.parse_args(argv)
     with HubServer(port=args.port) as hub:
         hub.add_repo(args.repo, {p.name: p for p in args.files})
+        hub.throttle(args.rate)
         print(f"HF_ENDPOINT={hub.url} HF_HUB_DISABLE_XET=1  repo: {args.repo}", flush=True)
         with contextlib.suppress(KeyboardInterrupt, _Abort):
             hub._sleep(args.seconds)

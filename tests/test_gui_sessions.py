@@ -178,12 +178,15 @@ def test_a_damaged_transcript_does_not_hide_the_others(
     chat(qtbot, window, "Healthy chat")
     bad = window._store.conversations_dir / "deadbeef.json"
     bad.write_text("{ not json")
-    window.refresh_sidebar()
-    assert len(window.sidebar.ids()) == 2
     warnings: list[str] = []
     monkeypatch.setattr(QMessageBox, "warning", lambda _p, _t, msg, *a: warnings.append(msg))
-    window.open_conversation("deadbeef")
+    window.open_conversation("deadbeef")  # opened before any listing saw it
     assert warnings and "deadbeef.json: damaged" in warnings[0]
+    window.refresh_sidebar()  # a listing sets it aside, with a note; the others stay
+    assert window.sidebar.ids() == [window.conversation.id]
+    assert bad.with_name("deadbeef.json.bad").read_text() == "{ not json"
+    [note] = window._store.take_notes()
+    assert "deadbeef.json: damaged" in note
     assert "Healthy chat" in window.transcript.toPlainText()
 
 

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox
 from app.chat.conversation import Conversation, ConversationError, to_markdown
 from app.chat.metrics_csv import metrics_csv
 from app.util.atomic import atomic_write_text
+from app.util.datafiles import os_reason
 
 if TYPE_CHECKING:
     from ui.main_window import MainWindow
@@ -28,9 +29,12 @@ def ask_import(win: MainWindow) -> None:
     if not path:
         return
     try:
-        conv = session.store.import_json(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ConversationError) as exc:
-        QMessageBox.warning(win, "Could not import", f"{Path(path).name}: {exc}")
+        conv = session.store.import_file(Path(path))
+    except ConversationError as exc:
+        QMessageBox.warning(win, "Could not import", str(exc))
+        return
+    except OSError as exc:
+        QMessageBox.warning(win, "Could not import", f"It could not be saved: {os_reason(exc)}")
         return
     session.open(conv.id)
 

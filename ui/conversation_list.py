@@ -24,11 +24,16 @@ TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
 
 
 def human_time(ts: float) -> str:
-    t = time.localtime(ts)
-    now = time.localtime()
-    if t.tm_year == now.tm_year and t.tm_yday == now.tm_yday:
-        return time.strftime("%H:%M", t)
-    return time.strftime("%d %b %Y", t)
+    """The time today ("14:05"), else the date ("03 Mar 2024"); "unknown date" for a value
+    no clock shows (NaN, 1e20: a damaged file's times are repaired, but this is total)."""
+    try:
+        t = time.localtime(ts)
+        now = time.localtime()
+        if t.tm_year == now.tm_year and t.tm_yday == now.tm_yday:
+            return time.strftime("%H:%M", t)
+        return time.strftime("%d %b %Y", t)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return "unknown date"
 
 
 class ConversationList(QWidget):

@@ -57,7 +57,12 @@ class HubWorker(QObject):
     @Slot(object)
     def scan(self, imported: list[Path]) -> None:
         self._library.imported = list(imported)
-        self.libraryDone.emit(self._library.scan())
+        try:
+            entries = self._library.scan()
+        except Exception:  # scan() lists what it can; this is the last line of defence
+            log.exception("library scan failed")
+            entries = []
+        self.libraryDone.emit(entries)
 
 
 class DownloadWorker(QObject):
@@ -149,7 +154,11 @@ class HubServices(QObject):
         self._scanRequested.emit(list(imported))
 
     def shutdown(self, timeout_ms: int = 10_000) -> None:
-        """Pause downloads (their parts stay for next time) and join both threads."""
+        """Pause downloads (their parts stay for next time) and join both threads.
+
+        Pausing shuts the running download's socket, so a read blocked on a stalled
+        server returns at once rather than after its 30 s timeout.
+        """
         self.downloads.stop()
         for t in (self.download_thread, self.hub_thread):
             t.quit()

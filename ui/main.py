@@ -8,7 +8,7 @@ import logging
 import logging.handlers
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,13 +16,18 @@ from app import __version__
 from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
+from app.util.datafiles import os_reason
 
 if TYPE_CHECKING:
+    from app.chat.store import ConversationStore
     from ui.hub_workers import HubServices
+    from ui.main_window import MainWindow
+    from ui.worker import EngineClient
 
 log = logging.getLogger("lamplight")
 
 SMOKE_TIMEOUT_MS = 300_000
+MAX_NOTES = 10  # startup notes shown in the window; the log has them all
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -51,17 +56,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def setup_logging(dirs: DataDirs) -> None:
+def setup_logging(dirs: DataDirs) -> str:
+    """Log to ``logs/lamplight.log`` (and errors to the console); a note if the file cannot be."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    handler = logging.handlers.RotatingFileHandler(
-        dirs.logs / "lamplight.log", maxBytes=2_000_000, backupCount=3, encoding="utf-8"
-    )
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
     console = logging.StreamHandler()
     console.setLevel(logging.ERROR)
     root.addHandler(console)
+    try:
+        handler = logging.handlers.RotatingFileHandler(
+            dirs.logs / "lamplight.log", maxBytes=2_000_000, backupCount=3, encoding="utf-8"
+        )
+    except OSError as exc:
+        return f"The log file cannot be written ({os_reason(exc)}); nothing is logged."
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    return ""
 
 
 def resources_dir() -> Path:
@@ -77,10 +87,32 @@ def choose_model(args: argparse.Namespace, settings: AppSettings) -> tuple[str |
     if args.model:
         return str(Path(args.model).expanduser()), ""
     if settings.model_path:
-        if Path(settings.model_path).is_file():
+        if _is_file(settings.model_path):
             return settings.model_path, ""
         return None, f"The last model ({settings.model_path}) is gone; using the default model."
     return None, ""
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):  # a name too long, a NUL in it
+        return False
+
+
+def show_startup_notes(window: MainWindow, notes: Sequence[str]) -> None:
+    """What was wrong with the saved files (set aside, repaired), once the window is up:
+    each line as a notice in the transcript, and a line in the status bar."""
+    if not notes:
+        return
+    for note in notes[:MAX_NOTES]:
+        window.transcript.add_notice(note)
+    if len(notes) > MAX_NOTES:
+        window.transcript.add_notice(f"… and {len(notes) - MAX_NOTES} more (see the log).")
+    window.statusBar().showMessage(
+        "Some saved files were damaged and have been set aside or repaired: see the notes.",
+        15000,
+    )
 
 
 def hub_services(dirs: DataDirs) -> HubServices:
@@ -98,10 +130,14 @@ def hub_services(dirs: DataDirs) -> HubServices:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    dirs = data_dirs(args.data_dir)
-    setup_logging(dirs)
+    notes: list[str] = []  # damaged files set aside or repaired, for the user
+    dirs = data_dirs(args.data_dir, notes)
+    notes += filter(None, [setup_logging(dirs)])
     log.info("Lamplight %s starting, data dir %s", __version__, dirs.root)
-    settings = AppSettings.load_from(dirs.settings_file)
+    for line in notes:
+        log.warning("%s", line)
+    settings, settings_notes = AppSettings.load_with_notes(dirs.settings_file)
+    notes += settings_notes
     model, note = choose_model(args, settings)
     if args.smoke_test:
         return smoke_test(dirs, settings, model)
@@ -109,8 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from app.chat.store import ConversationStore
-    from ui.main_window import MainWindow
     from ui.worker import EngineClient
 
     app = QApplication(sys.argv[:1])
@@ -121,21 +155,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     style = resources_dir() / "style.qss"
     if style.is_file():
         app.setStyleSheet(style.read_text(encoding="utf-8"))
-    store = ConversationStore(dirs.root, settings.snapshot_budget_mb * 1024 * 1024)
-    store.drop_orphan_snapshots()  # caches of transcripts that were never written
-    client = EngineClient(dirs.models, store=store)
-    services = hub_services(dirs)
-    window = MainWindow(client, settings, dirs, store, services)
-    window.show()
-    if settings.last_conversation and store.transcript_path(settings.last_conversation).exists():
-        # The transcript shows at once; its cache is restored when the model is ready.
-        window.open_conversation(settings.last_conversation, restore=False)
-    if note:
-        window.transcript.add_notice(note)
+    clients: list[EngineClient] = []
+
+    def make_client(store: ConversationStore) -> EngineClient:
+        clients.append(EngineClient(dirs.models, store=store))
+        return clients[0]
+
+    window = open_window(dirs, settings, notes, make_client, hub_services(dirs), note)
     window.load_model(model)
     code = app.exec()
-    client.shutdown()
+    clients[0].shutdown()
     return int(code)
+
+
+def open_window(
+    dirs: DataDirs,
+    settings: AppSettings,
+    notes: list[str],
+    make_client: Callable[[ConversationStore], EngineClient],
+    services: HubServices | None = None,
+    model_note: str = "",
+) -> MainWindow:
+    """The main window on ``dirs``, shown, with the last conversation open and ``notes``
+    (plus what the presets and conversations had wrong) shown; no model is loaded yet."""
+    from app.chat.conversation import is_valid_id
+    from app.chat.store import ConversationStore
+    from ui.main_window import MainWindow
+
+    store = ConversationStore(dirs.root, settings.snapshot_budget_mb * 1024 * 1024)
+    store.drop_orphan_snapshots()  # caches of transcripts that were never written
+    window = MainWindow(make_client(store), settings, dirs, store, services)  # lists them
+    window.show()
+    last = settings.last_conversation
+    if last and is_valid_id(last) and store.transcript_path(last).exists():
+        # The transcript shows at once; its cache is restored when the model is ready.
+        window.open_conversation(last, restore=False)
+    if model_note:
+        window.transcript.add_notice(model_note)
+    more = [*window.presets.notes, *store.take_notes()]
+    for line in more:
+        log.warning("%s", line)
+    show_startup_notes(window, [*notes, *more])
+    return window
 
 
 def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import logging
 from pathlib import Path
 
@@ -29,11 +30,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models.downloader import DownloadError
 from app.models.downloads import DownloadJob
 from app.models.hub import ModelHit, RepoDetails
 from app.models.library import LibraryEntry
 from app.models.quant import GgufChoice
+from app.util.errors import LamplightError
 from app.util.sysinfo import available_memory, size_text
 from ui.hub_workers import HubServices, job_summary
 
@@ -153,6 +154,8 @@ class ModelManager(QDialog):
 
         self.repo_title = QLabel("Pick a model on the left.", page)
         self.repo_title.setObjectName("repoTitle")
+        # Rich text for the bold name; every value from the Hub in it is escaped.
+        self.repo_title.setTextFormat(Qt.TextFormat.RichText)
         self.repo_title.setWordWrap(True)
         self.repo_files = QTableWidget(0, 4, page)
         self.repo_files.setObjectName("repoFiles")
@@ -179,6 +182,7 @@ class ModelManager(QDialog):
         split.setSizes([380, 600])
         self.discover_status = QLabel("", page)
         self.discover_status.setObjectName("discoverStatus")
+        self.discover_status.setTextFormat(Qt.TextFormat.PlainText)
         self.discover_status.setWordWrap(True)
         layout = QVBoxLayout(page)
         layout.addLayout(top)
@@ -295,7 +299,7 @@ class ModelManager(QDialog):
         if item is None:
             return
         repo_id = str(item.data(ROLE))
-        self.repo_title.setText(f"<b>{repo_id}</b> — loading files…")
+        self.repo_title.setText(f"<b>{html.escape(repo_id)}</b> — loading files…")
         self.repo_files.setRowCount(0)
         self._details = None
         self._update_download_button()
@@ -310,8 +314,12 @@ class ModelManager(QDialog):
             notes.append("gated: accept its terms on the Hub and sign in with a token")
         if details.license:
             notes.append(f"license {details.license}")
-        extra = f" <small>({'; '.join(notes)})</small>" if notes else ""
-        self.repo_title.setText(f"<b>{details.repo_id}</b>{extra}")
+        if details.refused:
+            n = len(details.refused)
+            notes.append(f"{n} GGUF file{'s' if n != 1 else ''} with unsafe names or data left out")
+        extra = f" <small>({html.escape('; '.join(notes))})</small>" if notes else ""
+        title = html.escape(details.repo_id)
+        self.repo_title.setText(f"<b>{title}</b>{extra}")
         available = available_memory()
         choices = [c for c in details.choices if c.kind == "model"]
         self.repo_files.setRowCount(len(choices))
@@ -328,7 +336,7 @@ class ModelManager(QDialog):
                 cell.setData(ROLE, row)
                 self.repo_files.setItem(row, col, cell)
         if not choices:
-            self.repo_title.setText(f"<b>{details.repo_id}</b> has no GGUF model files.")
+            self.repo_title.setText(f"<b>{title}</b> has no GGUF model files.{extra}")
         self._choices = choices
         self._update_download_button()
 
@@ -349,7 +357,7 @@ class ModelManager(QDialog):
             return
         try:
             job = self._services.queue.add(self._details.repo_id, choice, self._details.sha)
-        except DownloadError as exc:
+        except LamplightError as exc:
             QMessageBox.warning(self, "Cannot download", str(exc))
             return
         self._show_job(job, 0.0, None)
@@ -357,7 +365,7 @@ class ModelManager(QDialog):
 
     def _on_failed(self, request: int, message: str) -> None:
         if request == self._details_request:
-            self.repo_title.setText(message)
+            self.repo_title.setText(html.escape(message))
         else:
             self.discover_status.setText(message)
             self.more_button.setEnabled(self._results > 0)
@@ -470,20 +478,28 @@ class ModelManager(QDialog):
         e = self.selected_entry()
         if e is None or e.source != "models":
             return
+        files = e.files
+        what = (
+            e.path.name
+            if len(files) == 1
+            else f"{e.path.name} and its other {len(files) - 1} parts"
+        )
         answer = QMessageBox.question(
             self,
             "Delete model",
-            f"Delete {e.path.name} ({size_text(e.size)}) from disk? This cannot be undone.",
+            f"Delete {what} ({size_text(e.size)}) from disk? This cannot be undone.",
         )
         if answer != QMessageBox.StandardButton.Yes:
             return
         if str(e.path) == self.loaded_model:
             self.unloadRequested.emit()
             self.loaded_model = None
-        try:
-            e.path.unlink()
-        except OSError as exc:
-            QMessageBox.warning(self, "Could not delete", f"{e.path}: {exc.strerror}")
+        for path in files:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                QMessageBox.warning(self, "Could not delete", f"{path}: {exc.strerror}")
+                break
         self.refresh_library()
 
     def _on_import(self) -> None:

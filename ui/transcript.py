@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import html
+import secrets
 from collections.abc import Sequence
 
-from PySide6.QtCore import QUrl, Signal
+from PySide6.QtCore import QMimeData, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
     QDesktopServices,
@@ -19,18 +20,17 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 from app.chat.conversation import Message
-from app.chat.markdown_render import render_markdown
+from app.chat.markdown_render import RUN_LIMIT, render_markdown, strip_breaks
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
-
-
 ACTION_SCHEME = "lamplight"
+ACTIONS = ("edit", "fork", "regenerate")
 
 
-def _header_html(role: str, index: int, actions: tuple[str, ...]) -> str:
+def _header_html(key: str, role: str, index: int, actions: tuple[str, ...]) -> str:
     name = "You" if role == "user" else "Assistant"
     links = " · ".join(
-        f'<a href="{ACTION_SCHEME}:{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
+        f'<a href="{ACTION_SCHEME}://{key}/{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
         for a in actions
     )
     sep = "&nbsp;&nbsp;&nbsp;" if links else ""
@@ -44,7 +44,9 @@ class TranscriptView(QTextBrowser):
     its frame, a cost that does not depend on how long the message or the
     conversation already is; when the reply ends, that frame alone is
     re-rendered as Markdown. Each message header carries its actions as
-    ``lamplight:<action>/<index>`` links.
+    ``lamplight://<key>/<action>/<index>`` links, where ``key`` is a random
+    per-view secret: message text is rendered without such links anyway, and
+    the key keeps anything that did slip through from acting.
 
     Signals:
         linkActivated(QUrl): the user clicked a link that is safe to open.
@@ -68,11 +70,19 @@ class TranscriptView(QTextBrowser):
         self._body_format = QTextCharFormat()
         self._frames: list[QTextFrame] = []
         self._last_reply = -1
+        self._key = secrets.token_hex(8)
+        self._run = 0  # characters since the last whitespace in the streaming reply
         self._show_placeholder()
 
     # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
     def loadResource(self, type: int, name: QUrl | str) -> object:  # Qt's name
         return None
+
+    def createMimeDataFromSelection(self) -> QMimeData:  # Qt's name
+        """Copied text without the invisible break opportunities added for layout."""
+        data = QMimeData()
+        data.setText(strip_breaks(self.textCursor().selection().toPlainText()))
+        return data
 
     def _dark(self) -> bool:
         return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
@@ -122,7 +132,7 @@ class TranscriptView(QTextBrowser):
             fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
         frame = cursor.insertFrame(fmt)
         inner = frame.firstCursorPosition()
-        inner.insertHtml(_header_html(role, index, actions))
+        inner.insertHtml(_header_html(self._key, role, index, actions))
         inner.insertBlock(QTextBlockFormat(), self._body_format)
         while len(self._frames) <= index:
             self._frames.append(frame)
@@ -134,7 +144,7 @@ class TranscriptView(QTextBrowser):
             return
         cursor = self._frames[index].firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(_header_html(role, index, actions))
+        cursor.insertHtml(_header_html(self._key, role, index, actions))
 
     def _set_last_reply(self, index: int) -> None:
         """Only the last reply offers Regenerate."""
@@ -158,6 +168,7 @@ class TranscriptView(QTextBrowser):
         self._stream_frame = self._new_frame("assistant", index, ())
         self._stream_index = index
         self._stream_cursor = self._stream_frame.lastCursorPosition()
+        self._run = 0
         self._follow(at_bottom)
 
     def append_stream(self, text: str) -> None:
@@ -165,8 +176,22 @@ class TranscriptView(QTextBrowser):
         if self._stream_cursor is None or not text:
             return
         at_bottom = self._at_bottom()
-        self._stream_cursor.insertText(text, self._body_format)
+        self._stream_cursor.insertText(self._breakable_stream(text), self._body_format)
         self._follow(at_bottom)
+
+    def _breakable_stream(self, text: str) -> str:
+        """``text`` with a break opportunity wherever the streamed run grows past the limit."""
+        out = []
+        for ch in text:
+            if ch.isspace():
+                self._run = 0
+            elif self._run >= RUN_LIMIT:
+                out.append("\u200b")
+                self._run = 1
+            else:
+                self._run += 1
+            out.append(ch)
+        return "".join(out)
 
     def end_reply(self, text: str, footer: str = "", error: str = "", kept: bool = True) -> None:
         """Replace the streamed text with its Markdown rendering and add a footer line.
@@ -223,8 +248,8 @@ class TranscriptView(QTextBrowser):
 
     def _on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() == ACTION_SCHEME:
-            action, _, index = url.path().partition("/")
-            if action in ("edit", "fork", "regenerate") and index.isdigit():
+            action, _, index = url.path().strip("/").partition("/")
+            if url.host() == self._key and action in ACTIONS and index.isdigit():
                 self.actionRequested.emit(action, int(index))
             return
         if url.scheme() in SAFE_LINK_SCHEMES:

@@ -189,8 +189,9 @@ class EngineWorker(QObject):
             if not fit.fits:
                 self.loadNote.emit(fit.warning(Path(path).name))
             info, note = load_with_fallback(self._engine, path, config, progress)
-            if note:
-                self.loadNote.emit(note)
+            for extra in (note, *info.notes):
+                if extra:
+                    self.loadNote.emit(extra)
         except LamplightError as exc:
             self.loadFailed.emit(str(exc), self._engine.model is not None)
         except Exception as exc:  # the app must survive any loader failure

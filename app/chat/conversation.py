@@ -5,19 +5,34 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeGuard
 
+from app.config.params import short_repr
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.util.errors import LamplightError
 
 FORMAT_VERSION = 1
-TITLE_CHARS = 60
+TITLE_CHARS = 60  # an automatic title
+TITLE_MAX = 200  # a title the user chose, or a stored one
+NAME_MAX = 1000
+PATH_MAX = 4096
+ID_CHARS = 128
+LATEST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: later dates fail in time.localtime
 ROLES = ("system", "user", "assistant")
 
 
 class ConversationError(LamplightError):
-    """A transcript that cannot be read; the message names the file and the problem."""
+    """A transcript that cannot be read; the message names the file and the problem.
+
+    ``damaged``: the file's content is unusable (setting it aside loses nothing);
+    False for a file that may be fine but cannot be used now (unreadable, too
+    large, written by a newer version).
+    """
+
+    def __init__(self, message: str, damaged: bool = False) -> None:
+        super().__init__(message)
+        self.damaged = damaged
 
 
 def new_id() -> str:
@@ -68,7 +83,7 @@ class Conversation:
 
     def rename(self, title: str) -> None:
         """A title the user chose (whitespace folded, at most 200 characters)."""
-        self.title = " ".join(title.split())[:200] or self.title
+        self.title = " ".join(title.split())[:TITLE_MAX] or self.title
         self.title_is_custom = True
 
     def auto_title(self) -> None:
@@ -84,55 +99,123 @@ class Conversation:
         return {"format": FORMAT_VERSION, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "conversation") -> Conversation:
-        """Validate and build; raises ConversationError naming what is wrong."""
+    def from_dict(
+        cls, data: Any, where: str = "conversation", fallback_time: float | None = None
+    ) -> Conversation:
+        """Validate and build; raises ConversationError naming what is wrong.
+
+        Structure that makes no sense (not an object, no message list, a message
+        without a role or text, a bad id) is refused as ``damaged``; fields that
+        are only odd are repaired: a time that is not a finite date between 1970
+        and 9999 becomes ``fallback_time`` (the file's time, say), other wrong
+        types their defaults, titles and names are cut to length, metrics keep
+        only their valid fields. Lone surrogates are gone already (``parse_json``).
+        """
         if not isinstance(data, dict):
-            raise ConversationError(f"{where}: not a JSON object")
-        if data.get("format") != FORMAT_VERSION:
-            raise ConversationError(f"{where}: unknown format {data.get('format')!r}")
+            raise ConversationError(f"{where}: not a JSON object", damaged=True)
+        version = data.get("format")
+        if version != FORMAT_VERSION:
+            newer = _is_int(version) and version > FORMAT_VERSION
+            raise ConversationError(
+                f"{where}: unknown format {short_repr(version)}"
+                + (" (saved by a newer Lamplight)" if newer else ""),
+                damaged=not newer,
+            )
         raw_messages = data.get("messages")
         if not isinstance(raw_messages, list):
-            raise ConversationError(f"{where}: no message list")
-        messages = []
-        for i, m in enumerate(raw_messages):
-            if not isinstance(m, dict) or m.get("role") not in ROLES:
-                raise ConversationError(f"{where}: message {i + 1} has no valid role")
-            if not isinstance(m.get("content"), str):
-                raise ConversationError(f"{where}: message {i + 1} has no text")
-            messages.append(Message(**_known(Message, m)))
-        conv = cls(**_known(cls, {k: v for k, v in data.items() if k != "messages"}))
-        conv.messages = messages
-        if not isinstance(conv.id, str) or not conv.id.isalnum():
-            raise ConversationError(f"{where}: bad id {conv.id!r}")
-        return conv
+            raise ConversationError(f"{where}: no message list", damaged=True)
+        created = _when(
+            data.get("created"), time.time() if fallback_time is None else fallback_time
+        )
+        messages = [_message(m, i, where, created) for i, m in enumerate(raw_messages)]
+        conv_id = data.get("id")
+        if not is_valid_id(conv_id):
+            raise ConversationError(f"{where}: bad id {short_repr(conv_id)}", damaged=True)
+        forked = data.get("forked_from")
+        sampling = data.get("sampling")
+        n_tokens = data.get("n_tokens")
+        return cls(
+            id=conv_id,
+            title=_text(data.get("title"), TITLE_MAX),
+            title_is_custom=data.get("title_is_custom") is True,
+            created=created,
+            updated=_when(data.get("updated"), created),
+            model_name=_text(data.get("model_name"), NAME_MAX),
+            model_path=_text(data.get("model_path"), PATH_MAX),
+            system_prompt=_text(data.get("system_prompt"), None),
+            forked_from=forked if is_valid_id(forked) else None,
+            n_tokens=n_tokens if _is_count(n_tokens) else 0,
+            sampling=sampling if _is_flat(sampling) else None,
+            messages=messages,
+        )
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "float": (int, float),
-    "int": (int,),
-    "bool": (bool,),
-}
+def _message(m: Any, i: int, where: str, created: float) -> Message:
+    if not isinstance(m, dict) or m.get("role") not in ROLES:
+        raise ConversationError(f"{where}: message {i + 1} has no valid role", damaged=True)
+    if not isinstance(m.get("content"), str):
+        raise ConversationError(f"{where}: message {i + 1} has no text", damaged=True)
+    mid = m.get("id")
+    offset = m.get("token_offset")
+    metrics = m.get("metrics")
+    return Message(
+        role=m["role"],
+        content=m["content"],
+        created=_when(m.get("created"), created),
+        id=mid if is_valid_id(mid) else new_id(),
+        token_offset=offset if _is_count(offset) else None,
+        metrics=metrics_to_dict(metrics_from_dict(metrics)) if isinstance(metrics, dict) else None,
+    )
 
 
-def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
-    """Fields of ``kind`` present in ``data`` with a plausible type (others keep defaults)."""
-    out: dict[str, Any] = {}
-    for f in fields(kind):
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        type_name = str(f.type).split(" ")[0]
-        allowed = _TYPES.get(type_name)
-        if value is None and "None" in str(f.type):
-            out[f.name] = None
-        elif allowed is None:
-            wanted = dict if type_name.startswith("dict") else list
-            if isinstance(value, wanted):
-                out[f.name] = value
-        elif isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed):
-            out[f.name] = value
-    return out
+def is_valid_id(value: object) -> TypeGuard[str]:
+    """A conversation or message id: 1 to 128 ASCII letters and digits (a file name part)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= ID_CHARS
+        and value.isascii()
+        and value.isalnum()
+    )
+
+
+def _is_count(value: object) -> TypeGuard[int]:
+    return _is_int(value) and 0 <= value < 2**31
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
+
+
+def _is_number(value: Any) -> bool:
+    # Finite (NaN fails the comparisons), and small enough for every sum and rate.
+    return isinstance(value, int | float) and not isinstance(value, bool) and -1e15 < value < 1e15
+
+
+def _when(value: Any, fallback: float) -> float:
+    """A timestamp ``time.localtime`` can show, else ``fallback`` (else 0)."""
+    for candidate in (value, fallback):
+        if _is_number(candidate) and 0 <= candidate <= LATEST_TIME:
+            return float(candidate)
+    return 0.0
+
+
+def _text(value: Any, limit: int | None) -> str:
+    if not isinstance(value, str):
+        return ""
+    return value if limit is None else value[:limit]
+
+
+def _is_flat(value: Any) -> bool:
+    """A settings object: finite scalars and lists of them (``validate_sampling`` decides)."""
+    if not isinstance(value, dict):
+        return False
+
+    def scalar(v: object) -> bool:
+        return v is None or isinstance(v, str | bool) or _is_int(v) or _is_number(v)
+
+    return all(
+        scalar(v) or (isinstance(v, list) and all(scalar(x) for x in v)) for v in value.values()
+    )
 
 
 def metrics_to_dict(m: MessageMetrics) -> dict[str, Any]:
@@ -140,12 +223,33 @@ def metrics_to_dict(m: MessageMetrics) -> dict[str, Any]:
 
 
 def metrics_from_dict(data: dict[str, Any]) -> MessageMetrics:
-    known = {f.name for f in fields(MessageMetrics)}
-    kwargs = {k: v for k, v in data.items() if k in known}
-    try:
-        return MessageMetrics(**kwargs)
-    except TypeError:
-        return MessageMetrics()
+    """Metrics from stored values: a field of the wrong type, or not finite, keeps its
+    default, so every figure computed from them (rates, percentiles) is a number."""
+    defaults = MessageMetrics()
+    kwargs: dict[str, Any] = {}
+    for f in fields(MessageMetrics):
+        if f.name not in data:
+            continue
+        value, default = data[f.name], getattr(defaults, f.name)
+        if f.name == "seed":
+            ok = value is None or _is_int(value)
+        elif isinstance(default, int):
+            ok = _is_int(value)
+        elif isinstance(default, float):
+            ok = _is_number(value)
+            value = float(value) if ok else value
+        elif isinstance(default, str):
+            ok = isinstance(value, str)
+        elif f.name == "token_times_ms":
+            ok = isinstance(value, list) and all(_is_number(x) for x in value)
+            value = [float(x) for x in value] if ok else value
+        elif f.name == "notes":
+            ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
+        else:  # pragma: no cover - a new field of another type keeps its default
+            ok = False
+        if ok:
+            kwargs[f.name] = value
+    return MessageMetrics(**kwargs)
 
 
 def to_markdown(conv: Conversation) -> str:

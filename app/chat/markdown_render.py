@@ -1,12 +1,20 @@
 """Markdown to the HTML subset Qt's rich text engine draws, with highlighted code.
 
 Raw HTML in the source is escaped, never passed through, and images are not
-rendered (no remote or local resource is ever referenced).
+rendered (no remote or local resource is ever referenced). Links are made only
+for absolute http, https and mailto targets: the text a model writes can never
+form a link into the app's own action namespace.
+
+Rendering time is bounded for any input (a pasted 1 MB log, one unbroken 1 MB
+line): long messages are shown as plain text, code is highlighted only up to a
+size, and unbroken runs of characters get invisible break opportunities,
+because Qt lays out a line with no break opportunity in quadratic time.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -19,13 +27,54 @@ from pygments.util import ClassNotFound
 LIGHT_STYLE = "default"
 DARK_STYLE = "monokai"
 
+LINK_SCHEMES = ("http:", "https:", "mailto:")
+MARKDOWN_LIMIT = 100_000  # characters; a longer message is shown as plain text
+HIGHLIGHT_LIMIT = 20_000  # characters of one code block coloured by its language
+GUESS_LIMIT = 4_000  # characters of an unlabelled block whose language is guessed
+RUN_LIMIT = 500  # characters of an unbroken run before a break opportunity
+BREAK = "\u200b"  # zero-width space: a break opportunity that draws nothing
+_RUN = re.compile(r"\S{" + str(RUN_LIMIT + 1) + ",}")
+
+
+def breakable(text: str) -> str:
+    """``text`` with a zero-width space every ``RUN_LIMIT`` characters of an unbroken run.
+
+    Copying from the view strips them again (``strip_breaks``).
+    """
+    if len(text) <= RUN_LIMIT:
+        return text
+
+    def split(m: re.Match[str]) -> str:
+        run = m.group(0)
+        return BREAK.join(run[i : i + RUN_LIMIT] for i in range(0, len(run), RUN_LIMIT))
+
+    return _RUN.sub(split, text)
+
+
+def strip_breaks(text: str) -> str:
+    return text.replace(BREAK, "")
+
+
+def safe_link(url: str) -> bool:
+    """Whether a Markdown link target becomes a link: absolute http, https or mailto only."""
+    return url.strip().lower().startswith(LINK_SCHEMES)
+
+
+def plain_html(text: str) -> str:
+    """``text`` as escaped, wrapped plain text (no Markdown)."""
+    return f'<p style="white-space: pre-wrap">{html.escape(breakable(text))}</p>'
+
 
 def _lexer(lang: str, code: str) -> Any:
+    if len(code) > HIGHLIGHT_LIMIT:
+        return TextLexer()
     if lang:
         try:
             return get_lexer_by_name(lang)
         except ClassNotFound:
             return TextLexer()
+    if len(code) > GUESS_LIMIT:
+        return TextLexer()
     try:
         lexer = guess_lexer(code)
     except ClassNotFound:
@@ -47,22 +96,34 @@ class MarkdownRenderer:
         md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False})
         md.enable(["table", "strikethrough"])
         md.disable("image")
+        # Instance attribute: markdown-it calls ``self.validateLink`` for links and autolinks.
+        md.validateLink = safe_link  # type: ignore[method-assign]
 
         # markdown-it binds rules to its renderer, so the rule takes that as ``self``.
         def fence(_renderer: Any, tokens: Any, idx: int, _options: Any, _env: Any) -> str:
             return self._render_fence(tokens[idx])
 
+        def text(_renderer: Any, tokens: Any, idx: int, _options: Any, _env: Any) -> str:
+            return html.escape(breakable(tokens[idx].content), quote=False)
+
+        def code_inline(_renderer: Any, tokens: Any, idx: int, _options: Any, _env: Any) -> str:
+            return f"<code>{html.escape(breakable(tokens[idx].content), quote=False)}</code>"
+
         md.add_render_rule("fence", fence)
         md.add_render_rule("code_block", fence)
+        md.add_render_rule("text", text)
+        md.add_render_rule("code_inline", code_inline)
         self._md = md
 
     def render(self, text: str) -> str:
-        """HTML for ``text``; safe to hand to ``QTextDocument``."""
+        """HTML for ``text``; safe to hand to ``QTextDocument``, in bounded time."""
+        if len(text) > MARKDOWN_LIMIT:
+            return plain_html(text)
         return str(self._md.render(text))
 
     def _render_fence(self, token: Any) -> str:
         lang = (token.info or "").strip().split(maxsplit=1)[0] if token.info else ""
-        code = token.content.rstrip("\n")
+        code = breakable(token.content.rstrip("\n"))
         body = highlight(code, _lexer(lang, code), self._formatter).rstrip("\n")
         caption = (
             f'<tr><td style="color:#888888; font-size:small">{html.escape(lang)}</td></tr>'

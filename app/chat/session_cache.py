@@ -141,6 +141,9 @@ class SessionCache:
             name = entry.get("name") or path.name
             if not path.is_file():
                 raise SnapshotError(f"its LoRA adapter {name} is missing ({path})")
+            # Cheap checks first: a header naming some large file must not make us hash it.
+            if path.stat().st_size != entry.get("size") or not _is_gguf(path):
+                raise SnapshotError(f"its LoRA adapter {name} has changed since it was saved")
             if self.fingerprints.fingerprint(path)["sha256"] != entry.get("sha256"):
                 raise SnapshotError(f"its LoRA adapter {name} has changed since it was saved")
         stack = LoraStack.from_signature(
@@ -168,3 +171,11 @@ class SessionCache:
             lora_stack=self.engine.lora_stack if self.engine.capabilities.lora else None,
             lora_changed=self._applied() != before,
         )
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(4) == b"GGUF"
+    except OSError:
+        return False

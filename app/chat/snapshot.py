@@ -13,21 +13,33 @@ stored, so the size follows the KV cache. Files are written atomically.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import math
+import os
 import struct
 import zlib
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
+from app.config.params import short_repr
 from app.engine.backend import KvState
 from app.util.atomic import atomic_write_bytes
+from app.util.datafiles import DataFileError, open_regular, os_reason, parse_json
 from app.util.errors import LamplightError
+from app.util.sysinfo import physical_memory, size_text
 
 MAGIC = b"LPKV"
 FORMAT_VERSION = 1
 MAX_HEADER = 1 << 20
+HEADER_DEPTH = 4  # {"lora": [{...}]} is 3 levels
+MAX_LORA = 64
+MAX_TOKENS = 2**31 - 1
+SCALARS = (str, int, float, bool, type(None))
 
 
 class SnapshotError(LamplightError):
@@ -99,47 +111,79 @@ def write_snapshot(path: Path, header: SnapshotHeader, kv: KvState) -> int:
 
 
 def read_header(path: Path) -> tuple[SnapshotHeader, dict[str, Any], int]:
-    """The header of a snapshot file, its raw JSON and where the payload starts."""
+    """The header of a snapshot file, its raw JSON and where the payload starts.
+
+    Every field is checked for its type and range here, so nothing after this
+    meets a list where it expects a number (see ``_checked_header``).
+
+    Raises:
+        SnapshotError: missing, not a regular file, unreadable, or a damaged header.
+    """
+    with _open(path) as (fh, size):
+        start = _read(fh, 8)
+        if len(start) == 0:
+            raise SnapshotError("the saved cache file is empty")
+        if len(start) < 8 or start[:4] != MAGIC:
+            raise SnapshotError("the saved cache file is not a Lamplight snapshot")
+        (n,) = struct.unpack("<I", start[4:])
+        if n > MAX_HEADER or 8 + n > size:
+            raise SnapshotError("the saved cache file has a damaged header (length)")
+        raw = _read(fh, n)
     try:
-        with path.open("rb") as fh:
-            start = fh.read(8)
-            if len(start) == 0:
-                raise SnapshotError("the saved cache file is empty")
-            if len(start) < 8 or start[:4] != MAGIC:
-                raise SnapshotError("the saved cache file is not a Lamplight snapshot")
-            (n,) = struct.unpack("<I", start[4:])
-            if n > MAX_HEADER:
-                raise SnapshotError("the saved cache file has a damaged header")
-            raw = fh.read(n)
-    except FileNotFoundError as exc:
-        raise SnapshotError("there is no saved cache for this conversation") from exc
-    except OSError as exc:
-        raise SnapshotError(f"the saved cache could not be read ({exc.strerror})") from exc
-    try:
-        head = json.loads(raw)
-        if head["format"] != FORMAT_VERSION:
-            raise SnapshotError(
-                f"the saved cache has format {head['format']}, not {FORMAT_VERSION}"
-            )
-        header = SnapshotHeader(
-            model=dict(head["model"]),
-            runtime=dict(head["runtime"]),
-            cache=dict(head["cache"]),
-            lora=list(head["lora"]),
-            n_tokens=int(head["n_tokens"]),
+        head = parse_json(raw, HEADER_DEPTH)
+    except DataFileError as exc:
+        raise SnapshotError(f"the saved cache file has a damaged header (it {exc})") from exc
+    return _checked_header(head), head, 8 + n
+
+
+def _checked_header(head: Any) -> SnapshotHeader:
+    """The header of a parsed JSON object, every field checked.
+
+    Raises:
+        SnapshotError: a field is missing, of the wrong type or out of range.
+    """
+    if not isinstance(head, dict):
+        raise _damaged("not an object")
+    if head.get("format") != FORMAT_VERSION:
+        raise SnapshotError(
+            f"the saved cache has format {short_repr(head.get('format'))}, not {FORMAT_VERSION}"
         )
-    except SnapshotError:
-        raise
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SnapshotError("the saved cache file has a damaged header") from exc
-    return header, head, 8 + n
+    for key in ("model", "runtime", "cache"):
+        if not _is_flat(head.get(key)):
+            raise _damaged(key)
+    lora = head.get("lora")
+    if not (isinstance(lora, list) and len(lora) <= MAX_LORA and all(map(_is_lora, lora))):
+        raise _damaged("lora")
+    n_tokens = head.get("n_tokens")
+    if not (_is_int(n_tokens) and 0 <= n_tokens <= MAX_TOKENS):
+        raise _damaged("n_tokens")
+    lengths = head.get("lengths")
+    if not (
+        isinstance(lengths, list)
+        and len(lengths) == 4
+        and all(_is_int(n) and 0 <= n < 2**63 for n in lengths)
+        and lengths[1] == 4 * n_tokens
+        and lengths[3] % 8 == 0
+    ):
+        raise _damaged("lengths")
+    if not (_is_int(head.get("crc32")) and 0 <= head["crc32"] < 2**32):
+        raise _damaged("crc32")
+    return SnapshotHeader(
+        model=dict(head["model"]),
+        runtime=dict(head["runtime"]),
+        cache=dict(head["cache"]),
+        lora=[dict(entry) for entry in lora],
+        n_tokens=n_tokens,
+    )
 
 
-def read_snapshot(path: Path, expected: SnapshotHeader) -> KvState:
+def read_snapshot(path: Path, expected: SnapshotHeader, max_bytes: int | None = None) -> KvState:
     """Read and check a snapshot against the current model and settings.
 
     The file is read once, into one buffer that llama.cpp then reads the
     state from directly (a 14 MB copy costs ~8 ms here; this path makes one).
+    Its size is checked against the header's part lengths and ``max_bytes``
+    (default: half the RAM) before anything is allocated.
 
     Raises:
         SnapshotError: missing, empty, truncated, corrupt or made for something else.
@@ -148,31 +192,32 @@ def read_snapshot(path: Path, expected: SnapshotHeader) -> KvState:
     why = header.mismatch(expected)
     if why:
         raise SnapshotError(why)
-    lengths = head.get("lengths")
-    if not (
-        isinstance(lengths, list)
-        and len(lengths) == 4
-        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in lengths)
-        and lengths[1] % 4 == 0
-        and lengths[3] % 8 == 0
-    ):
-        raise SnapshotError("the saved cache file has a damaged header")
-    expected_size = offset + sum(lengths)
-    try:
-        with path.open("rb") as fh:
-            data = bytearray(expected_size + 1)
+    lengths: list[int] = head["lengths"]
+    payload = sum(lengths)
+    expected_size = offset + payload
+    limit = max_bytes if max_bytes is not None else (physical_memory() // 2 or 1 << 34)
+    with _open(path) as (fh, size):
+        if size < expected_size:
+            raise SnapshotError(
+                f"the saved cache file is truncated ({max(size - offset, 0):,} of "
+                f"{payload:,} bytes)"
+            )
+        if size > expected_size:
+            raise SnapshotError("the saved cache file has trailing data (damaged)")
+        if size > limit:
+            raise SnapshotError(
+                f"the saved cache is too large to load ({size_text(size)}; "
+                f"the limit is {size_text(limit)})"
+            )
+        data = bytearray(expected_size + 1)
+        try:
             got = fh.readinto(data)
-    except OSError as exc:
-        raise SnapshotError(f"the saved cache could not be read ({exc.strerror})") from exc
-    if got < expected_size:
-        raise SnapshotError(
-            f"the saved cache file is truncated ({max(got - offset, 0):,} of "
-            f"{sum(lengths):,} bytes)"
-        )
-    if got > expected_size:
-        raise SnapshotError("the saved cache file has trailing data (damaged)")
+        except OSError as exc:
+            raise SnapshotError(f"the saved cache could not be read ({os_reason(exc)})") from exc
+    if got != expected_size:  # it changed while we read
+        raise SnapshotError("the saved cache file changed while it was read")
     view = memoryview(data)[offset:expected_size]
-    if zlib.crc32(view) != head.get("crc32"):
+    if zlib.crc32(view) != head["crc32"]:
         raise SnapshotError("the saved cache file is corrupt (checksum mismatch)")
     parts = []
     at = 0
@@ -188,8 +233,66 @@ def read_snapshot(path: Path, expected: SnapshotHeader) -> KvState:
     except UnicodeDecodeError as exc:
         raise SnapshotError("the saved cache file is inconsistent (text)") from exc
     pairs = list(zip(marks[0::2], marks[1::2], strict=True))
-    if len(tokens) != header.n_tokens or any(
-        not (0 <= n <= len(tokens) and 0 <= c <= len(text)) for n, c in pairs
+    if (
+        len(tokens) != header.n_tokens
+        or (tokens and min(tokens) < 0)
+        or any(not (0 <= n <= len(tokens) and 0 <= c <= len(text)) for n, c in pairs)
     ):
         raise SnapshotError("the saved cache file is inconsistent (token count)")
     return KvState(state=parts[0], tokens=tokens.tolist(), text=text, marks=pairs)
+
+
+@contextlib.contextmanager
+def _open(path: Path) -> Iterator[tuple[io.BufferedReader, int]]:
+    """``path`` open for reading, with its size; a pipe or device is refused unread."""
+    try:
+        fd, size = open_regular(path)
+    except FileNotFoundError as exc:
+        raise SnapshotError("there is no saved cache for this conversation") from exc
+    except DataFileError as exc:
+        raise SnapshotError(f"the saved cache file {exc}") from exc
+    with os.fdopen(fd, "rb") as fh:
+        yield fh, size
+
+
+def _read(fh: io.BufferedReader, n: int) -> bytes:
+    try:
+        return fh.read(n)
+    except OSError as exc:
+        raise SnapshotError(f"the saved cache could not be read ({os_reason(exc)})") from exc
+
+
+def _damaged(what: str) -> SnapshotError:
+    return SnapshotError(f"the saved cache file has a damaged header ({what})")
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_flat(value: object) -> bool:
+    """An object of short keys and scalar values (what model, runtime and cache hold)."""
+    return isinstance(value, dict) and all(
+        len(k) <= 100 and isinstance(v, SCALARS) and (not isinstance(v, str) or len(v) <= 4096)
+        for k, v in value.items()
+    )
+
+
+def _is_lora(entry: object) -> bool:
+    """A LoRA stack entry as ``LoraStack.signature`` writes it."""
+    if not _is_flat(entry):
+        return False
+    assert isinstance(entry, dict)
+    path, scale = entry.get("path"), entry.get("scale")
+    return (
+        isinstance(path, str)
+        and len(path) > 0
+        and "\0" not in path
+        and isinstance(scale, int | float)
+        and not isinstance(scale, bool)
+        and math.isfinite(scale)
+        and isinstance(entry.get("enabled", True), bool)
+        and isinstance(entry.get("sha256"), str | None)
+        and isinstance(entry.get("name", ""), str)
+        and (entry.get("size") is None or _is_int(entry.get("size")))
+    )

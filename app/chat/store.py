@@ -4,8 +4,13 @@
     <data>/snapshots/<id>.lpkv       the KV cache; dropped least-recently-used
                                      first when over the disk budget
 
-Every write is atomic; a damaged transcript is reported and skipped, never
-fatal for the others.
+Every write is atomic. Transcripts are read through ``app.util.datafiles``
+(regular files only, size and depth limits). One whose content is damaged is
+set aside as ``<id>.json.bad`` when the list is read, with a note for the user
+(``take_notes``), and the others load; one that may be fine but cannot be read
+now (permissions, over the size limit, a newer format) stays where it is and is
+listed with the reason. Files in the snapshot folder that are not snapshots
+(odd names, directories, links, pipes) are left alone and never counted.
 """
 
 from __future__ import annotations
@@ -19,11 +24,23 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.chat.conversation import Conversation, ConversationError, new_id
+from app.chat.conversation import Conversation, ConversationError, is_valid_id, new_id
+from app.config.params import short_repr
 from app.util.atomic import atomic_write_text
+from app.util.datafiles import (
+    DataFileError,
+    ensure_directory,
+    os_reason,
+    parse_json,
+    read_json,
+    reason,
+    set_aside,
+)
 
 DEFAULT_BUDGET_BYTES = 1024 * 1024 * 1024
 SNAPSHOT_SUFFIX = ".lpkv"
+MAX_TRANSCRIPT_BYTES = 64 * 1024 * 1024  # a very long chat with pasted logs is ~10 MB
+MAX_DEPTH = 16  # a transcript nests 5 levels: messages[{metrics{token_times_ms[...]}}]
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,7 @@ class ConversationSummary:
     n_messages: int
     snapshot_bytes: int
     error: str = ""
+    set_aside: bool = False  # the transcript was damaged and moved to <id>.json.bad
 
 
 class ConversationStore:
@@ -46,8 +64,11 @@ class ConversationStore:
     def __init__(self, root: Path, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         self.conversations_dir = root / "conversations"
         self.snapshots_dir = root / "snapshots"
-        self.conversations_dir.mkdir(parents=True, exist_ok=True)
-        self.snapshots_dir.mkdir(parents=True, exist_ok=True)
+        self._notes: builtins.list[str] = []  # for the user: files set aside
+        for folder in (self.conversations_dir, self.snapshots_dir):
+            note = ensure_directory(folder)
+            if note:
+                self._notes.append(note + ".")
         self.budget_bytes = budget_bytes
         # Sidebar rows by id, with the transcript's (size, mtime_ns) they were read at.
         self._summaries: dict[str, tuple[tuple[int, int], ConversationSummary]] = {}
@@ -62,8 +83,14 @@ class ConversationStore:
 
     # -- transcripts -------------------------------------------------------------------
 
+    def take_notes(self) -> builtins.list[str]:
+        """What was set aside since the last call, one line each (then forgotten)."""
+        notes, self._notes = self._notes, []
+        return notes
+
     def list(self) -> list[ConversationSummary]:
-        """Every conversation, newest first; damaged ones are listed with the reason.
+        """Every conversation, newest first. Damaged transcripts are set aside (see
+        ``take_notes``); unreadable ones are listed with the reason.
 
         Only transcripts that changed since the last call (size or mtime) are read again.
         """
@@ -71,17 +98,22 @@ class ConversationStore:
         seen = set()
         for path in self.conversations_dir.glob("*.json"):
             conv_id = path.stem
-            if not (conv_id.isalnum() and conv_id.isascii()):
+            if not is_valid_id(conv_id):
                 continue
-            seen.add(conv_id)
-            out.append(self.summary(conv_id))
+            row = self.summary(conv_id)
+            if not row.set_aside:
+                seen.add(conv_id)
+                out.append(row)
         for gone in set(self._summaries) - seen:
             del self._summaries[gone]
         out.sort(key=lambda s: s.updated, reverse=True)
         return out
 
     def summary(self, conv_id: str) -> ConversationSummary:
-        """One sidebar row, read again only when the transcript changed on disk."""
+        """One sidebar row, read again only when the transcript changed on disk.
+
+        A damaged transcript is set aside here: its row says so (``set_aside``).
+        """
         path = self.transcript_path(conv_id)
         try:
             st = path.stat()
@@ -104,6 +136,8 @@ class ConversationStore:
                 snapshot_bytes=size,
             )
         except ConversationError as exc:
+            error = str(exc)
+            aside = exc.damaged and self._set_aside(path, error)
             row = ConversationSummary(
                 id=conv_id,
                 title=f"(unreadable) {path.name}",
@@ -112,27 +146,41 @@ class ConversationStore:
                 n_tokens=0,
                 n_messages=0,
                 snapshot_bytes=size,
-                error=str(exc),
+                error=error,
+                set_aside=aside,
             )
+            if aside:
+                self._summaries.pop(conv_id, None)
+                return row
         self._summaries[conv_id] = (stamp, row)
         return row
 
+    def _set_aside(self, path: Path, error: str) -> bool:
+        try:
+            aside = set_aside(path)
+        except OSError as exc:
+            self._notes.append(f"{error}; it could not be set aside ({os_reason(exc)}).")
+            return False
+        self._notes.append(f"{error}; it was set aside as {aside.name}.")
+        return True
+
     def load(self, conv_id: str) -> Conversation:
+        """The transcript of ``conv_id``.
+
+        Raises:
+            ConversationError: missing, unreadable, too large or damaged (``damaged``).
+        """
         path = self.transcript_path(conv_id)
         try:
-            raw = path.read_text(encoding="utf-8")
+            data = read_json(path, MAX_TRANSCRIPT_BYTES, MAX_DEPTH)
         except FileNotFoundError as exc:
             raise ConversationError(f"{path.name}: no such conversation") from exc
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConversationError(f"{path.name}: could not be read ({exc})") from exc
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            reason = exc.args[0] if isinstance(exc, ValueError) else "nested too deeply"
-            raise ConversationError(f"{path.name}: damaged ({reason})") from exc
-        conv = Conversation.from_dict(data, where=path.name)
+        except DataFileError as exc:
+            what = "damaged" if exc.damaged else "not usable"
+            raise ConversationError(f"{path.name}: {what} ({reason(exc)})", exc.damaged) from exc
+        conv = Conversation.from_dict(data, where=path.name, fallback_time=_mtime(path))
         if conv.id != conv_id:
-            raise ConversationError(f"{path.name}: holds conversation {conv.id}")
+            raise ConversationError(f"{path.name}: holds conversation {conv.id}", damaged=True)
         return conv
 
     def save(self, conv: Conversation) -> None:
@@ -172,14 +220,35 @@ class ConversationStore:
         self.save(fork)
         return fork
 
+    def import_file(self, path: Path) -> Conversation:
+        """A conversation from an exported JSON file, saved under a new id.
+
+        Raises:
+            ConversationError: the file cannot be read or is not a conversation.
+            OSError: the new transcript could not be written.
+        """
+        try:
+            raw = read_json(path, MAX_TRANSCRIPT_BYTES, MAX_DEPTH)
+        except FileNotFoundError as exc:
+            raise ConversationError(f"{path.name}: no such file") from exc
+        except DataFileError as exc:
+            raise ConversationError(f"{path.name}: not a conversation ({reason(exc)})") from exc
+        return self._import(raw)
+
     def import_json(self, text: str) -> Conversation:
         """A conversation from exported JSON, saved under a new id."""
+        if len(text) > MAX_TRANSCRIPT_BYTES:
+            raise ConversationError("the imported file is too large")
         try:
-            data = json.loads(text)
-        except (ValueError, RecursionError) as exc:
-            raise ConversationError("not valid JSON") from exc
+            data = parse_json(text, MAX_DEPTH)
+        except DataFileError as exc:
+            raise ConversationError(f"not valid JSON ({reason(exc)})") from exc
+        return self._import(data)
+
+    def _import(self, data: object) -> Conversation:
+        if isinstance(data, dict):
+            data = {**data, "id": new_id()}  # whatever id it had: it gets a new one
         conv = Conversation.from_dict(data, where="imported file")
-        conv.id = new_id()
         conv.n_tokens = 0
         self.save(conv)
         return conv
@@ -202,7 +271,7 @@ class ConversationStore:
             self.snapshot_path(conv_id).unlink()
 
     def total_snapshot_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self._snapshot_files())
+        return sum(size for _, size, _ in self._snapshot_files())
 
     def prune(self, keep: frozenset[str] = frozenset()) -> builtins.list[str]:
         """Drop least recently used snapshots until the total fits the budget.
@@ -210,18 +279,16 @@ class ConversationStore:
         Snapshots whose id is in ``keep`` (the open conversation) stay.
         Returns the ids dropped.
         """
-        files = sorted(self._snapshot_files(), key=_mtime)
-        total = sum(p.stat().st_size for p in files)
+        files = sorted(self._snapshot_files(), key=lambda f: f[2])
+        total = sum(size for _, size, _ in files)
         dropped = []
-        for path in files:
+        for conv_id, size, _ in files:
             if total <= self.budget_bytes:
                 break
-            conv_id = path.name.removesuffix(SNAPSHOT_SUFFIX)
             if conv_id in keep:
                 continue
-            size = path.stat().st_size
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+            with contextlib.suppress(OSError):
+                self.snapshot_path(conv_id).unlink()
             total -= size
             dropped.append(conv_id)
         # Temp files of writes that a crash interrupted.
@@ -235,20 +302,37 @@ class ConversationStore:
     def drop_orphan_snapshots(self, keep: frozenset[str] = frozenset()) -> None:
         """Delete snapshots whose transcript is gone (a transcript that could not be
         written, say); ``keep``: ids whose transcript may still be written."""
-        for path in self._snapshot_files():
-            conv_id = path.name.removesuffix(SNAPSHOT_SUFFIX)
-            if conv_id not in keep and not self.transcript_path(conv_id).exists():
+        for conv_id, _, _ in self._snapshot_files():
+            if conv_id not in keep and not os.path.lexists(self.transcript_path(conv_id)):
                 with contextlib.suppress(OSError):
-                    path.unlink()
+                    self.snapshot_path(conv_id).unlink()
 
-    def _snapshot_files(self) -> builtins.list[Path]:
-        return [p for p in self.snapshots_dir.glob(f"*{SNAPSHOT_SUFFIX}") if p.is_file()]
+    def _snapshot_files(self) -> builtins.list[tuple[str, int, float]]:
+        """(id, size, mtime) of each snapshot: regular files with a valid id for a name
+        (links, directories, pipes and strays are not snapshots, so never deleted)."""
+        out = []
+        try:
+            entries = builtins.list(os.scandir(self.snapshots_dir))
+        except OSError:
+            return []
+        for entry in entries:
+            conv_id = entry.name.removesuffix(SNAPSHOT_SUFFIX)
+            if conv_id == entry.name or not is_valid_id(conv_id):
+                continue
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # gone since the listing
+            out.append((conv_id, st.st_size, st.st_mtime))
+        return out
 
 
 def _checked(conv_id: str) -> str:
-    # Ids become file names: only letters and digits, never a path.
-    if not conv_id or not conv_id.isalnum() or not conv_id.isascii():
-        raise ConversationError(f"invalid conversation id {conv_id!r}")
+    # Ids become file names: only letters and digits, never a path, never too long.
+    if not is_valid_id(conv_id):
+        raise ConversationError(f"invalid conversation id {short_repr(conv_id)}")
     return conv_id
 
 

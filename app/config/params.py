@@ -1,12 +1,16 @@
 """Every sampling and load setting, declared once: type, range, default, help, group.
 
-The UI builds its controls from ``SPECS``; ``validate`` is the only way a
-value reaches llama.cpp, and its errors name the field and the allowed range.
+The UI builds its controls from ``SPECS``; ``check`` is the only way a value
+reaches llama.cpp: through ``validate_*`` for what the user enters (an error
+names the field and the allowed range) and ``repair_*`` for what a file holds
+(a bad value is clamped or reset, with a note). ``FILE_ONLY_SPECS`` are checked
+the same way but have no control in the panel.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -68,6 +72,7 @@ class SamplingParams:
 
 
 GROUPS = ("basic", "advanced", "structured", "speculative", "model")
+TEXT_CHARS = 100_000  # the longest schema or grammar a text field takes
 
 
 class SettingError(LamplightError):
@@ -180,8 +185,8 @@ SPECS: tuple[FieldSpec, ...] = (
         "Repeat penalty",
         "float",
         "advanced",
-        "Make recently used tokens less likely; 1 turns it off.",
-        0.0,
+        "Make recently used tokens less likely; 1 turns it off (llama.cpp needs more than 0).",
+        0.01,
         3.0,
         0.01,
         2,
@@ -269,6 +274,7 @@ SPECS: tuple[FieldSpec, ...] = (
         "text",
         "structured",
         "A JSON Schema the reply must match (Output: JSON schema).",
+        maximum=TEXT_CHARS,
     ),
     FieldSpec(
         "grammar",
@@ -276,6 +282,7 @@ SPECS: tuple[FieldSpec, ...] = (
         "text",
         "structured",
         "A llama.cpp GBNF grammar with a `root` rule (Output: GBNF).",
+        maximum=TEXT_CHARS,
     ),
     FieldSpec(
         "speculative",
@@ -342,7 +349,33 @@ SPECS: tuple[FieldSpec, ...] = (
     ),
 )
 
-SPEC_BY_NAME = {s.name: s for s in SPECS}
+# Declared and checked like the others, but not in the settings panel: the batch size
+# is for the settings file only, the KV type has its own menu item (compact cache).
+FILE_ONLY_SPECS: tuple[FieldSpec, ...] = (
+    FieldSpec(
+        "n_batch",
+        "Batch size",
+        "int",
+        "model",
+        "Prompt tokens evaluated per llama.cpp batch.",
+        1,
+        8192,
+        reload=True,
+        target="load",
+    ),
+    FieldSpec(
+        "kv_type",
+        "KV cache type",
+        "choice",
+        "model",
+        "f16, or q8_0 to halve the KV cache and its snapshots.",
+        choices=("f16", "q8_0"),
+        reload=True,
+        target="load",
+    ),
+)
+
+SPEC_BY_NAME = {s.name: s for s in (*SPECS, *FILE_ONLY_SPECS)}
 
 
 def check(spec: FieldSpec, value: Any) -> Any:
@@ -350,31 +383,41 @@ def check(spec: FieldSpec, value: Any) -> Any:
     where = spec.label
     if spec.kind in ("float", "int"):
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SettingError(spec.name, f"{where} must be a number (got {value!r}).")
-        if value != value or value in (float("inf"), float("-inf")):
+            raise SettingError(spec.name, f"{where} must be a number (got {short_repr(value)}).")
+        if isinstance(value, float) and not math.isfinite(value):
             raise SettingError(spec.name, f"{where} must be a finite number.")
-        if spec.kind == "int" and float(value) != int(value):
-            raise SettingError(spec.name, f"{where} must be a whole number (got {value}).")
-        number: float | int = int(value) if spec.kind == "int" else float(value)
+        number: float | int
+        if spec.kind == "int":
+            if isinstance(value, float) and not value.is_integer():
+                raise SettingError(spec.name, f"{where} must be a whole number (got {value}).")
+            number = int(value)
+        else:
+            # A huge int would raise OverflowError in float(); it is out of range anyway.
+            number = float(value) if abs(value) < 1e300 else math.copysign(math.inf, value)
         assert spec.minimum is not None and spec.maximum is not None
         if not spec.minimum <= number <= spec.maximum:
-            lo = int(spec.minimum) if spec.kind == "int" else spec.minimum
-            hi = int(spec.maximum) if spec.kind == "int" else spec.maximum
-            raise SettingError(spec.name, f"{where} must be between {lo} and {hi} (got {value}).")
+            raise SettingError(
+                spec.name,
+                f"{where} must be between {_bound(spec, spec.minimum)} and "
+                f"{_bound(spec, spec.maximum)} (got {short_repr(value)}).",
+            )
         return number
     if spec.kind == "bool":
         if not isinstance(value, bool):
-            raise SettingError(spec.name, f"{where} must be on or off (got {value!r}).")
+            raise SettingError(spec.name, f"{where} must be on or off (got {short_repr(value)}).")
         return value
     if spec.kind == "choice":
-        if value not in spec.choices:
+        if not isinstance(value, str) or value not in spec.choices:
             raise SettingError(
-                spec.name, f"{where} must be one of {', '.join(spec.choices)} (got {value!r})."
+                spec.name,
+                f"{where} must be one of {', '.join(spec.choices)} (got {short_repr(value)}).",
             )
         return value
     if spec.kind == "text":
         if not isinstance(value, str):
             raise SettingError(spec.name, f"{where} must be text.")
+        if spec.maximum is not None and len(value) > spec.maximum:
+            raise SettingError(spec.name, f"{where}: at most {int(spec.maximum):,} characters.")
         return value
     if spec.kind == "list":
         items = list(value) if isinstance(value, list | tuple) else None
@@ -384,6 +427,90 @@ def check(spec: FieldSpec, value: Any) -> Any:
             raise SettingError(spec.name, f"{where}: up to 16, none empty.")
         return tuple(items)
     raise SettingError(spec.name, f"unknown kind {spec.kind}")
+
+
+def repair(spec: FieldSpec, value: Any) -> tuple[Any, str]:
+    """A valid value for ``spec`` from a stored one, and a note when it had to change.
+
+    A sampling number above its range is clamped to the maximum (the bound is safe
+    and keeps the intent: "a lot"). Everything else invalid takes the default: a
+    sampling number below its range (the floor can be an extreme: a repeat penalty
+    of 0.01 boosts repeats, where 0 was probably meant as "off"), any load setting
+    out of range (a bound can still be too much for this machine: 262144 tokens of
+    context, 256 threads; the default is known to load), a wrong type, NaN, an
+    unknown choice.
+    """
+    try:
+        return check(spec, value), ""
+    except SettingError as exc:
+        problem = str(exc)[:-1]  # without the full stop
+    hi = spec.maximum
+    number = (isinstance(value, int) and not isinstance(value, bool)) or (
+        isinstance(value, float)
+        and math.isfinite(value)
+        and (spec.kind == "float" or value.is_integer())
+    )
+    if (
+        spec.target == "sampling"
+        and spec.kind in ("float", "int")
+        and hi is not None
+        and number
+        and value > hi
+    ):
+        return _bound(spec, hi), f"{problem}; set to {_bound(spec, hi)}."
+    return spec.default, f"{problem}; using the default ({short_repr(spec.default)})."
+
+
+def repair_fields(kind: type, values: Any) -> tuple[dict[str, Any], list[str]]:
+    """The known fields of dataclass ``kind`` in ``values``, each made valid (see ``repair``).
+
+    Unknown keys are ignored without a note (a newer version may have written them).
+    """
+    if not isinstance(values, dict):
+        return {}, []
+    out: dict[str, Any] = {}
+    notes = []
+    for f in fields(kind):
+        if f.name not in values:
+            continue
+        spec = SPEC_BY_NAME.get(f.name)
+        if spec is None:  # pragma: no cover - every field has a declaration
+            continue
+        out[f.name], note = repair(spec, values[f.name])
+        if note:
+            notes.append(note)
+    return out, notes
+
+
+def repair_sampling(values: Any) -> tuple[SamplingParams, list[str]]:
+    """SamplingParams from stored values: bad fields repaired, a bad schema or grammar
+    switches the output format back to free text (the text itself is kept)."""
+    out, notes = repair_fields(SamplingParams, values)
+    params = SamplingParams(**out)
+    try:
+        check_structured(params)
+    except SettingError as exc:
+        notes.append(f"{exc}; the output format is back to free text.")
+        params = replace(params, output_format="text")
+    return params, notes
+
+
+def repair_load(values: Any) -> tuple[LoadConfig, list[str]]:
+    """LoadConfig from stored values: every field in its declared range (see ``repair``)."""
+    out, notes = repair_fields(LoadConfig, values)
+    return LoadConfig(**out), notes
+
+
+def _bound(spec: FieldSpec, value: float) -> float | int:
+    return int(value) if spec.kind == "int" else value
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to one short line (a stored value can be anything)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "a huge number"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:39] + "…"
 
 
 def validate_sampling(values: dict[str, Any], base: SamplingParams | None = None) -> SamplingParams:
@@ -439,6 +566,8 @@ def grammar_for(params: SamplingParams) -> str:
     if params.output_format == "json_schema":
         try:
             schema = json.loads(params.json_schema)
+        except RecursionError as exc:
+            raise SettingError("json_schema", "The JSON schema is nested too deeply.") from exc
         except ValueError as exc:
             raise SettingError("json_schema", f"The JSON schema is not valid JSON: {exc}") from exc
         if not isinstance(schema, dict):

@@ -6,8 +6,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.config.params import SamplingParams, SettingError, sampling_to_dict, validate_sampling
+from app.config.params import (
+    SamplingParams,
+    SettingError,
+    repair_sampling,
+    sampling_to_dict,
+    short_repr,
+    validate_sampling,
+)
 from app.util.atomic import atomic_write_text
+from app.util.datafiles import (
+    DataFileError,
+    os_reason,
+    parse_json,
+    read_json,
+    set_aside,
+    set_aside_note,
+)
 
 BUILTIN: dict[str, SamplingParams] = {
     "Precise": SamplingParams(
@@ -20,6 +35,10 @@ BUILTIN: dict[str, SamplingParams] = {
 }
 DEFAULT_PRESET = "Balanced"
 NAME_CHARS = 60
+MAX_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 8  # the real file nests 4 levels: {"presets": {name: {"stop": [...]}}}
+MAX_PRESETS = 1000
+KEY_CHARS = 1000
 
 
 class PresetError(SettingError):
@@ -33,6 +52,7 @@ class PresetStore:
         self.path = path
         self.user: dict[str, SamplingParams] = {}
         self.model_defaults: dict[str, str] = {}  # model fingerprint or name -> preset name
+        self.notes: list[str] = []  # what was wrong with the file, for the user
         self._load()
 
     def names(self) -> list[str]:
@@ -90,9 +110,9 @@ class PresetStore:
     def import_preset(self, text: str) -> str:
         """Add a preset from exported JSON; returns its (possibly de-duplicated) name."""
         try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise PresetError("preset", f"Not a preset file: {exc}") from exc
+            data = parse_json(text, MAX_DEPTH)
+        except DataFileError as exc:
+            raise PresetError("preset", f"Not a preset file: it {exc}.") from exc
         if not isinstance(data, dict) or data.get("lamplight_preset") != 1:
             raise PresetError("preset", "Not a Lamplight preset file.")
         params = validate_sampling(_params_dict(data.get("params")))
@@ -111,20 +131,58 @@ class PresetStore:
         return name
 
     def _load(self) -> None:
+        """Read the file. One that cannot be used as a whole is set aside as ``.bad``
+        (only the built-ins are listed); bad presets or values in a usable one are left
+        out or repaired, and the original is kept as ``.bad`` before the repaired file is
+        written. ``notes`` says what happened, one line each."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            data = read_json(self.path, MAX_BYTES, MAX_DEPTH)
+            if not isinstance(data, dict):
+                raise DataFileError("is not a JSON object")
+            presets = data.get("presets") or {}
+            defaults = data.get("model_defaults") or {}
+            if not isinstance(presets, dict) or not isinstance(defaults, dict):
+                raise DataFileError("does not hold a table of presets")
+        except FileNotFoundError:
             return
-        if not isinstance(data, dict):
+        except DataFileError as exc:
+            self.notes.append(
+                set_aside_note(self.path, str(exc), "only the built-in presets are listed")
+            )
             return
-        for name, values in (data.get("presets") or {}).items():
+        repairs: list[str] = []
+        for raw_name, values in list(presets.items())[:MAX_PRESETS]:
+            name = " ".join(raw_name.split())
+            if not name or len(name) > NAME_CHARS or name in BUILTIN or name in self.user:
+                repairs.append(f"the preset {short_repr(raw_name)} was left out (bad name).")
+                continue
+            if not isinstance(values, dict):
+                repairs.append(f"the preset {name!r} was left out (no settings).")
+                continue
+            params, notes = repair_sampling(values)
+            repairs += [f"preset {name!r}: {n}" for n in notes]
+            if name != raw_name:
+                repairs.append(f"the preset {short_repr(raw_name)} is now called {name!r}.")
+            self.user[name] = params
+        if len(presets) > MAX_PRESETS:
+            repairs.append(f"only the first {MAX_PRESETS} presets were kept.")
+        for key, value in defaults.items():
+            if isinstance(value, str) and len(key) <= KEY_CHARS and len(value) <= KEY_CHARS:
+                self.model_defaults[key] = value
+            else:
+                repairs.append(f"the default preset for {short_repr(key)} was left out.")
+        if repairs:
+            self.notes += [f"{self.path.name}: {r}" for r in repairs]
             try:
-                self.user[str(name)] = validate_sampling(_params_dict(values))
-            except SettingError:
-                continue  # one bad preset does not hide the others
-        defaults = data.get("model_defaults")
-        if isinstance(defaults, dict):
-            self.model_defaults = {str(k): str(v) for k, v in defaults.items()}
+                aside = set_aside(self.path, copy=True)
+                self._write()
+                self.notes.append(
+                    f"{self.path.name} was repaired; the original is kept as {aside.name}."
+                )
+            except OSError as exc:
+                self.notes.append(
+                    f"{self.path.name} could not be repaired on disk ({os_reason(exc)})."
+                )
 
     def _write(self) -> None:
         data = {

@@ -1,19 +1,41 @@
-"""Load and generation settings, declared once with defaults and stored as JSON."""
+"""Load and generation settings, declared once with defaults and stored as JSON.
+
+A settings file that cannot be used as a whole (not UTF-8, not JSON, nested too
+deeply, not an object, a directory or a pipe in its place, too large,
+unreadable) is set aside as ``settings.json.bad`` and the defaults are used. A
+file whose values are only partly wrong (out of range, of the wrong type) is
+repaired value by value (``app.config.params.repair``): the original is kept
+as ``settings.json.bad`` and the repaired settings are written in its place.
+Either way the caller gets one line per change, to show the user.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.config.params import SPEC_BY_NAME, LoadConfig, SamplingParams, SettingError, check
+from app.config.params import (
+    LoadConfig,
+    SamplingParams,
+    repair_load,
+    repair_sampling,
+    short_repr,
+)
 from app.util.atomic import atomic_write_text
+from app.util.datafiles import DataFileError, os_reason, read_json, set_aside, set_aside_note
 
 log = logging.getLogger(__name__)
 
 SETTINGS_VERSION = 1
+MAX_BYTES = 4 * 1024 * 1024  # far above any real settings file (schemas included)
+MAX_DEPTH = 8  # the real file nests 3 levels: {"sampling": {"stop": [...]}}
+PATH_CHARS = 4096
+ID_CHARS = 128
+MAX_IMPORTED = 10_000
+DEFAULT_BUDGET_MB = 1024
 
 
 @dataclass
@@ -23,7 +45,7 @@ class AppSettings:
     model_path: str | None = None
     system_prompt: str = ""
     last_conversation: str | None = None
-    snapshot_budget_mb: int = 1024  # KV snapshots beyond this are dropped, oldest use first
+    snapshot_budget_mb: int = DEFAULT_BUDGET_MB  # KV snapshots beyond this are dropped
     imported_models: list[str] = field(default_factory=list)  # GGUFs listed where they are
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -33,27 +55,43 @@ class AppSettings:
         return json.dumps(data, indent=2)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AppSettings:
-        load = _pick(LoadConfig, data.get("load"))
-        sampling = _pick(SamplingParams, data.get("sampling"))
-        if "stop" in sampling:
-            sampling["stop"] = tuple(str(s) for s in sampling["stop"])
-        sampling = _valid_or_default(sampling)
+    def from_dict(cls, data: dict[str, Any], notes: list[str] | None = None) -> AppSettings:
+        """Settings from stored values; every invalid one is repaired and noted in ``notes``."""
+        notes = [] if notes is None else notes
+        for key in ("load", "sampling"):
+            if key in data and not isinstance(data[key], dict):
+                notes.append(f"the {key} settings were not an object; using the defaults.")
+        load, load_notes = repair_load(data.get("load"))
+        sampling, sampling_notes = repair_sampling(data.get("sampling"))
+        notes += load_notes + sampling_notes
+
+        def take(key: str, ok: bool, default: Any) -> Any:
+            if ok:
+                return data[key]
+            if data.get(key) is not None:
+                notes.append(f"{key} was not usable ({short_repr(data[key])}); using the default.")
+            return default
+
         model_path = data.get("model_path")
+        system_prompt = data.get("system_prompt")
         last = data.get("last_conversation")
         budget = data.get("snapshot_budget_mb")
+        imported = data.get("imported_models")
+        paths = [p for p in imported if _is_path(p)] if isinstance(imported, list) else []
+        if imported is not None and (not isinstance(imported, list) or len(paths) != len(imported)):
+            notes.append("imported_models had entries that are not file paths; they were left out.")
         return cls(
-            model_path=str(model_path) if model_path else None,
-            system_prompt=str(data.get("system_prompt", "")),
-            last_conversation=str(last) if isinstance(last, str) and last.isalnum() else None,
-            snapshot_budget_mb=budget
-            if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
-            else 1024,
-            imported_models=[
-                str(p) for p in data.get("imported_models") or [] if isinstance(p, str)
-            ],
-            load=LoadConfig(**load),
-            sampling=SamplingParams(**sampling),
+            model_path=take("model_path", _is_path(model_path), None),
+            system_prompt=take("system_prompt", isinstance(system_prompt, str), ""),
+            last_conversation=take("last_conversation", _is_id(last), None),
+            snapshot_budget_mb=take(
+                "snapshot_budget_mb",
+                isinstance(budget, int) and not isinstance(budget, bool) and 0 <= budget < 2**40,
+                DEFAULT_BUDGET_MB,
+            ),
+            imported_models=paths[:MAX_IMPORTED],
+            load=load,
+            sampling=sampling,
         )
 
     def save(self, path: Path) -> None:
@@ -61,56 +99,47 @@ class AppSettings:
 
     @classmethod
     def load_from(cls, path: Path) -> AppSettings:
-        """Read settings; a missing or unreadable file gives defaults (and is kept aside)."""
+        """``load_with_notes`` without the notes (they are logged)."""
+        return cls.load_with_notes(path)[0]
+
+    @classmethod
+    def load_with_notes(cls, path: Path) -> tuple[AppSettings, list[str]]:
+        """Read settings; never raises for what is in the file. Returns the settings and
+        one line per thing that was wrong with it (empty when it was fine or missing)."""
         try:
-            raw = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return cls()
-        try:
-            data = json.loads(raw)
+            data = read_json(path, MAX_BYTES, MAX_DEPTH)
             if not isinstance(data, dict):
-                raise ValueError("not a JSON object")
-            return cls.from_dict(data)
-        except (ValueError, TypeError) as exc:
-            aside = path.with_suffix(".json.bad")
-            log.warning("settings file %s unreadable (%s); kept as %s", path, exc, aside)
-            path.replace(aside)
-            return cls()
-
-
-def _valid_or_default(values: dict[str, Any]) -> dict[str, Any]:
-    """Values that pass validation; a bad one falls back to its default."""
-    out = {}
-    for name, value in values.items():
-        spec = SPEC_BY_NAME.get(name)
+                raise DataFileError("is not a JSON object")
+        except FileNotFoundError:
+            return cls(), []
+        except DataFileError as exc:
+            note = set_aside_note(path, str(exc), "the defaults are used")
+            log.warning("%s", note)
+            return cls(), [note]
+        repairs: list[str] = []
+        settings = cls.from_dict(data, repairs)
+        if not repairs:
+            return settings, []
+        notes = [f"{path.name}: {r}" for r in repairs]
         try:
-            out[name] = check(spec, value) if spec is not None else value
-        except SettingError as exc:
-            log.warning("settings: %s; using the default", exc)
-    return out
+            aside = set_aside(path, copy=True)
+            settings.save(path)
+            notes.append(f"{path.name} was repaired; the original is kept as {aside.name}.")
+        except OSError as exc:
+            notes.append(f"{path.name} could not be repaired on disk ({os_reason(exc)}).")
+        for note in notes:
+            log.warning("%s", note)
+        return settings, notes
 
 
-def _pick(kind: type, data: object) -> dict[str, Any]:
-    """Known fields of ``kind`` from ``data`` whose type matches the default's type."""
-    if not isinstance(data, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for f in fields(kind):
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        default = f.default
-        if isinstance(default, bool) or default is None:
-            ok = isinstance(value, type(default)) if default is not None else True
-        elif isinstance(default, float):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        elif isinstance(default, int):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif isinstance(default, tuple):
-            ok = isinstance(value, list)
-        else:
-            ok = isinstance(value, type(default))
-        if ok:
-            out[f.name] = value
-    return out
+def _is_path(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= PATH_CHARS and "\0" not in value
+
+
+def _is_id(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= ID_CHARS
+        and value.isascii()
+        and value.isalnum()
+    )

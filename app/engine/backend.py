@@ -49,6 +49,7 @@ class ModelInfo:
     template: str
     backend: str
     load_ms: float
+    notes: tuple[str, ...] = ()  # what the user should know about this load (a template fallback)
 
 
 @dataclass(frozen=True)

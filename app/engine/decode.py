@@ -115,6 +115,7 @@ def decode(
     one: Any,
     token_bytes: Callable[[int], bytes],
     rewind: Callable[[int], str],
+    stop_ids: frozenset[int] = frozenset(),
 ) -> Generator[EngineEvent, None, None]:
     """Sample the reply after the prompt in ``cmap``: ``Token`` events, then ``Finished``.
 
@@ -122,6 +123,8 @@ def decode(
     sequence 0, kept up to date as tokens are evaluated. ``lookup`` picks
     prompt-lookup drafting. ``one`` is a one-token ``llama_token`` array,
     ``token_bytes`` a token's text, ``rewind`` the engine's cache rewind.
+    ``stop_ids`` are stop strings that are single tokens with no text
+    (``<start_of_turn>``): sampling one ends the reply like its stop string.
     """
     import llama_cpp
 
@@ -129,9 +132,13 @@ def decode(
     reply = Reply(cmap, token_bytes, params, template_stops, metrics, t0)
     try:
         if lookup:
-            reason = yield from loop_lookup(llm, cmap, sampler, reply, params, metrics, stop)
+            reason = yield from loop_lookup(
+                llm, cmap, sampler, reply, params, metrics, stop, stop_ids
+            )
         else:
-            reason = yield from loop_plain(llm, cmap, sampler, reply, params, stop, one, rewind)
+            reason = yield from loop_plain(
+                llm, cmap, sampler, reply, params, stop, one, rewind, stop_ids
+            )
     finally:
         llama_cpp.llama_sampler_free(sampler)
         reply.close()
@@ -164,6 +171,7 @@ def loop_plain(
     stop: threading.Event,
     one: Any,
     rewind: Callable[[int], str],
+    stop_ids: frozenset[int] = frozenset(),
 ) -> Generator[Token, None, str]:
     """One token per llama_decode (the fastest path when nothing can be drafted)."""
     import llama_cpp
@@ -179,6 +187,8 @@ def loop_plain(
         tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
             return "eos"
+        if tok in stop_ids:
+            return "stop_string"
         text = reply.emit(tok)
         if text:
             yield Token(text)
@@ -203,6 +213,7 @@ def loop_lookup(
     params: SamplingParams,
     metrics: MessageMetrics,
     stop: threading.Event,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> Generator[Token, None, str]:
     """Prompt-lookup speculative decoding.
 
@@ -232,6 +243,8 @@ def loop_lookup(
                 return "context_full"
             if llama_cpp.llama_vocab_is_eog(vocab, pending):
                 return "eos"
+            if pending in stop_ids:
+                return "stop_string"
             text = reply.emit(pending)
             if text:
                 yield Token(text)
@@ -260,7 +273,7 @@ def loop_lookup(
             kept = 0
             nxt = llama_cpp.llama_sampler_sample(sampler, ctx, 0)
             for i, guess in enumerate(draft):
-                if nxt != guess or llama_cpp.llama_vocab_is_eog(vocab, nxt):
+                if nxt != guess or nxt in stop_ids or llama_cpp.llama_vocab_is_eog(vocab, nxt):
                     break
                 text = reply.emit(guess)
                 if text:

@@ -45,7 +45,7 @@ from app.engine.llama_log import install_log_route
 from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
 from app.engine.sampler import build_sampler
-from app.engine.templates import ChatMessage, ChatTemplate, choose_template
+from app.engine.templates import ChatMessage, ChatTemplate, ChatTemplateError, choose_template
 from app.engine.vocab import Vocab
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
@@ -92,6 +92,8 @@ class Engine:
         self._stop = threading.Event()
         self._abort_cb: Any = None
         self._vocab: Vocab | None = None
+        self._stop_ids: frozenset[int] = frozenset()  # the template's stop tokens with no text
+        self._notes: tuple[str, ...] = ()
         self._one_token: Any = None
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
         # LoRA: the loaded adapters and the applied stack; the stack the KV cache was
@@ -108,6 +110,11 @@ class Engine:
     @property
     def template(self) -> ChatTemplate | None:
         return self._template
+
+    @property
+    def load_notes(self) -> tuple[str, ...]:
+        """What the user should know about the last load (a chat template not used)."""
+        return self._notes
 
     @property
     def llama(self) -> Any:
@@ -160,6 +167,7 @@ class Engine:
                 bos_token=vocab.text(llm.token_bos()),
                 eos_token=vocab.text(llm.token_eos()),
             )
+            stop_ids = vocab.stop_tokens(template.stop_strings)
         except BaseException:
             llm.close()
             raise
@@ -170,6 +178,10 @@ class Engine:
         self._adapters = AdapterSet(gguf.path)
         self._config = config
         self._template = template
+        self._stop_ids = stop_ids
+        self._notes = (template.note,) if template.note else ()
+        if template.note:
+            log.warning("%s", template.note)
         self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
         self._one_token = (llama_cpp.llama_token * 1)()
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
@@ -186,6 +198,7 @@ class Engine:
             template=self._template.label,
             backend=self.hardware().label if config.n_gpu_layers != 0 else "CPU",
             load_ms=load_ms,
+            notes=self._notes,
         )
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
         return self._info
@@ -202,6 +215,8 @@ class Engine:
         self._vocab = None
         self._info = None
         self._template = None
+        self._stop_ids = frozenset()
+        self._notes = ()
         self._map.clear()
 
     def reset(self) -> None:
@@ -348,7 +363,7 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         """Token ids for prompt text: special tokens parsed, BOS added if the model wants it."""
         llm = self._require()
-        return list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+        return list(llm.tokenize(text.encode("utf-8", "replace"), add_bos=True, special=True))
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The conversation rendered by the chat template and tokenized."""
@@ -372,7 +387,8 @@ class Engine:
         evaluates only tokens that are new.
 
         Raises:
-            NoModelLoaded, ContextOverflowError, DecodeError.
+            NoModelLoaded, ContextOverflowError, DecodeError, ChatTemplateError (the
+            model's own template failed on ``messages``, or rendered nothing).
         """
         import llama_cpp
 
@@ -387,6 +403,11 @@ class Engine:
         text = self._template.render(messages, True)
         n_mark, c_mark = self._map.match(text)
         prompt = self._map.tokens[:n_mark] + self._tokenize(text[c_mark:], bos=n_mark == 0)
+        if not prompt:  # llama.cpp aborts the process on an empty batch
+            raise ChatTemplateError(
+                "The chat template rendered an empty prompt: there is nothing to send to the "
+                "model. Edit the conversation, or start a new chat."
+            )
         n_ctx = llm.n_ctx()
         if len(prompt) >= n_ctx:
             raise ContextOverflowError(len(prompt) + 1, n_ctx)
@@ -457,12 +478,15 @@ class Engine:
     def _tokenize(self, text: str, bos: bool) -> list[int]:
         if not text:
             return []
-        return list(self._llm.tokenize(text.encode("utf-8"), add_bos=bos, special=True))
+        data = text.encode("utf-8", "replace")
+        return list(self._llm.tokenize(data, add_bos=bos, special=True))
 
     def _prefill(self, tokens: Sequence[int], stop: threading.Event) -> Iterator[PrefillProgress]:
         """Evaluate ``tokens`` in batches with the abort callback armed."""
         import llama_cpp
 
+        if not tokens:  # llama.cpp aborts the process on an empty batch
+            return
         ctx = self._llm._ctx.ctx
         n_batch = self._llm.n_batch
         self._stop = stop
@@ -522,6 +546,7 @@ class Engine:
             one=self._one_token,
             token_bytes=self._vocab.piece,
             rewind=self._rewind,
+            stop_ids=self._stop_ids | self._vocab.stop_tokens(params.stop),
         )
 
     # -- internals -----------------------------------------------------------------

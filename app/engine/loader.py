@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterator
 from typing import Any
 
-from app.config.params import LoadConfig
+from app.config.params import LoadConfig, SettingError, validate_load
 from app.engine.backend import LoadCancelled, ProgressFn
 from app.gguf.info import GgufInfo
 from app.util.errors import ModelLoadError
@@ -20,10 +21,18 @@ KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
 def open_llama(gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None) -> Any:
     """A ``llama_cpp.Llama`` for ``gguf`` with ``config`` (``config.n_gpu_layers`` resolved).
 
+    ``gguf`` comes from ``read_gguf_info``, which refused the header values that make
+    llama.cpp abort the process; the settings are checked here against their one
+    declaration (a negative batch segfaults llama.cpp, 100000 threads abort it).
+
     Raises:
-        ModelLoadError: llama.cpp refused the file.
+        ModelLoadError: llama.cpp refused the file, or a setting is out of range.
         LoadCancelled: ``progress`` returned False.
     """
+    try:
+        validate_load(dataclasses.asdict(config))
+    except SettingError as exc:
+        raise ModelLoadError(f"{gguf.path.name} was not loaded: {exc}") from exc
     import llama_cpp
 
     cancelled = [False]
@@ -52,6 +61,8 @@ def open_llama(gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None) 
                 type_v=KV_TYPES[config.kv_type],
                 verbose=False,
             )
+    except MemoryError as exc:  # llama-cpp-python sizes buffers from the header
+        raise ModelLoadError(f"There is not enough memory to load {gguf.path.name}.") from exc
     except (ValueError, RuntimeError, OSError) as exc:
         if cancelled[0]:
             raise LoadCancelled(f"Loading {gguf.path.name} was cancelled.") from exc

@@ -1,13 +1,29 @@
-"""Chat templates: the model's own (Jinja, sandboxed) or one chosen by architecture."""
+"""Chat templates: the model's own (Jinja, sandboxed) or one chosen by architecture.
+
+A model's own template runs in ``template_sandbox`` (time, size and depth
+limits). When it cannot be used — it does not compile, breaks a limit, raises,
+renders an empty prompt, or fails on a conversation with a system prompt — the
+built-in template for the architecture is used instead, and ``ChatTemplate.note``
+says why, for the status bar.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
+
+from app.util.errors import LamplightError
 
 Role = Literal["system", "user", "assistant"]
+
+
+class ChatTemplateError(LamplightError, ValueError):
+    """A chat template failed: it does not compile, broke a limit, or raised.
+
+    A ``ValueError`` too, for callers that caught the template's errors as one.
+    """
 
 
 @dataclass(frozen=True)
@@ -29,9 +45,15 @@ class ChatTemplate:
     reason: str
     stop_strings: tuple[str, ...]
     renderer: Renderer
+    note: str = ""  # why the model's own template was not used, for the status bar
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
-        return self.renderer(messages, add_generation_prompt)
+        """Prompt text for ``messages``, valid for UTF-8 (lone surrogates become U+FFFD).
+
+        Raises:
+            ChatTemplateError: the model's own template failed on these messages.
+        """
+        return clean_text(self.renderer(messages, add_generation_prompt))
 
     @property
     def label(self) -> str:
@@ -156,45 +178,134 @@ def template_for_architecture(arch: str, has_token: Callable[[str], bool]) -> Ch
     return builtin_template(name, f"for {arch}")
 
 
-def jinja_template(source: str, bos_token: str, eos_token: str) -> ChatTemplate:
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str) -> str:
+    """``text`` with lone surrogates (which UTF-8 cannot encode) replaced by U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+# Special tokens that open or close a turn. A model's own template that uses one
+# also stops the reply on it: they detokenize to nothing, so a model that opens a
+# new turn would otherwise stream the next (made-up) user turn into its reply.
+TURN_MARKERS = (
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|start_header_id|>",
+    "<|eot_id|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|system|>",
+    "<|end|>",
+    "<|endoftext|>",
+    "<|START_OF_TURN_TOKEN|>",
+    "<|END_OF_TURN_TOKEN|>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+)
+
+# The check renders at load: each must succeed, be non-empty and contain every user
+# message, or the model's template is not used.
+_CHECK_USER = "Lamplight check: what is 2 + 2?"
+_CHECKS: tuple[tuple[str, list[ChatMessage]], ...] = (
+    ("a simple chat", [ChatMessage("user", _CHECK_USER)]),
+    (
+        "a chat with a system prompt",
+        [
+            ChatMessage("system", "You are a helpful assistant."),
+            ChatMessage("user", "Hello!"),
+            ChatMessage("assistant", "Hi, how can I help?"),
+            ChatMessage("user", _CHECK_USER),
+        ],
+    ),
+)
+
+
+def _variables(
+    messages: Sequence[ChatMessage], gen: bool, bos_token: str, eos_token: str
+) -> dict[str, Any]:
+    """What Hugging Face's ``apply_chat_template`` passes to a template."""
+    return {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "add_generation_prompt": gen,
+        "tools": None,
+        "documents": None,
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+    }
+
+
+def jinja_template(
+    source: str,
+    bos_token: str,
+    eos_token: str,
+    has_token: Callable[[str], bool] | None = None,
+) -> ChatTemplate:
     """A template from the model's ``tokenizer.chat_template``, rendered in a sandbox.
 
+    ``has_token`` tells which turn markers are single tokens of the vocabulary:
+    those the template uses become stop strings too.
+
     Raises:
-        ValueError: the template does not compile or fails on a sample conversation.
+        ChatTemplateError: the template cannot be used; the message says why.
     """
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from app.engine.template_sandbox import (
+        LOAD_BUDGET_S,
+        RENDER_BUDGET_S,
+        Rejected,
+        compile_template,
+        describe,
+        output_limit,
+        run_bounded,
+    )
 
-    def raise_exception(message: str) -> None:
-        raise ValueError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        compiled = env.from_string(source)
-    except TemplateError as exc:
-        raise ValueError(f"the model's chat template does not compile: {exc}") from exc
-
-    def render(messages: Sequence[ChatMessage], gen: bool) -> str:
-        text = compiled.render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=gen,
-            bos_token=bos_token,
-            eos_token=eos_token,
-        )
+    def strip_bos(text: str) -> str:
         # llama.cpp adds BOS itself when the vocabulary asks for it.
         if bos_token and text.startswith(bos_token):
-            text = text[len(bos_token) :]
+            return text[len(bos_token) :]
         return text
 
-    try:
-        render([ChatMessage("user", "hi"), ChatMessage("assistant", "hello")], True)
-    except (TemplateError, ValueError, TypeError) as exc:
-        raise ValueError(f"the model's chat template fails on a simple chat: {exc}") from exc
-    stops = tuple(s for s in (eos_token,) if s)
+    def check() -> Any:
+        compiled = compile_template(source)
+        for what, messages in _CHECKS:
+            try:
+                text = strip_bos(
+                    compiled.render(**_variables(messages, True, bos_token, eos_token))
+                )
+            except Exception as exc:
+                raise Rejected(f"fails on {what} ({describe(exc)})") from exc
+            if not text.strip():
+                raise Rejected(f"renders an empty prompt for {what}")
+            if any(m.content not in text for m in messages if m.role == "user"):
+                raise Rejected(f"leaves the user's message out of {what}")
+        return compiled
+
+    compiled = run_bounded(check, LOAD_BUDGET_S, output_limit(len(source)))
+
+    def render(messages: Sequence[ChatMessage], gen: bool) -> str:
+        variables = _variables(messages, gen, bos_token, eos_token)
+        size = sum(len(m.content) for m in messages)
+        try:
+            text = run_bounded(
+                lambda: compiled.render(**variables), RENDER_BUDGET_S, output_limit(size)
+            )
+        except ChatTemplateError as exc:
+            raise ChatTemplateError(
+                f"The model's chat template failed on this conversation: it {exc}. "
+                "Edit or shorten the conversation, or start a new chat."
+            ) from None
+        return strip_bos(text)
+
+    has = has_token or (lambda _text: False)
+    stops = (eos_token, *(t for t in TURN_MARKERS if t in source and t != eos_token and has(t)))
     return ChatTemplate(
-        name="model's own", reason="from the GGUF", stop_strings=stops, renderer=render
+        name="model's own",
+        reason="from the GGUF",
+        stop_strings=tuple(s for s in stops if s),
+        renderer=render,
     )
 
 
@@ -205,16 +316,25 @@ def choose_template(
     bos_token: str = "",
     eos_token: str = "",
 ) -> ChatTemplate:
-    """The model's own template when it has a working one, else one for its architecture."""
-    if embedded:
-        try:
-            return jinja_template(embedded, bos_token, eos_token)
-        except ValueError as exc:
-            fallback = template_for_architecture(arch, has_token)
-            return ChatTemplate(
-                name=fallback.name,
-                reason=f"{fallback.reason}; {exc}",
-                stop_strings=fallback.stop_strings,
-                renderer=fallback.renderer,
-            )
-    return template_for_architecture(arch, has_token)
+    """The model's own template when it works, else the built-in one for its architecture.
+
+    A failing own template never fails the load: the built-in one is used, and
+    its ``note`` says why.
+    """
+    if not embedded:
+        return template_for_architecture(arch, has_token)
+    try:
+        return jinja_template(embedded, bos_token, eos_token, has_token)
+    except ChatTemplateError as exc:
+        fallback = template_for_architecture(arch, has_token)
+        why = str(exc)
+        return ChatTemplate(
+            name=fallback.name,
+            reason=f"{fallback.reason}; the model's own template {why}",
+            stop_strings=fallback.stop_strings,
+            renderer=fallback.renderer,
+            note=(
+                f"This model's chat template was not used: it {why}. "
+                f"Using the built-in {fallback.name} template instead."
+            ),
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -36,5 +37,23 @@ class Vocab:
 
     def is_special(self, text: str) -> bool:
         """Whether ``text`` is one special token of this vocabulary."""
-        ids = self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        ids = self._llm.tokenize(text.encode("utf-8", "replace"), add_bos=False, special=True)
         return len(ids) == 1
+
+    def control_token(self, text: str) -> int | None:
+        """The id of the token ``text`` names when it is one that detokenizes to nothing.
+
+        Such tokens (``<start_of_turn>``, ``<|im_start|>``, ...) never reach the
+        reply's text, so a stop string made of one must be caught by its id.
+        """
+        if not text:
+            return None
+        ids = self._llm.tokenize(text.encode("utf-8", "replace"), add_bos=False, special=True)
+        if len(ids) != 1 or self.piece(ids[0]) or self.text(ids[0]) != text:
+            return None
+        return int(ids[0])
+
+    def stop_tokens(self, stops: Iterable[str]) -> frozenset[int]:
+        """The ids of the stop strings that are each one token with no text."""
+        ids = (self.control_token(s) for s in stops)
+        return frozenset(i for i in ids if i is not None)

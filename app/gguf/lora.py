@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.gguf.info import _STRING, GGUF_MAGIC, _parse_header
+from app.gguf.info import _STRING, GGUF_MAGIC, _parse_header, shown
 from app.util.errors import LamplightError
 from app.util.hashing import sha256_file
 
@@ -115,13 +115,16 @@ def read_adapter(path: str | Path) -> AdapterInfo:
             tensors llama.cpp would refuse.
     """
     p = Path(path)
-    if not p.is_file():
-        raise LoraError(f"The LoRA adapter {p.name} is missing ({p}).")
-    size = p.stat().st_size
-    if size == 0:
-        raise LoraError(f"{p.name} is empty (0 bytes).")
-    with p.open("rb") as fh:
-        magic = fh.read(4)
+    try:
+        if not p.is_file():
+            raise LoraError(f"The LoRA adapter {shown(p.name)} is missing ({shown(str(p))}).")
+        size = p.stat().st_size
+        if size == 0:
+            raise LoraError(f"{shown(p.name)} is empty (0 bytes).")
+        with p.open("rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise LoraError(f"{shown(p.name)} cannot be read: {exc.strerror}.") from exc
     if magic != GGUF_MAGIC:
         raise LoraError(f"{p.name} is not a GGUF file, so it cannot be a LoRA adapter.")
     try:

@@ -13,23 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from app.models.downloader import (
+    PART_SUFFIX,
     Control,
     DownloadCancelled,
     DownloadError,
     FileFetcher,
-    safe_destination,
 )
+from app.models.names import check_file_name, check_repo_id, destination, repo_dir_name
 from app.models.quant import GgufChoice, RepoFile
 from app.util.atomic import atomic_write_text
+from app.util.datafiles import DataFileError, read_json, set_aside
+
+__all__ = ["DownloadJob", "DownloadQueue", "SpeedMeter", "repo_dir_name"]
 
 log = logging.getLogger(__name__)
 
 STATES = ("queued", "running", "paused", "done", "failed", "cancelled")
-
-
-def repo_dir_name(repo_id: str) -> str:
-    """``owner/name`` as one directory name (the library maps it back)."""
-    return repo_id.replace("/", "__")
+MAX_STATE_BYTES = 16 * 1024 * 1024  # downloads.json: far more than any real queue
+MAX_JOBS = 10_000
+MAX_FILES_PER_JOB = 10_000
+_SHA256 = frozenset("0123456789abcdef")
 
 
 @dataclass
@@ -99,10 +102,15 @@ class DownloadQueue:
     # -- GUI side --------------------------------------------------------------------
 
     def add(self, repo_id: str, choice: GgufChoice, revision: str = "main") -> DownloadJob:
-        """Queue ``choice``; file names are checked before anything is fetched."""
-        root = self.models_dir / repo_dir_name(repo_id)
+        """Queue ``choice``; the repo id and file names are checked before anything is fetched.
+
+        Raises:
+            UnsafeNameError: (a ``DownloadError``) a hostile or unusable name.
+        """
+        if not choice.files:
+            raise DownloadError(f"{choice.name}: nothing to download.")
         for f in choice.files:
-            safe_destination(root, f.path)  # raises DownloadError for a hostile name
+            destination(self.models_dir, repo_id, f.path)
         job = DownloadJob(repo_id, choice.name, list(choice.files), revision)
         with self._wake:
             self.jobs.append(job)
@@ -117,7 +125,7 @@ class DownloadQueue:
                 job.state = "paused"
                 self._save()
             elif job.state == "running":
-                self._controls[job_id].pause.set()
+                self._controls[job_id].request_pause()
 
     def resume(self, job_id: str) -> None:
         with self._wake:
@@ -132,7 +140,7 @@ class DownloadQueue:
         with self._wake:
             job = self._job(job_id)
             if job.state == "running":
-                self._controls[job_id].cancel.set()
+                self._controls[job_id].request_cancel()
                 return
             if job.state in ("queued", "paused", "failed"):
                 job.state = "cancelled"
@@ -140,12 +148,17 @@ class DownloadQueue:
                 self._save()
 
     def close(self) -> None:
-        """Pause the running job and wake the worker so it can return."""
+        """Pause the running job and wake the worker so it can return.
+
+        A read blocked on a stalled server is cut at once (its socket is shut down),
+        so the worker returns in well under a second whatever the read timeout.
+        """
         with self._wake:
             self._closed = True
-            for c in self._controls.values():
-                c.pause.set()
+            controls = list(self._controls.values())
             self._wake.notify_all()
+        for c in controls:
+            c.request_pause()
 
     # -- worker side -----------------------------------------------------------------
 
@@ -169,11 +182,10 @@ class DownloadQueue:
     def run(self, job: DownloadJob, progress: Progress) -> None:
         """Fetch every file of ``job``; its final state says how it ended."""
         control = self._controls[job.id]
-        root = self.models_dir / repo_dir_name(job.repo_id)
         finished = 0
         try:
             for f in job.files:
-                dest = safe_destination(root, f.path)
+                dest = destination(self.models_dir, job.repo_id, f.path)
 
                 def on_bytes(done: int, _total: int, base: int = finished) -> None:
                     job.done_bytes = base + done
@@ -184,7 +196,7 @@ class DownloadQueue:
                 )
                 finished += f.size
                 job.done_bytes = finished
-            job.result_path = str(safe_destination(root, job.files[0].path))
+            job.result_path = str(destination(self.models_dir, job.repo_id, job.files[0].path))
             self._finish(job, "done")
         except DownloadCancelled:
             if control.cancel.is_set():
@@ -220,14 +232,14 @@ class DownloadQueue:
         raise KeyError(job_id)
 
     def _remove_parts(self, job: DownloadJob) -> None:
-        root = self.models_dir / repo_dir_name(job.repo_id)
         for f in job.files:
             try:
-                dest = safe_destination(root, f.path)
+                dest = destination(self.models_dir, job.repo_id, f.path)
+                dest.with_name(dest.name + PART_SUFFIX).unlink(missing_ok=True)
             except DownloadError:
-                continue
-            part = dest.with_name(dest.name + ".part")
-            part.unlink(missing_ok=True)
+                continue  # a refused name: nothing was ever written for it
+            except OSError as exc:
+                log.warning("partial file of %s not removed: %s", f.path, exc)
         job.done_bytes = 0
 
     def _save(self) -> None:
@@ -242,32 +254,86 @@ class DownloadQueue:
             log.warning("download list not saved: %s", exc)
 
     def _load(self) -> list[DownloadJob]:
+        """The saved jobs; a damaged list is set aside as ``.bad``, a damaged job dropped."""
         try:
-            data = json.loads(self.state_file.read_text(encoding="utf-8"))
-            raw_jobs: list[Any] = data["jobs"]
-        except (OSError, ValueError, KeyError, TypeError):
+            data = read_json(self.state_file, MAX_STATE_BYTES)
+            raw_jobs = data.get("jobs") if isinstance(data, dict) else None
+            if not isinstance(raw_jobs, list):
+                raise DataFileError("has no list of jobs")
+        except FileNotFoundError:
+            return []
+        except DataFileError as exc:
+            if exc.damaged:
+                try:
+                    aside: object = set_aside(self.state_file)
+                except OSError as err:
+                    aside = f"nowhere ({err})"
+                log.warning("download list %s %s; set aside as %s", self.state_file, exc, aside)
+            else:
+                log.warning("download list %s %s", self.state_file, exc)
             return []
         jobs = []
-        for raw in raw_jobs:
-            try:
-                files = [
-                    RepoFile(str(f["path"]), int(f["size"]), f.get("sha256")) for f in raw["files"]
-                ]
-                job = DownloadJob(
-                    str(raw["repo_id"]),
-                    str(raw["name"]),
-                    files,
-                    str(raw.get("revision", "main")),
-                    str(raw["id"]),
-                    str(raw.get("state", "queued")),
-                    int(raw.get("done_bytes", 0)),
-                    str(raw.get("error", "")),
-                    str(raw.get("result_path", "")),
-                )
-            except (KeyError, TypeError, ValueError):
+        for item in raw_jobs[:MAX_JOBS]:
+            job = _job_from_json(item)
+            if job is None:
+                log.warning("dropped a damaged download entry from %s", self.state_file)
                 continue
             if job.state == "running":
                 job.state = "queued"  # the app stopped mid-download: carry on from the .part
-            if job.state in STATES:
-                jobs.append(job)
+            jobs.append(job)
         return jobs
+
+
+def _job_from_json(raw: Any) -> DownloadJob | None:
+    """One saved job, or None if any field has the wrong type, range or a hostile name."""
+    if not isinstance(raw, dict):
+        return None
+    files_raw = raw.get("files")
+    if not isinstance(files_raw, list) or not 0 < len(files_raw) <= MAX_FILES_PER_JOB:
+        return None
+    files = []
+    for f in files_raw:
+        if not isinstance(f, dict):
+            return None
+        path, size, sha = f.get("path"), f.get("size"), f.get("sha256")
+        if not isinstance(path, str) or not isinstance(size, int) or not _count(size):
+            return None
+        if sha is not None and not (isinstance(sha, str) and _is_sha256(sha)):
+            return None
+        files.append(RepoFile(path, size, sha))
+    text = {k: raw.get(k, d) for k, d in (("revision", "main"), ("error", ""), ("result_path", ""))}
+    repo_id, name, job_id, state = (raw.get(k) for k in ("repo_id", "name", "id", "state"))
+    done = raw.get("done_bytes", 0)
+    strings = (repo_id, name, job_id, state, *text.values())
+    if not all(isinstance(v, str) for v in strings) or not isinstance(done, int):
+        return None
+    assert isinstance(repo_id, str) and isinstance(name, str) and isinstance(job_id, str)
+    assert isinstance(state, str)
+    if state not in STATES or not _count(done) or not job_id or len(job_id) > 64:
+        return None
+    try:
+        check_repo_id(repo_id)
+        for f in files:
+            check_file_name(f.path)
+    except DownloadError:
+        return None
+    return DownloadJob(
+        repo_id,
+        name[:500],
+        files,
+        text["revision"][:200],
+        job_id,
+        state,
+        done,
+        text["error"][:2000],
+        text["result_path"][:4096],
+    )
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and set(text) <= _SHA256
+
+
+def _count(value: Any) -> bool:
+    """A byte count: an int (not a bool), 0 .. 2**63 - 1."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63

@@ -4,21 +4,32 @@ Search pages through ``HfApi.list_models`` (the library follows the Hub's
 pagination); repo details come from ``model_info(files_metadata=True)``,
 which gives each file's size and LFS sha256. Errors become messages that
 say what to do (sign in, accept a license, check the name).
+
+The Hub's answers are untrusted: a repo id or file name that
+``app.models.names`` refuses is left out (and counted), a field of the wrong
+type or a listing too large to show is a ``HubError``, never another exception.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from app.models.downloader import explain_http_error
+from app.models.names import UnsafeNameError, check_file_name, check_repo_id
 from app.models.quant import GgufChoice, RepoFile, group_gguf
 from app.util.errors import LamplightError
 
+log = logging.getLogger(__name__)
+
 SORTS = {"downloads": "downloads", "recent": "last_modified", "likes": "likes"}
+MAX_FILES = 50_000  # files in one repo listing; the largest GGUF repos have a few hundred
+MAX_TAGS = 200
+MAX_COUNT = 2**63 - 1
 
 
 class HubError(LamplightError):
@@ -48,6 +59,7 @@ class RepoDetails:
     choices: tuple[GgufChoice, ...]
     downloads: int
     likes: int
+    refused: tuple[str, ...] = ()  # GGUF files left out: unsafe name, bad size or sha256
 
 
 class HubClient:
@@ -70,13 +82,19 @@ class HubClient:
                 limit=None,
             )
             for m in models:
+                try:
+                    repo_id = check_repo_id(m.id)
+                except UnsafeNameError as exc:
+                    log.info("search result left out: %s", exc)
+                    continue
+                tags = m.tags if isinstance(m.tags, list) else []
                 yield ModelHit(
-                    repo_id=m.id,
-                    downloads=int(m.downloads or 0),
-                    likes=int(m.likes or 0),
-                    updated=m.last_modified,
+                    repo_id=repo_id,
+                    downloads=_count(m.downloads),
+                    likes=_count(m.likes),
+                    updated=m.last_modified if isinstance(m.last_modified, datetime) else None,
                     gated=bool(m.gated),
-                    tags=tuple(m.tags or ()),
+                    tags=tuple(str(t)[:100] for t in tags[:MAX_TAGS]),
                 )
         except LamplightError:
             raise
@@ -88,30 +106,89 @@ class HubClient:
         return list(itertools.islice(self.search(query, sort), start, start + count))
 
     def details(self, repo_id: str) -> RepoDetails:
-        """The repo's GGUF files grouped into choices, with sizes and sha256."""
+        """The repo's GGUF files grouped into choices, with sizes and sha256.
+
+        Raises:
+            UnsafeNameError: ``repo_id`` is refused (nothing is requested).
+            HubError: the Hub could not answer, or answered something unusable.
+        """
+        check_repo_id(repo_id)
         try:
             info = self._api.model_info(repo_id, files_metadata=True)
         except Exception as exc:
             raise HubError(_explain(exc, repo_id)) from exc
-        files = []
-        for s in info.siblings or []:
+        try:
+            return self._details(repo_id, info)
+        except LamplightError:
+            raise
+        except Exception as exc:  # a field of the wrong type, a malformed entry
+            log.info("unusable answer for %s: %r", repo_id, exc)
+            raise HubError(
+                f"{repo_id}: the Hub's answer could not be read ({exc.__class__.__name__})."
+            ) from exc
+
+    @staticmethod
+    def _details(repo_id: str, info: Any) -> RepoDetails:
+        siblings = info.siblings or []
+        if not isinstance(siblings, list):
+            raise HubError(f"{repo_id}: the Hub's file list is not a list.")
+        if len(siblings) > MAX_FILES:
+            raise HubError(f"{repo_id} lists {len(siblings):,} files; more than this app shows.")
+        files, refused = [], []
+        for s in siblings:
             lfs: Any = getattr(s, "lfs", None)
             sha = getattr(lfs, "sha256", None) if lfs is not None else None
             if sha is None and isinstance(lfs, dict):
                 sha = lfs.get("sha256")
             size = s.size if s.size is not None else getattr(lfs, "size", 0) or 0
-            files.append(RepoFile(s.rfilename, int(size), sha))
+            name = s.rfilename
+            if not isinstance(name, str) or not name.lower().endswith(".gguf"):
+                continue  # only GGUF files are offered; others are never written
+            try:
+                check_file_name(name)
+            except UnsafeNameError as exc:
+                log.info("%s: %s", repo_id, exc)
+                refused.append(ascii(name)[:120])
+                continue
+            if not _is_count(size) or not (sha is None or _is_sha256(sha)):
+                log.info("%s: %r has a bad size or sha256", repo_id, name)
+                refused.append(ascii(name)[:120])
+                continue
+            files.append(RepoFile(name, size, sha.lower() if sha else None))
         card = getattr(info, "card_data", None)
-        license_name = str(getattr(card, "license", "") or "") if card else ""
+        license_name = str(getattr(card, "license", "") or "")[:200] if card else ""
         return RepoDetails(
-            repo_id=info.id,
-            sha=info.sha or "main",
+            repo_id=repo_id,  # what we asked for and checked, not what the answer says
+            sha=info.sha if isinstance(info.sha, str) and _is_revision(info.sha) else "main",
             gated=bool(info.gated),
             license=license_name,
             choices=tuple(group_gguf(files)),
-            downloads=int(info.downloads or 0),
-            likes=int(info.likes or 0),
+            downloads=_count(info.downloads),
+            likes=_count(info.likes),
+            refused=tuple(refused),
         )
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _count(value: object) -> int:
+    """A count from the Hub, or 0 for a missing or nonsensical one."""
+    return value if isinstance(value, int) and _is_count(value) else 0
+
+
+def _is_sha256(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == 64
+        and all(c in "0123456789abcdefABCDEF" for c in value)
+    )
+
+
+def _is_revision(value: str) -> bool:
+    """A commit id (the Hub's ``sha``): 40 hex digits."""
+    return len(value) == 40 and all(c in "0123456789abcdef" for c in value)
 
 
 def _explain(exc: BaseException, what: str) -> str:

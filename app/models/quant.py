@@ -14,6 +14,24 @@ _QUANT = re.compile(
     re.IGNORECASE,
 )
 _SPLIT = re.compile(r"^(?P<base>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
+# What llama.cpp writes and looks for (llama_split_path): exactly this, lower case.
+_SPLIT_FILE = re.compile(r"^(?P<base>.+)-(?P<part>\d{5})-of-(?P<total>\d{5})\.gguf$")
+
+
+def split_name(filename: str) -> tuple[str, int, int] | None:
+    """``(base, part, total)`` if ``filename`` names part ``part`` of a split GGUF."""
+    m = _SPLIT_FILE.match(filename)
+    if m is None:
+        return None
+    part, total = int(m["part"]), int(m["total"])
+    if not 1 <= part <= total:
+        return None
+    return m["base"], part, total
+
+
+def split_file_name(base: str, part: int, total: int) -> str:
+    """The name of part ``part`` of ``total`` (the inverse of :func:`split_name`)."""
+    return f"{base}-{part:05d}-of-{total:05d}.gguf"
 
 
 def quant_of(filename: str) -> str:
