@@ -254,6 +254,12 @@ class MainWindow(QMainWindow):
             return
         self.session.send(self.chat.take_text(), self._settings.sampling)
 
+    def send_dropping_older(self) -> None:
+        """Send what is in the input box once with older messages dropped to make room."""
+        if self.chat.has_text() and not self.busy and self._model is not None:
+            once = replace(self._settings.sampling, overflow="truncate_middle")
+            self.session.send(self.chat.take_text(), once)
+
     def regenerate(self) -> None:
         """Replace the last reply with a new one (the prompt's KV cache is reused)."""
         if self._model is not None and not self._loading:
@@ -298,6 +304,8 @@ class MainWindow(QMainWindow):
             self.fork_at(index)
         elif action == "regenerate":
             self.regenerate()
+        elif action == "drop-older":
+            self.send_dropping_older()
 
     def export_conversation(self, conv: Conversation, path: Path, fmt: str) -> None:
         conversation_files.export_conversation(self, conv, path, fmt)

@@ -157,7 +157,7 @@ class PerfPanel(QDockWidget):
 
     def end_reply(self, metrics: MessageMetrics) -> None:
         self._history.append(metrics)
-        self.set_context(metrics.context_used, metrics.n_ctx)
+        self.set_context(metrics.context_used, metrics.n_ctx, self._dropped())
         self._history_dirty = True
 
     def set_history(self, history: Sequence[MessageMetrics]) -> None:
@@ -165,13 +165,26 @@ class PerfPanel(QDockWidget):
         self._history = list(history)
         self._arrivals = []
         last = self._history[-1] if self._history else None
-        self.set_context(last.context_used if last else 0, last.n_ctx if last else 1)
+        self.set_context(
+            last.context_used if last else 0, last.n_ctx if last else 1, self._dropped()
+        )
         self._dirty = self._history_dirty = True
         self._on_redraw()
 
-    def set_context(self, used: int, n_ctx: int) -> None:
+    def _dropped(self) -> tuple[int, int]:
+        """Messages and tokens the conversation's replies dropped from the model's memory."""
+        return (
+            sum(m.dropped_count for m in self._history),
+            sum(m.dropped_tokens for m in self._history),
+        )
+
+    def set_context(self, used: int, n_ctx: int, dropped: tuple[int, int] = (0, 0)) -> None:
+        """The gauge: tokens the model holds now, and what left its memory to make room."""
         self.context_bar.setRange(0, max(1, n_ctx))
         self.context_bar.setValue(min(used, max(1, n_ctx)))
+        n, tokens = dropped
+        extra = f" · {n} earlier message{'s' if n != 1 else ''} dropped ({tokens})" if n else ""
+        self.context_bar.setFormat(f"context %v / %m tokens{extra}")
 
     # -- drawing -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from app.chat.conversation import Conversation, Message
 from app.chat.session_cache import RestoreResult
 from app.config.params import SettingError, validate_sampling
 from app.engine.metrics import MessageMetrics
+from app.util.errors import ContextOverflowError
 
 if TYPE_CHECKING:
     from ui.main_window import MainWindow
@@ -69,6 +70,8 @@ class WindowView:
         w.chat.end_stream()
         footer = metrics.short_text() if metrics is not None else ""
         w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
+        if metrics is not None and metrics.dropped_count:
+            w.transcript.show_messages(w.conversation.messages)  # mark what was dropped
         w.perf_panel.set_history(w.reply_metrics)
         if metrics is not None:
             w.status_speed.setText(
@@ -80,6 +83,12 @@ class WindowView:
                 w.transcript.add_notice(note[:1].upper() + note[1:] + ".")
         elif error:
             w.status_speed.setText("error")
+            if ContextOverflowError.MARK in error:
+                w.transcript.add_action_notice(
+                    "This reply needs more room than the context has.",
+                    "drop-older",
+                    "Drop older messages and continue",
+                )
         w._update_buttons()
 
     def restored(self, result: RestoreResult) -> None:

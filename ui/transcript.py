@@ -24,17 +24,21 @@ from app.chat.markdown_render import RUN_LIMIT, render_markdown, strip_breaks
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 ACTION_SCHEME = "lamplight"
-ACTIONS = ("edit", "fork", "regenerate")
+ACTIONS = ("edit", "fork", "regenerate", "drop-older")
 
 
-def _header_html(key: str, role: str, index: int, actions: tuple[str, ...]) -> str:
+FORGOTTEN = "not in the model's memory"
+
+
+def _header_html(key: str, role: str, index: int, actions: tuple[str, ...], note: str = "") -> str:
     name = "You" if role == "user" else "Assistant"
     links = " · ".join(
         f'<a href="{ACTION_SCHEME}://{key}/{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
         for a in actions
     )
     sep = "&nbsp;&nbsp;&nbsp;" if links else ""
-    return f"<span style='color:#888888'><b>{name}</b>{sep}<small>{links}</small></span>"
+    aside = f"&nbsp;&nbsp;<small><i>· {html.escape(note)}</i></small>" if note else ""
+    return f"<span style='color:#888888'><b>{name}</b>{sep}<small>{links}</small>{aside}</span>"
 
 
 class TranscriptView(QTextBrowser):
@@ -106,17 +110,20 @@ class TranscriptView(QTextBrowser):
         self.clear_conversation()
         last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         for i, m in enumerate(messages):
+            note = FORGOTTEN if m.forgotten else ""
             if m.role == "user":
-                self.add_user_message(m.content, i)
+                self.add_user_message(m.content, i, note)
             elif m.role == "assistant":
                 metrics = m.message_metrics()
-                frame = self._new_frame("assistant", i, ())
+                frame = self._new_frame("assistant", i, (), note)
                 self._fill(frame, m.content, metrics.short_text() if metrics else "", "")
         self._set_last_reply(last_reply)
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
 
-    def _new_frame(self, role: str, index: int, actions: tuple[str, ...]) -> QTextFrame:
+    def _new_frame(
+        self, role: str, index: int, actions: tuple[str, ...], note: str = ""
+    ) -> QTextFrame:
         if self._placeholder:
             self.clear()
             self._placeholder = False
@@ -132,7 +139,7 @@ class TranscriptView(QTextBrowser):
             fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
         frame = cursor.insertFrame(fmt)
         inner = frame.firstCursorPosition()
-        inner.insertHtml(_header_html(self._key, role, index, actions))
+        inner.insertHtml(_header_html(self._key, role, index, actions, note))
         inner.insertBlock(QTextBlockFormat(), self._body_format)
         while len(self._frames) <= index:
             self._frames.append(frame)
@@ -154,9 +161,9 @@ class TranscriptView(QTextBrowser):
         if index >= 0:
             self._set_header(index, "assistant", ("regenerate", "fork"))
 
-    def add_user_message(self, text: str, index: int = 0) -> None:
+    def add_user_message(self, text: str, index: int = 0, note: str = "") -> None:
         at_bottom = self._at_bottom()
-        frame = self._new_frame("user", index, ("edit", "fork"))
+        frame = self._new_frame("user", index, ("edit", "fork"), note)
         cursor = frame.lastCursorPosition()
         cursor.insertHtml(render_markdown(text, self._dark()))
         self._follow(at_bottom)
@@ -231,6 +238,13 @@ class TranscriptView(QTextBrowser):
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
         cursor.insertHtml(f"<p style='color:#888888'><i>{html.escape(text)}</i></p>")
+
+    def add_action_notice(self, text: str, action: str, label: str) -> None:
+        """A notice with one app action link (``action`` from ``ACTIONS``, index 0)."""
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        link = f'<a href="{ACTION_SCHEME}://{self._key}/{action}/0">{html.escape(label)}</a>'
+        cursor.insertHtml(f"<p style='color:#888888'><i>{html.escape(text)}</i> {link}</p>")
 
     @property
     def streaming(self) -> bool:

@@ -49,6 +49,7 @@ class Message:
     id: str = field(default_factory=new_id)
     token_offset: int | None = None
     metrics: dict[str, Any] | None = None
+    forgotten: bool = False  # dropped from the model's memory when the context was full
 
     def chat(self) -> ChatMessage:
         return ChatMessage(self.role, self.content)  # type: ignore[arg-type]
@@ -75,11 +76,16 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
 
     def chat(self) -> list[ChatMessage]:
-        """The messages as the engine takes them, system prompt first."""
-        out = [m.chat() for m in self.messages]
-        if self.system_prompt.strip():
-            out.insert(0, ChatMessage("system", self.system_prompt))
-        return out
+        """The messages the model sees, system prompt first (not the forgotten ones)."""
+        return [m.chat() if m else self.system_message() for m in self.sent()]
+
+    def sent(self) -> list[Message | None]:
+        """The messages ``chat`` sends, with None for the system prompt."""
+        head: list[Message | None] = [None] if self.system_prompt.strip() else []
+        return head + [m for m in self.messages if not m.forgotten]
+
+    def system_message(self) -> ChatMessage:
+        return ChatMessage("system", self.system_prompt)
 
     def rename(self, title: str) -> None:
         """A title the user chose (whitespace folded, at most 200 characters)."""
@@ -165,6 +171,7 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
         id=mid if is_valid_id(mid) else new_id(),
         token_offset=offset if _is_count(offset) else None,
         metrics=metrics_to_dict(metrics_from_dict(metrics)) if isinstance(metrics, dict) else None,
+        forgotten=m.get("forgotten") is True,
     )
 
 

@@ -102,6 +102,7 @@ class _Request:
     text: str = ""  # what the user typed (given back on failure)
     edit_index: int | None = None
     started: bool = False
+    sent: list[Message | None] = field(default_factory=list)  # what the engine was given
     parts: list[str] = field(default_factory=list)  # streamed text, for a quit that cannot wait
 
 
@@ -294,6 +295,7 @@ class ChatSession:
         if req is None or req.id != request:
             return
         self._commit_branch(req)
+        self._forget(req, metrics)
         self._record(text, metrics)
         self._end(text, metrics, "")
 
@@ -304,6 +306,7 @@ class ChatSession:
         if req.started or req.kind == "send" or text:
             # A stopped reply stays as the user saw it; an empty one keeps roles alternating.
             self._commit_branch(req)
+            self._forget(req, metrics)
             self._record(text, metrics)
             self._end(text, metrics, "")
         else:
@@ -330,8 +333,8 @@ class ChatSession:
     ) -> None:
         conv = self.conversation
         conv.sampling = sampling_to_dict(params)
-        chat = Conversation(system_prompt=conv.system_prompt, messages=prompt).chat()
-        request = self._link.generate(conv.id, chat, params)
+        shown = Conversation(system_prompt=conv.system_prompt, messages=prompt)
+        request = self._link.generate(conv.id, shown.chat(), params)
         self._request = _Request(
             id=request,
             kind=kind,
@@ -339,6 +342,7 @@ class ChatSession:
             prompt=prompt,
             text=text,
             edit_index=edit_index,
+            sent=shown.sent(),
         )
         self.edit_index = None
         self._view.reply_begun(prompt, added_user=kind == "send")
@@ -362,6 +366,15 @@ class ChatSession:
             self.edit_index = req.edit_index
         if changed:
             self._persist()
+
+    def _forget(self, req: _Request, metrics: MessageMetrics | None) -> None:
+        """Mark the messages the engine dropped to make room (they stay in the transcript)."""
+        if metrics is None or metrics.dropped_count <= 0:
+            return
+        start = max(0, metrics.dropped_from)
+        for m in req.sent[start : start + metrics.dropped_count]:
+            if m is not None:
+                m.forgotten = True
 
     def _record(self, text: str, metrics: MessageMetrics | None) -> None:
         msgs = self.conversation.messages

@@ -64,6 +64,8 @@ class SamplingParams:
     grammar: str = ""
     speculative: bool = False  # prompt-lookup (n-gram) drafting
     draft_len: int = 8
+    # When the conversation outgrows the context: "stop", "truncate_middle" or "rolling".
+    overflow: str = "truncate_middle"
 
     @classmethod
     def greedy(cls, max_tokens: int = 64) -> SamplingParams:
@@ -222,6 +224,17 @@ SPECS: tuple[FieldSpec, ...] = (
         2.0,
         0.05,
         2,
+    ),
+    FieldSpec(
+        "overflow",
+        "When the context is full",
+        "choice",
+        "basic",
+        "What happens when the conversation no longer fits the context: stop and ask; "
+        "drop the oldest turns after the first exchange (truncate middle); or drop the "
+        "oldest turns (rolling). Dropped messages stay in the transcript; the model "
+        "no longer sees them.",
+        choices=("truncate_middle", "rolling", "stop"),
     ),
     FieldSpec(
         "mirostat",

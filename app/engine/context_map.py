@@ -43,6 +43,25 @@ class ContextMap:
         del self.tokens[n_tokens:]
         self.keep_marks(n_tokens)
 
+    def mark_at(self, n_tokens: int, n_chars: int) -> None:
+        """``tokens[:n_tokens]`` encode ``text[:n_chars]`` (a boundary inside the cache)."""
+        if (n_tokens, n_chars) not in self.marks:
+            self.marks.append((n_tokens, n_chars))
+            self.marks.sort()
+
+    def char_mark(self, n_chars: int) -> int | None:
+        """The token count of the mark at ``n_chars`` characters, if there is one."""
+        return next((n for n, c in self.marks if c == n_chars and n <= len(self.tokens)), None)
+
+    def drop(self, n_a: int, n_b: int, c_a: int, c_b: int) -> None:
+        """Forget tokens ``[n_a, n_b)``, which encode ``text[c_a:c_b]``; the rest close up."""
+        dn, dc = n_b - n_a, c_b - c_a
+        del self.tokens[n_a:n_b]
+        self.text = self.text[:c_a] + self.text[c_b:]
+        self.marks = [(n, c) for n, c in self.marks if n <= n_a and c <= c_a] + [
+            (n - dn, c - dc) for n, c in self.marks if n >= n_b and c >= c_b and n > n_a
+        ]
+
     def mark(self, text: str) -> None:
         """All tokens so far encode ``text``."""
         self.text = text

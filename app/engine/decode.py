@@ -51,7 +51,6 @@ class Reply:
         self._raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
         self._raw_len = 0
         self._piece = ""
-        self._prompt_text = self._map.text
         self.count = 0
 
     @property
@@ -79,7 +78,7 @@ class Reply:
             self._raw_len += len(self._piece)
             self._piece = ""
         if not self._decoder.getstate()[0]:  # no partial UTF-8 character pending
-            self._map.marks.append((len(self._map.tokens), len(self._prompt_text) + self._raw_len))
+            self._map.marks.append((len(self._map.tokens), len(self._map.text) + self._raw_len))
 
     def ended(self, max_tokens: int) -> str:
         """ "stop_string" or "max_tokens" once the reply must end, else ""."""
@@ -88,7 +87,8 @@ class Reply:
         return "max_tokens" if self.count >= max_tokens else ""
 
     def close(self) -> None:
-        self._map.text = self._prompt_text + "".join(self._raw)
+        # ``text`` is still the prompt's (a context shift may have shortened it).
+        self._map.text = self._map.text + "".join(self._raw)
         self._map.keep_marks(len(self._map.tokens))
 
     def tail(self) -> str:
@@ -116,6 +116,7 @@ def decode(
     token_bytes: Callable[[int], bytes],
     rewind: Callable[[int], str],
     stop_ids: frozenset[int] = frozenset(),
+    make_room: Callable[[], bool] = lambda: False,
 ) -> Generator[EngineEvent, None, None]:
     """Sample the reply after the prompt in ``cmap``: ``Token`` events, then ``Finished``.
 
@@ -125,6 +126,8 @@ def decode(
     ``token_bytes`` a token's text, ``rewind`` the engine's cache rewind.
     ``stop_ids`` are stop strings that are single tokens with no text
     (``<start_of_turn>``): sampling one ends the reply like its stop string.
+    ``make_room`` frees space when the context is full (dropping older
+    messages); when it cannot, the reply ends with ``context_full``.
     """
     import llama_cpp
 
@@ -133,11 +136,11 @@ def decode(
     try:
         if lookup:
             reason = yield from loop_lookup(
-                llm, cmap, sampler, reply, params, metrics, stop, stop_ids
+                llm, cmap, sampler, reply, params, metrics, stop, stop_ids, make_room
             )
         else:
             reason = yield from loop_plain(
-                llm, cmap, sampler, reply, params, stop, one, rewind, stop_ids
+                llm, cmap, sampler, reply, params, stop, one, rewind, stop_ids, make_room
             )
     finally:
         llama_cpp.llama_sampler_free(sampler)
@@ -146,6 +149,7 @@ def decode(
     if tail:
         yield Token(tail)
     metrics.stop_reason = reason
+    metrics.kv_tokens = len(cmap.tokens)
     read_perf(llm, metrics)
     yield Finished(reply.text, metrics)
 
@@ -172,6 +176,7 @@ def loop_plain(
     one: Any,
     rewind: Callable[[int], str],
     stop_ids: frozenset[int] = frozenset(),
+    make_room: Callable[[], bool] = lambda: False,
 ) -> Generator[Token, None, str]:
     """One token per llama_decode (the fastest path when nothing can be drafted)."""
     import llama_cpp
@@ -182,7 +187,7 @@ def loop_plain(
     for _ in range(params.max_tokens):
         if stop.is_set():
             return "cancelled"
-        if len(cmap.tokens) >= n_ctx:
+        if len(cmap.tokens) >= n_ctx and not make_room():
             return "context_full"
         tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
@@ -214,6 +219,7 @@ def loop_lookup(
     metrics: MessageMetrics,
     stop: threading.Event,
     stop_ids: frozenset[int] = frozenset(),
+    make_room: Callable[[], bool] = lambda: False,
 ) -> Generator[Token, None, str]:
     """Prompt-lookup speculative decoding.
 
@@ -238,9 +244,9 @@ def loop_lookup(
         while True:
             if stop.is_set():
                 return "cancelled"
-            n_past = len(cmap.tokens)
-            if n_past >= n_ctx:
+            if len(cmap.tokens) >= n_ctx and not make_room():
                 return "context_full"
+            n_past = len(cmap.tokens)
             if llama_cpp.llama_vocab_is_eog(vocab, pending):
                 return "eos"
             if pending in stop_ids:

@@ -21,7 +21,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.llama_log import install_log_route
 from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
+from app.engine.overflow import Overflow, message_starts, reply_budget
 from app.engine.sampler import build_sampler
 from app.engine.templates import ChatMessage, ChatTemplate, ChatTemplateError, choose_template
 from app.engine.vocab import Vocab
@@ -94,6 +95,9 @@ class Engine:
         self._vocab: Vocab | None = None
         self._stop_ids: frozenset[int] = frozenset()  # the template's stop tokens with no text
         self._notes: tuple[str, ...] = ()
+        self._can_shift = False  # llama_memory_can_shift: drops need no re-reading
+        # The last request's messages, and those the model still sees after its drops.
+        self._sent: tuple[list[ChatMessage], list[ChatMessage]] = ([], [])
         self._one_token: Any = None
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
         # LoRA: the loaded adapters and the applied stack; the stack the KV cache was
@@ -183,6 +187,8 @@ class Engine:
         if template.note:
             log.warning("%s", template.note)
         self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
+        mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
+        self._can_shift = bool(llama_cpp.llama_memory_can_shift(mem))
         self._one_token = (llama_cpp.llama_token * 1)()
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._info = ModelInfo(
@@ -402,15 +408,27 @@ class Engine:
         lora_note = self._sync_lora()
         text = self._template.render(messages, True)
         n_mark, c_mark = self._map.match(text)
-        prompt = self._map.tokens[:n_mark] + self._tokenize(text[c_mark:], bos=n_mark == 0)
+        prompt, bounds = self._prompt(messages, text, n_mark, c_mark)
         if not prompt:  # llama.cpp aborts the process on an empty batch
             raise ChatTemplateError(
                 "The chat template rendered an empty prompt: there is nothing to send to the "
                 "model. Edit the conversation, or start a new chat."
             )
         n_ctx = llm.n_ctx()
+        overflow = self._overflow(messages, params.overflow, stop)
+        budget = reply_budget(params.max_tokens, n_ctx)
+        for _ in range(3):  # a drop is measured per message; re-measure the whole prompt
+            if params.overflow == "stop" or len(prompt) + budget <= n_ctx:
+                break
+            self._map.keep_marks(n_mark)
+            if not overflow.drop(len(prompt) + budget - n_ctx, keep_last=1):
+                break
+            text = self._template.render(overflow.messages, True)
+            n_mark, c_mark = self._map.match(text)
+            prompt, bounds = self._prompt(overflow.messages, text, n_mark, c_mark)
         if len(prompt) >= n_ctx:
             raise ContextOverflowError(len(prompt) + 1, n_ctx)
+        self._sent = (list(messages), overflow.messages)
 
         self._map.keep_marks(n_mark)
         keep = common_prefix(self._map.tokens, prompt)
@@ -432,13 +450,80 @@ class Engine:
         yield from self._prefill(prompt[keep:], stop)
         metrics.evaluated_tokens = len(self._map.tokens) - keep
         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
+        self._record_drops(overflow, metrics)
         if len(self._map.tokens) < len(prompt):
             metrics.stop_reason = "cancelled"
             yield Finished("", metrics)
             return
+        for n_tokens, n_chars in bounds:
+            self._map.mark_at(n_tokens, n_chars)
         self._map.mark(text)
 
-        yield from self._decode(params, seed, metrics, t0, stop)
+        def make_room() -> bool:
+            if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
+                return False
+            self._record_drops(overflow, metrics)
+            return True
+
+        yield from self._decode(params, seed, metrics, t0, stop, make_room)
+
+    def _prompt(
+        self, messages: Sequence[ChatMessage], text: str, n_mark: int, c_mark: int
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """The prompt's tokens: the cached ones up to the mark, then the rest of ``text``.
+
+        The rest is tokenized message by message, and the boundaries come back
+        as ``(n_tokens, n_chars)`` marks, so a later context overflow can drop
+        whole messages from the cache.
+        """
+        assert self._template is not None
+        starts = message_starts(self._template.render, messages, text, after=c_mark)
+        cuts = sorted(c for c in starts.values() if c_mark < c < len(text))
+        tokens = self._map.tokens[:n_mark]
+        bounds = []
+        pos = c_mark
+        for cut in [*cuts, len(text)]:
+            tokens += self._tokenize(text[pos:cut], bos=not tokens)
+            if cut < len(text):
+                bounds.append((len(tokens), cut))
+            pos = cut
+        return tokens, bounds
+
+    def _overflow(
+        self, messages: Sequence[ChatMessage], policy: str, stop: threading.Event
+    ) -> Overflow:
+        import llama_cpp
+
+        assert self._template is not None
+
+        def refill(tokens: list[int]) -> bool:
+            for _event in self._prefill(tokens, stop):
+                pass
+            return not stop.is_set()
+
+        return Overflow(
+            render=self._template.render,
+            tokenize=lambda t: self._tokenize(t, bos=False),
+            cmap=self._map,
+            mem=llama_cpp.llama_get_memory(self._llm._ctx.ctx),
+            can_shift=self._can_shift,
+            refill=refill,
+            policy=policy,
+            messages=list(messages),
+        )
+
+    def _record_drops(self, overflow: Overflow, metrics: MessageMetrics) -> None:
+        metrics.dropped_from = overflow.dropped_from
+        metrics.dropped_count = overflow.dropped_count
+        metrics.dropped_tokens = overflow.dropped_tokens
+        # Text read again because the cache could not shift is evaluated work too.
+        metrics.evaluated_tokens += overflow.reread_tokens - overflow.reread_reported
+        overflow.reread_reported = overflow.reread_tokens
+        note = overflow.note()
+        metrics.notes = [n for n in metrics.notes if not n.startswith("the context was full")]
+        if note:
+            metrics.notes.append(note)
+        self._sent = (self._sent[0], overflow.messages)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
         """Evaluate the template text that opens the user's next turn, ahead of time.
@@ -453,6 +538,8 @@ class Engine:
         if self.lora_stale:
             return 0  # the cache belongs to the previous stack; generate will rebuild it
         sentinel = "\ue000"  # a private-use character no template produces
+        if self._sent[0] == list(messages):
+            messages = self._sent[1]  # what the model still sees after a context overflow
         history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", sentinel)]
         rendered = self._template.render(history, False)
         cut = rendered.find(sentinel)
@@ -463,7 +550,16 @@ class Engine:
         marks = self._map.marks
         if not marks or marks[-1][0] != len(self._map.tokens):
             return 0  # the cached tokens end mid-character: no safe boundary to extend
-        tokens = self._tokenize(head[len(cached) :], bos=False)
+        # The next message starts where the reply's turn ends: a mark there lets a
+        # context overflow drop whole turns later.
+        try:
+            turn = self._template.render([*messages, ChatMessage("assistant", reply)], False)
+        except ChatTemplateError:
+            turn = ""
+        turn_end = len(turn) if turn and rendered.startswith(turn) else -1
+        split = turn_end if len(cached) < turn_end < len(head) else len(cached)
+        first = self._tokenize(head[len(cached) : split], bos=False)
+        tokens = first + self._tokenize(head[split:], bos=False)
         if not tokens or len(self._map.tokens) + len(tokens) + 1 >= llm.n_ctx():
             return 0
         stop = threading.Event()
@@ -472,6 +568,8 @@ class Engine:
             done = event.done
         if done != len(tokens):
             return 0
+        if first and split > len(cached):
+            self._map.mark_at(len(self._map.tokens) - len(tokens) + len(first), split)
         self._map.mark(head)
         return done
 
@@ -522,6 +620,7 @@ class Engine:
         metrics: MessageMetrics,
         t0: float,
         stop: threading.Event,
+        make_room: Callable[[], bool],
     ) -> Generator[EngineEvent, None, None]:
         """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
         assert self._template is not None and self._vocab is not None
@@ -547,6 +646,7 @@ class Engine:
             token_bytes=self._vocab.piece,
             rewind=self._rewind,
             stop_ids=self._stop_ids | self._vocab.stop_tokens(params.stop),
+            make_room=make_room,
         )
 
     # -- internals -----------------------------------------------------------------

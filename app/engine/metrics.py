@@ -44,6 +44,12 @@ class MessageMetrics:
     notes: list[str] = field(default_factory=list)  # things the user should know
     drafted_tokens: int = 0  # speculative decoding: tokens guessed
     accepted_tokens: int = 0  # ... and kept
+    # Context overflow: messages [dropped_from, dropped_from + dropped_count) of the
+    # ones this request sent left the model's memory, freeing dropped_tokens.
+    dropped_from: int = 0
+    dropped_count: int = 0
+    dropped_tokens: int = 0
+    kv_tokens: int = 0  # tokens in the model's memory when the reply ended (0: not known)
     # llama.cpp's own timers (llama_perf_context), to cross-check ours.
     native_prefill_tok_s: float = 0.0
     native_decode_tok_s: float = 0.0
@@ -59,7 +65,7 @@ class MessageMetrics:
 
     @property
     def context_used(self) -> int:
-        return self.prompt_tokens + self.generated_tokens
+        return self.kv_tokens or self.prompt_tokens + self.generated_tokens
 
     @property
     def prefill_tok_s(self) -> float:

@@ -6,7 +6,12 @@ plan to its KV cache (a shift) or re-reads what stays.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from app.engine.context_map import ContextMap
+from app.engine.templates import ChatMessage, ChatTemplateError
 
 POLICIES = ("stop", "truncate_middle", "rolling")
 POLICY_LABELS = {
@@ -55,3 +60,127 @@ def plan_drop(
         if freed >= need and (b == len(roles) or roles[b] == "user"):
             return a, b
     return None
+
+
+def reply_budget(max_tokens: int, n_ctx: int) -> int:
+    """Room a drop leaves for the reply: its length limit, at most a quarter of the context."""
+    return max(1, min(max_tokens, n_ctx // 4))
+
+
+def message_starts(
+    render: Callable[[Sequence[ChatMessage], bool], str],
+    messages: Sequence[ChatMessage],
+    text: str,
+    after: int = -1,
+) -> dict[int, int]:
+    """Where message ``i`` starts in ``text`` (and ``len(messages)``: where the last ends).
+
+    Found by rendering the first ``i`` messages: a template that renders them
+    as a prefix of ``text`` has a boundary there; one that does not (a system
+    prompt folded into the first user turn), or refuses to render them, has
+    none. Only boundaries past ``after`` characters are looked for, newest first.
+    """
+    out: dict[int, int] = {}
+    for i in range(len(messages), -1, -1):
+        try:
+            head = render(messages[:i], False)
+        except ChatTemplateError:
+            continue  # a template may refuse a part of a chat (no messages, no user turn)
+        if text.startswith(head):
+            if len(head) <= after:
+                break
+            out[i] = len(head)
+    return out
+
+
+@dataclass
+class Overflow:
+    """One request's context overflow: the messages the model still sees, and the KV surgery.
+
+    Dropping ``[a, b)`` removes their tokens from KV sequence 0 and shifts the
+    positions of what follows (``llama_memory_seq_rm`` + ``llama_memory_seq_add``),
+    so nothing that stays is evaluated again. A cache that cannot shift drops
+    the tail and evaluates it again (``refill``). Both need the cache to hold
+    marks at the two message boundaries; without them, the caller re-reads the
+    kept text from the last good mark.
+    """
+
+    render: Callable[[Sequence[ChatMessage], bool], str]
+    tokenize: Callable[[str], list[int]]
+    cmap: ContextMap
+    mem: Any
+    can_shift: bool
+    refill: Callable[[list[int]], bool]
+    policy: str
+    messages: list[ChatMessage]
+    dropped_from: int = 0
+    dropped_count: int = 0
+    dropped_tokens: int = 0
+    reread_tokens: int = 0
+    reread_reported: int = 0  # of those, already counted in the request's metrics
+    surgery: bool = False  # the cache followed the drop (else it is re-read from a mark)
+
+    def drop(self, need: int, keep_last: int) -> bool:
+        """Drop the oldest whole turns the policy allows, freeing about ``need`` tokens."""
+        import llama_cpp
+
+        msgs = self.messages
+        text = self.render(msgs, True)
+        starts = message_starts(self.render, msgs, text)
+        sizes, last = [0] * len(msgs), None
+        for i in sorted(starts):
+            if last is not None:
+                sizes[last] = len(self.tokenize(text[starts[last] : starts[i]]))
+            last = i if i < len(msgs) else None
+        plan = plan_drop(sizes, [m.role for m in msgs], self.policy, need, keep_last)
+        if plan is None:
+            return False
+        a, b = plan
+        freed = sum(sizes[a:b])
+        cmap = self.cmap
+        ca, cb = starts.get(a), starts.get(b)
+        n_a = cmap.char_mark(ca) if ca is not None else None
+        n_b = cmap.char_mark(cb) if cb is not None else None
+        self.surgery = (
+            ca is not None
+            and cb is not None
+            and n_a is not None
+            and n_b is not None
+            and cmap.text[:cb] == text[:cb]
+        )
+        if self.surgery:
+            assert ca is not None and cb is not None and n_a is not None and n_b is not None
+            if self.can_shift:
+                llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, n_b)
+                llama_cpp.llama_memory_seq_add(self.mem, 0, n_b, -1, n_a - n_b)
+                cmap.drop(n_a, n_b, ca, cb)
+            else:
+                tail = cmap.tokens[n_b:]
+                llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, -1)
+                cmap.drop(n_a, n_b, ca, cb)
+                del cmap.tokens[n_a:]
+                if not self.refill(tail):
+                    return False
+                self.reread_tokens += len(tail)
+        if not self.dropped_count:
+            self.dropped_from = a
+        self.dropped_count += b - a
+        self.dropped_tokens += freed
+        self.messages = [*msgs[:a], *msgs[b:]]
+        return True
+
+    def note(self) -> str:
+        """What the user should know about this request's drops ("" when none)."""
+        if not self.dropped_count:
+            return ""
+        n = self.dropped_count
+        what = f"{n} older message{'s' if n != 1 else ''} ({self.dropped_tokens} tokens)"
+        how = (
+            "; this model's cache cannot shift, so the kept text was read again"
+            if self.reread_tokens or not self.can_shift
+            else ""
+        )
+        return (
+            f"the context was full: {what} left the model's memory{how}. "
+            "They stay in the transcript"
+        )

@@ -202,6 +202,10 @@ def run_bounded(fn: Callable[[], T], budget_s: float, limit: int) -> T:
     raise ChatTemplateError(describe(value)) from None
 
 
+INTERRUPT_TRIES = 50
+INTERRUPT_PAUSE_S = 0.02
+
+
 def _interrupt(thread: threading.Thread) -> None:
     """The backstop for a render that outlived its tracer: raise in its thread.
 
@@ -209,10 +213,16 @@ def _interrupt(thread: threading.Thread) -> None:
     Python ends; one long call in C still runs to its end (the size checks keep
     those short), and the thread is abandoned meanwhile.
     """
-    if thread.ident is not None and thread.is_alive():
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(thread.ident), ctypes.py_object(_Aborted)
-        )
+    if thread.ident is None or not thread.is_alive():
+        return
+    ident = ctypes.c_ulong(thread.ident)
+    # Raised again until the thread ends: an exception that lands in a garbage
+    # collector callback is printed and dropped, and the loop would go on.
+    for _ in range(INTERRUPT_TRIES):
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(_Aborted))
+        thread.join(INTERRUPT_PAUSE_S)
+        if not thread.is_alive():
+            return
 
 
 def _start(target: Callable[[], None]) -> threading.Thread:

@@ -18,14 +18,17 @@ class NoModelLoaded(LamplightError):
 
 
 class ContextOverflowError(LamplightError):
-    """The prompt does not fit the context window."""
+    """The prompt does not fit the context window (and the policy is to stop)."""
+
+    MARK = "but the context holds"  # in every message of this kind, for the UI to offer a way on
 
     def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
         super().__init__(
             f"This conversation needs {prompt_tokens} tokens but the context holds {n_ctx}. "
-            "Start a new chat, shorten the message, or raise the context size in settings."
+            "Drop older messages and continue, start a new chat, shorten the message, or "
+            "raise the context size in settings."
         )
 
 
