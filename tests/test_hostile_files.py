@@ -863,16 +863,19 @@ def check_set_aside_or_repaired(
     return "set aside"
 
 
+def mutate_in_place(path: Path, data: st.DataObject) -> tuple[Path, bytes, dict[str, Any]]:
+    """Replace ``path`` with a mutation of its original; the data dir's files before that."""
+    for stray in path.parent.glob("*.bad"):
+        stray.unlink()
+    content = data.draw(mutated(original_of(path)))
+    path.write_bytes(content)
+    return path, content, tree(path.parent.parent)
+
+
 @FUZZ
 @given(data=st.data())
 def test_fuzz_settings(settings_dir: Path, data: st.DataObject) -> None:
-    path = settings_dir / "settings.json"
-    for stray in settings_dir.glob("*.bad"):
-        stray.unlink()
-    original = original_of(path)
-    content = data.draw(mutated(original))
-    path.write_bytes(content)
-    before = tree(settings_dir.parent)
+    path, content, before = mutate_in_place(settings_dir / "settings.json", data)
     loaded, notes = timed(lambda: AppSettings.load_with_notes(path))
     settings_in_range(loaded)
     outcome = check_set_aside_or_repaired(settings_dir, "settings.json", notes, content, before)
@@ -886,13 +889,7 @@ def test_fuzz_settings(settings_dir: Path, data: st.DataObject) -> None:
 @FUZZ
 @given(data=st.data())
 def test_fuzz_presets(settings_dir: Path, data: st.DataObject) -> None:
-    path = settings_dir / "presets.json"
-    for stray in settings_dir.glob("*.bad"):
-        stray.unlink()
-    original = original_of(path)
-    content = data.draw(mutated(original))
-    path.write_bytes(content)
-    before = tree(settings_dir.parent)
+    path, content, before = mutate_in_place(settings_dir / "presets.json", data)
     store = timed(lambda: PresetStore(path))
     for name in store.user:
         validate_sampling(sampling_to_dict(store.get(name)))

@@ -183,7 +183,9 @@ class PerfPanel(QDockWidget):
         self.context_bar.setRange(0, max(1, n_ctx))
         self.context_bar.setValue(min(used, max(1, n_ctx)))
         n, tokens = dropped
-        extra = f" · {n} earlier message{'s' if n != 1 else ''} dropped ({tokens})" if n else ""
+        extra = (
+            f" · {n} earlier message{'s' if n != 1 else ''} dropped ({tokens} tokens)" if n else ""
+        )
         self.context_bar.setFormat(f"context %v / %m tokens{extra}")
 
     # -- drawing -------------------------------------------------------------------------
