@@ -109,6 +109,19 @@ class MarkdownRenderer:
         def code_inline(_renderer: Any, tokens: Any, idx: int, _options: Any, _env: Any) -> str:
             return f"<code>{html.escape(breakable(tokens[idx].content), quote=False)}</code>"
 
+        # validateLink is not asked about an empty target (``[x]()``): a link whose
+        # target is not a safe one is shown as its text alone.
+        def link_open(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+            safe = safe_link(str(tokens[idx].attrGet("href") or ""))
+            env.setdefault("links", []).append(safe)
+            return str(renderer.renderToken(tokens, idx, options, env)) if safe else ""
+
+        def link_close(renderer: Any, tokens: Any, idx: int, options: Any, env: Any) -> str:
+            safe = env["links"].pop() if env.get("links") else False
+            return str(renderer.renderToken(tokens, idx, options, env)) if safe else ""
+
+        md.add_render_rule("link_open", link_open)
+        md.add_render_rule("link_close", link_close)
         md.add_render_rule("fence", fence)
         md.add_render_rule("code_block", fence)
         md.add_render_rule("text", text)
