@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Iterator
@@ -60,3 +61,19 @@ def _no_leftover_threads() -> Iterator[None]:
         if t not in before and t.is_alive() and not isinstance(t, threading._DummyThread)
     ]
     assert not extra, f"test left threads running: {extra}"
+
+
+def make_unreadable(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``path`` unreadable; as root, which reads anything, ``os.open`` says what
+    the OS would say to anyone else."""
+    if os.geteuid() != 0:
+        path.chmod(0)
+        return
+    real_open = os.open
+
+    def refusing_open(name: object, *args: object, **kwargs: object) -> int:
+        if Path(str(name)) == path:
+            raise PermissionError(errno.EACCES, "Permission denied", str(name))
+        return real_open(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", refusing_open)

@@ -61,7 +61,7 @@ from app.config.settings import AppSettings
 from app.engine.backend import KvState
 from app.engine.metrics import MessageMetrics
 from app.util.hashing import FingerprintCache
-from tests.conftest import ROOT
+from tests.conftest import ROOT, make_unreadable
 from tests.fakes import FakeEngine
 from ui.conversation_list import human_time
 
@@ -363,7 +363,9 @@ def test_damaged_snapshot_headers_fall_back_with_one_line(
 
 @pytest.mark.parametrize("kind", ["fifo", "directory", "device", "dangling-link", "unreadable"])
 def test_a_snapshot_that_is_not_a_regular_file_never_blocks(
-    snapshot_setup: tuple[SessionCache, FakeEngine, Path], kind: str
+    snapshot_setup: tuple[SessionCache, FakeEngine, Path],
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cache, _, path = snapshot_setup
     path.unlink()
@@ -377,9 +379,7 @@ def test_a_snapshot_that_is_not_a_regular_file_never_blocks(
         path.symlink_to(path.parent / "nowhere")
     else:
         path.write_bytes(b"LPKV")
-        path.chmod(0)
-        if os.access(path, os.R_OK):
-            pytest.skip("running as root: every file is readable")
+        make_unreadable(path, monkeypatch)
     result = timed(lambda: cache.restore("conv1"))
     assert not result.restored
     one_line(result.note)

@@ -10,7 +10,6 @@ llama.cpp before ``read_gguf_info`` refused it.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import math
 import os
 import shutil
@@ -31,6 +30,7 @@ from hypothesis import strategies as st
 
 from app.gguf.info import GgufInfo, read_gguf_info
 from app.util.errors import ModelFileError
+from tests.conftest import make_unreadable
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUNDARY = (0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)
@@ -542,17 +542,7 @@ def _touch(path: Path, data: bytes) -> Path:
 def test_an_unreadable_file_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "locked.gguf"
     target.write_bytes(b"GGUF")
-    if os.geteuid() != 0:  # root reads anything: simulate what the OS would say
-        target.chmod(0)
-    else:
-        real_open = os.open
-
-        def refusing_open(path: object, *args: object, **kwargs: object) -> int:
-            if Path(str(path)) == target:
-                raise PermissionError(errno.EACCES, "Permission denied", str(path))
-            return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(os, "open", refusing_open)
+    make_unreadable(target, monkeypatch)
     result = _check(target)
     assert str(result) == "locked.gguf cannot be read: permission denied."
 

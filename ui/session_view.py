@@ -71,7 +71,7 @@ class WindowView:
         footer = metrics.short_text() if metrics is not None else ""
         w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
         if metrics is not None and metrics.dropped_count:
-            w.transcript.show_messages(w.conversation.messages)  # mark what was dropped
+            w.transcript.mark_forgotten(w.conversation.messages)
         w.perf_panel.set_history(w.reply_metrics)
         if metrics is not None:
             w.status_speed.setText(
@@ -84,7 +84,7 @@ class WindowView:
         elif error:
             w.status_speed.setText("error")
             if ContextOverflowError.MARK in error:
-                w.transcript.add_action_notice(
+                w.transcript.add_notice(
                     "This reply needs more room than the context has.",
                     "drop-older",
                     "Drop older messages and continue",

@@ -146,12 +146,19 @@ class TranscriptView(QTextBrowser):
         self._frames[index] = frame
         return frame
 
-    def _set_header(self, index: int, role: str, actions: tuple[str, ...]) -> None:
+    def _set_header(self, index: int, role: str, actions: tuple[str, ...], note: str = "") -> None:
         if not 0 <= index < len(self._frames):
             return
         cursor = self._frames[index].firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(_header_html(self._key, role, index, actions))
+        cursor.insertHtml(_header_html(self._key, role, index, actions, note))
+
+    def mark_forgotten(self, messages: Sequence[Message]) -> None:
+        """Say on each forgotten message's header that the model no longer sees it."""
+        for i, m in enumerate(messages):
+            if m.forgotten and i != self._last_reply:
+                actions = ("edit", "fork") if m.role == "user" else ("fork",)
+                self._set_header(i, m.role, actions, FORGOTTEN)
 
     def _set_last_reply(self, index: int) -> None:
         """Only the last reply offers Regenerate."""
@@ -230,21 +237,20 @@ class TranscriptView(QTextBrowser):
             parts.append(f"<p style='color:#888888; font-size:small'>{html.escape(footer)}</p>")
         cursor.insertHtml("".join(parts) or "<p style='color:#888888'>(no reply)</p>")
 
-    def add_notice(self, text: str) -> None:
-        """A one-line note from the app (an error, a model change, a rebuilt cache)."""
+    def add_notice(self, text: str, action: str = "", label: str = "") -> None:
+        """A one-line note from the app (an error, a model change, a rebuilt cache),
+        optionally with one app action link (``action`` from ``ACTIONS``, index 0)."""
         if self._placeholder:
             self.clear()
             self._placeholder = False
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
-        cursor.insertHtml(f"<p style='color:#888888'><i>{html.escape(text)}</i></p>")
-
-    def add_action_notice(self, text: str, action: str, label: str) -> None:
-        """A notice with one app action link (``action`` from ``ACTIONS``, index 0)."""
-        cursor = QTextCursor(self.document())
-        cursor.movePosition(QTextCursor.MoveOperation.End)
-        link = f'<a href="{ACTION_SCHEME}://{self._key}/{action}/0">{html.escape(label)}</a>'
-        cursor.insertHtml(f"<p style='color:#888888'><i>{html.escape(text)}</i> {link}</p>")
+        link = (
+            f' <a href="{ACTION_SCHEME}://{self._key}/{action}/0">{html.escape(label)}</a>'
+            if action
+            else ""
+        )
+        cursor.insertHtml(f"<p style='color:#888888'><i>{html.escape(text)}</i>{link}</p>")
 
     @property
     def streaming(self) -> bool:

@@ -96,8 +96,8 @@ class Engine:
         self._stop_ids: frozenset[int] = frozenset()  # the template's stop tokens with no text
         self._notes: tuple[str, ...] = ()
         self._can_shift = False  # llama_memory_can_shift: drops need no re-reading
-        # The last request's messages, and those the model still sees after its drops.
-        self._sent: tuple[list[ChatMessage], list[ChatMessage]] = ([], [])
+        # The last request's messages, and its overflow (what the model still sees).
+        self._sent: tuple[list[ChatMessage], Overflow] | None = None
         self._one_token: Any = None
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
         # LoRA: the loaded adapters and the applied stack; the stack the KV cache was
@@ -428,7 +428,7 @@ class Engine:
             prompt, bounds = self._prompt(overflow.messages, text, n_mark, c_mark)
         if len(prompt) >= n_ctx:
             raise ContextOverflowError(len(prompt) + 1, n_ctx)
-        self._sent = (list(messages), overflow.messages)
+        self._sent = (list(messages), overflow)
 
         self._map.keep_marks(n_mark)
         keep = common_prefix(self._map.tokens, prompt)
@@ -519,11 +519,11 @@ class Engine:
         # Text read again because the cache could not shift is evaluated work too.
         metrics.evaluated_tokens += overflow.reread_tokens - overflow.reread_reported
         overflow.reread_reported = overflow.reread_tokens
-        note = overflow.note()
-        metrics.notes = [n for n in metrics.notes if not n.startswith("the context was full")]
-        if note:
-            metrics.notes.append(note)
-        self._sent = (self._sent[0], overflow.messages)
+        if overflow.noted in metrics.notes:
+            metrics.notes.remove(overflow.noted)  # a later drop in the same reply: one note
+        overflow.noted = overflow.note()
+        if overflow.noted:
+            metrics.notes.append(overflow.noted)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
         """Evaluate the template text that opens the user's next turn, ahead of time.
@@ -538,8 +538,8 @@ class Engine:
         if self.lora_stale:
             return 0  # the cache belongs to the previous stack; generate will rebuild it
         sentinel = "\ue000"  # a private-use character no template produces
-        if self._sent[0] == list(messages):
-            messages = self._sent[1]  # what the model still sees after a context overflow
+        if self._sent is not None and self._sent[0] == list(messages):
+            messages = self._sent[1].messages  # what the model still sees after an overflow
         history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", sentinel)]
         rendered = self._template.render(history, False)
         cut = rendered.find(sentinel)

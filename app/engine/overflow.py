@@ -118,12 +118,10 @@ class Overflow:
     dropped_tokens: int = 0
     reread_tokens: int = 0
     reread_reported: int = 0  # of those, already counted in the request's metrics
-    surgery: bool = False  # the cache followed the drop (else it is re-read from a mark)
+    noted: str = ""  # the note last put in the request's metrics
 
     def drop(self, need: int, keep_last: int) -> bool:
         """Drop the oldest whole turns the policy allows, freeing about ``need`` tokens."""
-        import llama_cpp
-
         msgs = self.messages
         text = self.render(msgs, True)
         starts = message_starts(self.render, msgs, text)
@@ -136,37 +134,46 @@ class Overflow:
         if plan is None:
             return False
         a, b = plan
-        freed = sum(sizes[a:b])
-        cmap = self.cmap
         ca, cb = starts.get(a), starts.get(b)
-        n_a = cmap.char_mark(ca) if ca is not None else None
-        n_b = cmap.char_mark(cb) if cb is not None else None
-        self.surgery = (
+        # Without boundaries in the cached text, the cache is left as it is: the caller
+        # re-reads the kept text from the last mark that still matches.
+        if (
             ca is not None
             and cb is not None
-            and n_a is not None
-            and n_b is not None
-            and cmap.text[:cb] == text[:cb]
-        )
-        if self.surgery:
-            assert ca is not None and cb is not None and n_a is not None and n_b is not None
-            if self.can_shift:
-                llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, n_b)
-                llama_cpp.llama_memory_seq_add(self.mem, 0, n_b, -1, n_a - n_b)
-                cmap.drop(n_a, n_b, ca, cb)
-            else:
-                tail = cmap.tokens[n_b:]
-                llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, -1)
-                cmap.drop(n_a, n_b, ca, cb)
-                del cmap.tokens[n_a:]
-                if not self.refill(tail):
-                    return False
-                self.reread_tokens += len(tail)
+            and self.cmap.text[:cb] == text[:cb]
+            and not self._cut(ca, cb)
+        ):
+            return False
         if not self.dropped_count:
             self.dropped_from = a
         self.dropped_count += b - a
-        self.dropped_tokens += freed
+        self.dropped_tokens += sum(sizes[a:b])
         self.messages = [*msgs[:a], *msgs[b:]]
+        return True
+
+    def _cut(self, ca: int, cb: int) -> bool:
+        """Take the tokens encoding ``text[ca:cb]`` out of the cache; False if a re-read stopped.
+
+        Does nothing (the caller re-reads instead) without marks at both ends.
+        """
+        import llama_cpp
+
+        cmap = self.cmap
+        n_a, n_b = cmap.char_mark(ca), cmap.char_mark(cb)
+        if n_a is None or n_b is None:
+            return True
+        if self.can_shift:
+            llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, n_b)
+            llama_cpp.llama_memory_seq_add(self.mem, 0, n_b, -1, n_a - n_b)
+            cmap.drop(n_a, n_b, ca, cb)
+            return True
+        tail = cmap.tokens[n_b:]
+        llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, -1)
+        cmap.drop(n_a, n_b, ca, cb)
+        del cmap.tokens[n_a:]
+        if not self.refill(tail):
+            return False
+        self.reread_tokens += len(tail)
         return True
 
     def note(self) -> str:
