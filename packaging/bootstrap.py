@@ -78,6 +78,12 @@ def cmd_test(args: list[str]) -> int:
         if subprocess.call(cmd, cwd=ROOT, env=env) != 0:
             say(f"{name} failed")
             return 1
+    # The remote-backend tests run a real llama-server: built once per machine and
+    # cached outside the checkout (minutes the first time, then instant).
+    say("tests: llama-server for the remote-backend tests")
+    if subprocess.call([str(PY), str(ROOT / "packaging" / "llama_server.py")], cwd=ROOT) != 0:
+        say("building llama-server failed")
+        return 1
     say("tests: pytest (real model, offscreen Qt)")
     return subprocess.call([str(PY), "-m", "pytest", *args], cwd=ROOT, env=env)
 

@@ -75,8 +75,10 @@ def ensure_llama_server(log: bool = True) -> Path:
         src = _extract_vendor(sdist, work / "src")
         build = work / "build"
         jobs = str(os.cpu_count() or 2)
-        _run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *FLAGS], log)
-        _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log)
+        cmake = _tool("cmake")
+        ninja = [f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
+        _run([cmake, "-S", str(src), "-B", str(build), "-G", "Ninja", *ninja, *FLAGS], log)
+        _run([cmake, "--build", str(build), "--target", "llama-server", "-j", jobs], log)
         built = build / "bin" / "llama-server"
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = target.with_name(target.name + ".tmp")
@@ -92,6 +94,17 @@ def _extract_vendor(sdist: Path, dest: Path) -> Path:
         members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in f"/{m.name}/"]
         tar.extractall(dest, members=members, filter="data")
     return next(dest.glob("*/vendor/llama.cpp"))
+
+
+def _tool(name: str) -> str:
+    """``name`` from this environment (the dev extras install cmake and ninja), else PATH."""
+    here = Path(sys.executable).parent / name
+    if here.is_file():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"{name} is needed to build llama-server; install it (pip install {name})")
+    return found
 
 
 def _run(cmd: list[str], log: bool) -> None:

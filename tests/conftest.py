@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from app.config.params import LoadConfig
 from app.engine.llama import Engine
 from app.models.default_model import ensure_default_model  # after the env var
+from tests.server_fixture import RunningServer, running_llama_server
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept between runs (git-ignored) so the 253 MB model is assembled once per checkout.
@@ -44,11 +46,38 @@ def engine(loaded_engine: Engine) -> Engine:
     return loaded_engine
 
 
+@pytest.fixture(scope="session")
+def server_lora(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA adapter strong enough to change greedy output, for the server to load."""
+    from tests.lora_factory import make_lora
+
+    return make_lora(
+        tmp_path_factory.mktemp("server-lora") / "test-lora.gguf", model_path, strength=0.5
+    )
+
+
+@pytest.fixture(scope="session")
+def llama_server(
+    model_path: Path, server_lora: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningServer]:
+    """A real llama-server on 127.0.0.1 with the default model, ``--swa-full``, a slot
+    save path and ``server_lora`` (scale 0 until a request sets it); stopped at the end."""
+    with running_llama_server(
+        model_path, tmp_path_factory.mktemp("llama-server"), n_ctx=TEST_CTX, loras=[server_lora]
+    ) as server:
+        yield server
+
+
 @pytest.fixture(autouse=True)
 def _no_leftover_threads() -> Iterator[None]:
     """Fail a test that leaves a thread running: a live QThread at exit aborts the run."""
     before = set(threading.enumerate())
     yield
+    # Collect this test's widgets here, on the GUI thread. Left to a later automatic
+    # collection, a worker thread (a download, the engine) can run it: a QWidget
+    # destroyed there waits for a Qt lock the GUI thread holds while it waits for the
+    # GIL (seen as a hung suite: QMenu::~QMenu inside gc on the download thread).
+    gc.collect()
     from ui.worker import live_engine_threads
 
     running = [t for t in live_engine_threads() if t.isRunning()]

@@ -9,7 +9,7 @@ from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
     Backend,
     Capabilities,
@@ -24,12 +24,18 @@ from app.engine.backend import (
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
-from app.gguf.lora import LoraStack
+from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
 
 FAKE_CAPABILITIES = Capabilities(
     snapshots=True,
-    why_not={"lora": "the fake engine takes no adapters", "grammar": "the fake engine"},
+    why_not={
+        "lora": "the fake engine takes no adapters",
+        "grammar": "the fake engine has no grammar sampler",
+        "prewarm": "the fake engine has no next turn to prepare",
+        "token_latency": "the fake engine's token times are made up",
+        "gpu_offload": "the fake engine has no GPU",
+    },
 )
 
 
@@ -70,6 +76,9 @@ class FakeEngine:
     def hardware(self) -> HardwareInfo:
         return HardwareInfo(False, ())
 
+    def ping(self) -> str:
+        return ""
+
     def load(
         self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
     ) -> ModelInfo:
@@ -96,6 +105,7 @@ class FakeEngine:
             template="fake",
             backend="CPU",
             load_ms=1.0,
+            capabilities=FAKE_CAPABILITIES,
         )
         return self._model
 
@@ -118,9 +128,27 @@ class FakeEngine:
         self.requests.append(list(messages))
         if self.fail_with is not None:
             raise self.fail_with
+        if params.output_format != "text":  # honours its capabilities: no grammar
+            raise SettingError("output_format", "The fake engine has no grammar sampler.")
         stop = stop or threading.Event()
         t0 = time.perf_counter()
-        metrics = MessageMetrics(prompt_tokens=10, evaluated_tokens=10, prefill_ms=1.0, n_ctx=2048)
+        # One "token" per word of the chat, so prefix reuse and overflow behave like an engine's.
+        prompt = [t for m in messages for t in _words(f"{m.role} {m.content}")]
+        n_ctx = self._model.n_ctx
+        if len(prompt) + 1 >= n_ctx:
+            raise ContextOverflowError(len(prompt) + 1, n_ctx)
+        cached = 0
+        while cached < min(len(prompt), len(self.kv_tokens)) and (
+            prompt[cached] == self.kv_tokens[cached]
+        ):
+            cached += 1
+        metrics = MessageMetrics(
+            prompt_tokens=len(prompt),
+            cached_tokens=cached,
+            evaluated_tokens=len(prompt) - cached,
+            prefill_ms=1.0,
+            n_ctx=n_ctx,
+        )
         if self.prefill_delay and stop.wait(self.prefill_delay):
             metrics.stop_reason = "cancelled"
             yield Finished("", metrics)
@@ -130,7 +158,7 @@ class FakeEngine:
         for i, word in enumerate(words[: params.max_tokens]):
             if stop.is_set():
                 metrics.stop_reason = "cancelled"
-                self.kv_tokens = list(range(10 + len(parts)))
+                self.kv_tokens = prompt + _words("assistant " + "".join(parts))
                 yield Finished("".join(parts), metrics)
                 return
             time.sleep(self.delay)
@@ -140,7 +168,7 @@ class FakeEngine:
             metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
             yield Token(text)
         metrics.stop_reason = "eos"
-        self.kv_tokens = list(range(10 + len(parts)))
+        self.kv_tokens = prompt + _words("assistant " + "".join(parts))
         yield Finished("".join(parts), metrics)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
@@ -154,16 +182,20 @@ class FakeEngine:
         return []
 
     def set_lora_stack(self, stack: LoraStack) -> bool:
-        raise NotImplementedError("the fake engine declares no LoRA capability")
+        raise LoraError("the fake engine takes no adapters")
 
     def cache_config(self) -> dict[str, Any]:
         return {"n_ctx": 2048}
 
-    def export_state(self) -> KvState:
+    def export_state(self, key: str = "") -> KvState:
         return KvState(b"fake-state", list(self.kv_tokens), "", [(0, 0)])
 
     def import_state(self, kv: KvState) -> None:
         self.kv_tokens = list(kv.tokens)
+
+
+def _words(text: str) -> list[int]:
+    return [hash(w) & 0xFFFF for w in text.split()]
 
 
 def overflow() -> ContextOverflowError:

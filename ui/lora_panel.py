@@ -56,6 +56,8 @@ MUTED_STYLE = "color: palette(mid);"
 def describe(info: AdapterInfo) -> str:
     """``rank 8 · alpha 16 · 658.0 KB`` (a mixed-rank adapter shows its range)."""
     ranks = info.ranks
+    if not ranks:
+        return "loaded by the server"
     rank = f"rank {ranks[0]}" if len(ranks) == 1 else f"rank {ranks[0]}–{ranks[-1]}"
     alpha = f"alpha {info.alpha:g}" if info.alpha else "no alpha"
     return f"{rank} · {alpha} · {size_text(info.size)}"
@@ -174,6 +176,7 @@ class LoraPanel(QDockWidget):
         self._problems: dict[Path, str] = {}
         self._model: Path | None = None
         self._library: list[Path] = []
+        self._server: list[Path] | None = None  # a server's adapters (None: this computer's)
         self._last_dir = ""
         self.rows: list[AdapterRow] = []
 
@@ -251,6 +254,25 @@ class LoraPanel(QDockWidget):
         )
         self._report()
 
+    def set_server_adapters(self, paths: Iterable[str] | None, why_not: str = "") -> None:
+        """Offer only the adapters a server loaded (None: back to files on this computer).
+
+        A server's adapters are its files: they are not read here, only scaled. With
+        none, the panel is disabled and its tooltip says ``why_not``.
+        """
+        if paths is None:
+            self._server = None
+        else:
+            self._server = [Path(p) for p in paths]
+            self._stack.clear()
+            self._reported = LoraStack()
+            self._infos.clear()
+            self._problems.clear()
+            self._rebuild_rows()
+        self.widget().setEnabled(self._server is None or bool(self._server))
+        self.widget().setToolTip(why_not if self._server == [] else "")
+        self._rebuild_menu()
+
     def set_library_adapters(self, paths: Iterable[str | Path]) -> None:
         """Offer these files (say, the library's adapters) in the Add menu."""
         self._library = [Path(p) for p in paths]
@@ -296,6 +318,10 @@ class LoraPanel(QDockWidget):
     # -- internals -------------------------------------------------------------------
 
     def _validate(self, path: Path) -> AdapterInfo:
+        if self._server is not None:
+            if path not in self._server:
+                raise LoraError(f"The server did not load {path.name}.")
+            return AdapterInfo(path, path.name, 0, 0.0, 0, "", 0, ())
         if self._model is None:
             return read_adapter(path)  # checked against the model once one is loaded
         return validate_adapter(path, self._model)
@@ -312,6 +338,13 @@ class LoraPanel(QDockWidget):
 
     def _rebuild_menu(self) -> None:
         self.add_menu.clear()
+        if self._server is not None:
+            self.add_menu.addSection("Loaded by the server")
+            for path in self._server:
+                action = self.add_menu.addAction(path.name)
+                action.setToolTip(f"{path} (on the server)")
+                action.triggered.connect(lambda _checked=False, p=path: self.add_adapter(p))
+            return
         self.add_menu.addAction(self.file_action)
         self.add_menu.addSection("Library")
         if not self._library:

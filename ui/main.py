@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return clients[0]
 
     window = open_window(dirs, settings, notes, make_client, hub_services(dirs), note)
-    window.load_model(model)
+    window.start_engine(model)
     code = app.exec()
     clients[0].shutdown()
     return int(code)

@@ -39,6 +39,7 @@ from ui.conversation_list import ConversationList
 from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
 from ui.model_status import ModelStatus
+from ui.remote_control import RemoteControl
 from ui.session_view import WindowView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -68,6 +69,7 @@ class MainWindow(QMainWindow):
     regenerate_action: QAction
     manager_action: QAction
     compact_cache_action: QAction
+    connect_action: QAction
     new_chat_button: QWidget
     view_menu: QMenu
     backend_page: QDialog
@@ -140,6 +142,7 @@ class MainWindow(QMainWindow):
 
         bar = self.statusBar()
         self.model_status = ModelStatus(self, bar, self._client.cancel_load)
+        self.remote = RemoteControl(self, bar)
         self.status_model = self.model_status.label
         self.status_backend = self.model_status.backend
         self.status_speed = self._label("", "statusSpeed")
@@ -324,16 +327,29 @@ class MainWindow(QMainWindow):
 
     # -- model -----------------------------------------------------------------------
 
+    def start_engine(self, model: str | Path | None) -> None:
+        """At start: reconnect to the server in use at the last quit, else load ``model``."""
+        if not self.remote.start():
+            self.load_model(model)
+
     def load_model(self, path: str | Path | None) -> None:
         """Load ``path``, or the embedded default model when None."""
-        self._loading = True
-        self.model_status.loading()
-        self._update_buttons()
+        self.begin_loading("Loading model…")
         self._client.load(DEFAULT_MODEL if path is None else path, self._settings.load)
+
+    def begin_loading(self, what: str) -> None:
+        """A load or connect is under way: the model may change when it ends."""
+        self._loading = True
+        self.model_status.loading(what)
+        self._update_buttons()
 
     def reload_model(self) -> None:
         """Load the current model again with the current settings, once the reply is settled."""
-        if self._model is not None:
+        if self._model is not None and self._model.server:
+            conn = self.remote.current
+            if conn is not None:
+                self.session.when_idle(lambda: self.remote.connect_to(conn))
+        elif self._model is not None:
             path = self._model.path
             self.session.when_idle(lambda: self.load_model(path))
 
@@ -375,11 +391,11 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"Lamplight — {info.name}")
         if self.model_manager is not None:
             self.model_manager.loaded_model = str(info.path)
-        if str(info.path) != self._settings.model_path:
+        if not info.server and str(info.path) != self._settings.model_path:
             self._settings.model_path = str(info.path)
             self._save_settings()
         self.sampling_panel.set_load(self._settings.load)
-        self.lora_panel.set_model(info.path)
+        self.remote.loaded(info)
         key = f"{info.name}:{info.file_size}"
         self.sampling_panel.model_key = key
         if key in self.presets.model_defaults and not self.conversation.sampling:
@@ -393,6 +409,7 @@ class MainWindow(QMainWindow):
 
     def _on_load_failed(self, message: str, previous_still_loaded: bool) -> None:
         self._loading = False
+        self.remote.failed()
         if not previous_still_loaded:
             self._model = self.session.model = None
         self.model_status.failed(self._model)
@@ -433,6 +450,7 @@ class MainWindow(QMainWindow):
             loop.exec()
         self.chat.end_stream()
         self.perf_panel.stop_timers()
+        self.remote.shutdown()
         self.session.save()
         if self.conversation.messages:
             self._settings.last_conversation = self.conversation.id

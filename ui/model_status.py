@@ -30,11 +30,11 @@ class ModelStatus:
         bar.addPermanentWidget(self.progress)
         bar.addPermanentWidget(self.cancel_button)
 
-    def loading(self) -> None:
+    def loading(self, what: str = "Loading model…") -> None:
         self.progress.setValue(0)
         self.progress.show()
         self.cancel_button.show()
-        self.label.setText("Loading model…")
+        self.label.setText(what)
 
     def advanced(self, value: float, what: str) -> None:
         self.progress.setValue(int(value * 100))

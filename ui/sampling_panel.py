@@ -7,6 +7,8 @@ every edit and keeps the two parts in step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QDockWidget, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
@@ -105,6 +107,10 @@ class SamplingPanel(QDockWidget):
         self.setWidget(root)
 
     # -- public API ------------------------------------------------------------------
+
+    def set_unavailable(self, reasons: Mapping[str, str]) -> None:
+        """Disable settings the engine in use cannot honour, saying why in each tooltip."""
+        self._form.set_unavailable(reasons)
 
     def params(self) -> SamplingParams:
         """The sampling settings in force: the last valid ones."""

@@ -161,6 +161,13 @@ class FieldRow:
         self.reset.setToolTip(f"Reset {spec.label} to its default ({format_value(spec.default)})")
         self.reset.clicked.connect(self._on_reset)
 
+    def set_unavailable(self, why: str) -> None:
+        """Disable the field with ``why`` as its tooltip ("" enables it again)."""
+        for w in (self.editor, self.slider, self.caption, self.reset):
+            if w is not None:
+                w.setEnabled(not why)
+                w.setToolTip(why or self.spec.help)
+
     def _make_editor(self, parent: QWidget) -> QWidget:
         spec = self.spec
         if spec.kind in ("float", "int"):

@@ -192,6 +192,11 @@ class SettingsForm(QWidget):
         layout.addWidget(scroll, 1)
         layout.addWidget(self.error_label)
 
+    def set_unavailable(self, reasons: Mapping[str, str]) -> None:
+        """Disable the named fields, each with its reason as the tooltip; enable the rest."""
+        for name, field in self._fields.items():
+            field.set_unavailable(reasons.get(name, ""))
+
     def _align_columns(self) -> None:
         """Same caption and spin box widths in every section, so the sliders line up."""
         captions = [f.caption for f in self._fields.values() if isinstance(f.caption, QLabel)]

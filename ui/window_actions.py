@@ -97,8 +97,21 @@ def build(win: MainWindow) -> None:
         toggle = dock.toggleViewAction()
         toggle.setShortcut(QKeySequence(keys))
         win.view_menu.addAction(toggle)
+    win.connect_action = _action(
+        win,
+        "Connect to a server…",
+        win.remote.show_dialog,
+        "Ctrl+Shift+K",
+        "Chat with a model on llama-server, vLLM, Ollama or another OpenAI-compatible "
+        "server (Ctrl+Shift+K)",
+    )
     model_menu = menu.addMenu("&Model")
-    for a in (win.manager_action, win.open_model_action, win.compact_cache_action):
+    for a in (
+        win.manager_action,
+        win.open_model_action,
+        win.connect_action,
+        win.compact_cache_action,
+    ):
         model_menu.addAction(a)
     menu.addMenu("&Help").addAction(
         _action(win, "Hardware and backends…", lambda: show_backend_page(win))

@@ -22,6 +22,7 @@ from app.engine.offload import fit_report, load_with_fallback
 from app.engine.templates import ChatMessage
 from app.gguf.lora import LoraStack
 from app.models.default_model import ensure_default_model
+from app.remote.http import ServerUnreachable
 from app.util.errors import LamplightError
 from app.util.hashing import FingerprintCache
 
@@ -62,6 +63,8 @@ class EngineWorker(QObject):
         restored(object): a ``RestoreResult`` after opening a conversation.
         loraApplied(object): the ``LoraStack`` now applied (after a request or a load).
         loraFailed(str, object): why a stack was refused, and the stack still applied.
+        connectionState(str, str): ``"local"``, ``"connected"`` or ``"lost"``, and a line
+            saying where (or what went wrong), after a connect, a reply or a check.
 
     Exactly one of finished, cancelled, failed ends every request; one of loraApplied,
     loraFailed answers every ``set_lora_stack``. After a reply that got going, the
@@ -83,9 +86,11 @@ class EngineWorker(QObject):
     restored = Signal(object)
     loraApplied = Signal(object)
     loraFailed = Signal(str, object)
+    connectionState = Signal(str, str)
 
     def __init__(self, engine: Backend, models_dir: Path, store: ConversationStore | None) -> None:
         super().__init__()
+        self._local = engine  # the in-process engine; a server connection replaces it for a while
         self._engine = engine
         self._models_dir = models_dir
         self._lora_wanted = LoraStack()  # re-applied after each load: adapters die with a model
@@ -185,10 +190,10 @@ class EngineWorker(QObject):
             if path == DEFAULT_MODEL:
                 self.loadProgress.emit(0.0, "Preparing the default model")
                 path = str(ensure_default_model(self._models_dir))
-            fit = fit_report(path, config, self._engine.hardware())
+            fit = fit_report(path, config, self._local.hardware())
             if not fit.fits:
                 self.loadNote.emit(fit.warning(Path(path).name))
-            info, note = load_with_fallback(self._engine, path, config, progress)
+            info, note = load_with_fallback(self._local, path, config, progress)
             for extra in (note, *info.notes):
                 if extra:
                     self.loadNote.emit(extra)
@@ -198,9 +203,68 @@ class EngineWorker(QObject):
             log.exception("model load failed")
             self.loadFailed.emit(f"Could not load the model: {exc}", self._engine.model is not None)
         else:
+            self._switch(self._local)
             if len(self._lora_wanted) and self._engine.capabilities.lora:
                 self._apply_lora()
             self.modelLoaded.emit(info)
+            self.connectionState.emit("local", "")
+
+    @Slot(object, object)
+    def connect_remote(self, backend: Backend, cancel: threading.Event) -> None:
+        """Connect ``backend`` (a server's); on success it replaces the engine in use.
+
+        A failed connect leaves the engine in use (and its model) as it was.
+        """
+
+        def progress(value: float) -> bool:
+            self.loadProgress.emit(value, "Waiting for the server's model")
+            return not cancel.is_set()
+
+        self.loadProgress.emit(0.0, "Connecting")
+        try:
+            info = backend.load("", LoadConfig(), progress)
+        except LamplightError as exc:
+            self.loadFailed.emit(str(exc), self._engine.model is not None)
+            return
+        except Exception as exc:  # a strange server must not take the app down
+            log.exception("connect failed")
+            self.loadFailed.emit(f"Could not connect: {exc}", self._engine.model is not None)
+            return
+        self._switch(backend)
+        for note in info.notes:
+            self.loadNote.emit(note)
+        self._lora_wanted = LoraStack()  # local adapter files mean nothing to a server
+        self.modelLoaded.emit(info)
+        self.connectionState.emit("connected", info.backend)
+
+    def _switch(self, engine: Backend) -> None:
+        """Make ``engine`` the one in use; the previous one lets go of its model or server."""
+        if engine is self._engine:
+            return
+        old, self._engine = self._engine, engine
+        if self._cache is not None:
+            self._cache.engine = engine
+        old.unload()
+
+    @Slot()
+    def check_connection(self) -> None:
+        """Ask the server in use whether it answers; ``connectionState`` says."""
+        if self._engine is self._local:
+            self.connectionState.emit("local", "")
+            return
+        why = self._engine.ping()
+        if why:
+            self.connectionState.emit("lost", why)
+            return
+        # The server answers again; it may have restarted (another model, an empty
+        # slot), so connect afresh: the window then restores the open chat's cache.
+        try:
+            info = self._engine.load("", LoadConfig())
+        except LamplightError as exc:
+            self.connectionState.emit("lost", str(exc))
+            return
+        self.modelLoaded.emit(info)
+        self.connectionState.emit("connected", info.backend)
 
     @Slot(object)
     def generate(self, job: GenerateJob) -> None:
@@ -211,10 +275,17 @@ class EngineWorker(QObject):
                 ended = self._relay(job.request, ev)
         except LamplightError as exc:
             self.failed.emit(job.request, str(exc))
+            if isinstance(exc, ServerUnreachable):
+                self.connectionState.emit("lost", str(exc))
             return
         except Exception as exc:  # one terminal signal per request, whatever happens
             log.exception("generation failed")
             self.failed.emit(job.request, f"Generation failed: {exc}")
+            return
+        if ended is not None and ended.metrics.stop_reason == "connection_lost":
+            self.connectionState.emit(
+                "lost", ended.metrics.notes[-1] if ended.metrics.notes else ""
+            )
             return
         if ended is None or not job.conv_id:
             return
@@ -263,6 +334,8 @@ class EngineWorker(QObject):
     @Slot()
     def unload(self) -> None:
         self._engine.unload()
+        if self._engine is not self._local:
+            self._local.unload()
 
 
 @dataclass(frozen=True)
@@ -291,6 +364,8 @@ class EngineClient(QObject):
     _drainRequested = Signal()
     _unloadRequested = Signal()
     _loraRequested = Signal(object)
+    _connectRequested = Signal(object, object)
+    _checkRequested = Signal()
 
     def __init__(
         self,
@@ -313,6 +388,8 @@ class EngineClient(QObject):
         self._dropRequested.connect(self.worker.drop_snapshot)
         self._unloadRequested.connect(self.worker.unload)
         self._loraRequested.connect(self.worker.set_lora_stack)
+        self._connectRequested.connect(self.worker.connect_remote)
+        self._checkRequested.connect(self.worker.check_connection)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
         # The model is freed on its own thread as that thread ends, after any running request.
         self._thread.finished.connect(self.worker.unload, Qt.ConnectionType.DirectConnection)
@@ -329,6 +406,15 @@ class EngineClient(QObject):
         """Load ``path`` (``DEFAULT_MODEL`` for the embedded one) on the worker."""
         self._cancel_load = threading.Event()
         self._loadRequested.emit(str(path), config, self._cancel_load)
+
+    def connect_remote(self, backend: Backend) -> None:
+        """Connect to a server through ``backend`` (made here, used only on the worker)."""
+        self._cancel_load = threading.Event()
+        self._connectRequested.emit(backend, self._cancel_load)
+
+    def check_connection(self) -> None:
+        """Ask the worker to ping the server in use (``connectionState`` answers)."""
+        self._checkRequested.emit()
 
     def cancel_load(self) -> None:
         self._cancel_load.set()

@@ -66,15 +66,16 @@ class SessionCache:
         cache = dict(self.engine.cache_config())
         lora = cache.pop("lora", [])  # the header has a field of its own for it
         return SnapshotHeader(
-            model=self.fingerprints.fingerprint(Path(model.path)),
-            runtime=runtime_info(),
+            # A model on a server has no local file: its backend says what identifies it.
+            model=dict(model.fingerprint) or self.fingerprints.fingerprint(Path(model.path)),
+            runtime=dict(model.runtime) or runtime_info(),
             cache=cache,
             lora=list(lora),
         )
 
     def save(self, conv_id: str, keep: frozenset[str] = frozenset()) -> tuple[int, list[str]]:
         """Snapshot the cache for ``conv_id``; returns (bytes, ids pruned to fit the budget)."""
-        kv = self.engine.export_state()
+        kv = self.engine.export_state(conv_id)
         path = self.store.snapshot_path(conv_id)
         if not kv.tokens:
             # An empty cache (after a reload, say) says nothing about the saved one: keep it.

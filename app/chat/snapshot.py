@@ -61,11 +61,11 @@ class SnapshotHeader:
         if self.model.get("sha256") != current.model.get("sha256"):
             return f"it was saved with another model ({self.model.get('name', 'unknown')})"
         if self.runtime != current.runtime:
-            return (
-                "it was saved by another llama.cpp version "
-                f"({self.runtime.get('llama_cpp_python')} vs "
-                f"{current.runtime.get('llama_cpp_python')})"
+            then, now = (
+                ", ".join(map(str, r.values())) or "unknown"
+                for r in (self.runtime, current.runtime)
             )
+            return f"it was saved by another llama.cpp version ({then} vs {now})"
         for key in sorted(set(self.cache) | set(current.cache)):
             if self.cache.get(key) != current.cache.get(key):
                 return (

@@ -34,6 +34,19 @@ class LoadCancelled(LamplightError):
 
 
 @dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; ``why_not`` explains each missing one for a tooltip."""
+
+    snapshots: bool = False  # export_state / import_state
+    lora: bool = False  # set_lora_stack
+    grammar: bool = False  # JSON mode, JSON schema, GBNF
+    prewarm: bool = False  # evaluating the next turn's opening ahead of time
+    token_latency: bool = False  # per-token arrival times are the engine's own
+    gpu_offload: bool = False
+    why_not: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """A loaded model, as the UI shows it."""
 
@@ -50,6 +63,13 @@ class ModelInfo:
     backend: str
     load_ms: float
     notes: tuple[str, ...] = ()  # what the user should know about this load (a template fallback)
+    capabilities: Capabilities = field(default_factory=Capabilities)  # for the UI to show
+    # A model on a server: where it runs ("" in-process), and what a snapshot of its
+    # cache depends on instead of the local file's fingerprint and llama.cpp version.
+    server: str = ""
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    runtime: dict[str, Any] = field(default_factory=dict)
+    adapters: tuple[str, ...] = ()  # LoRA adapters a server loaded (its paths)
 
 
 @dataclass(frozen=True)
@@ -89,19 +109,6 @@ class KvState:
     marks: list[tuple[int, int]]
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend can do; ``why_not`` explains each missing one for a tooltip."""
-
-    snapshots: bool = False  # export_state / import_state
-    lora: bool = False  # set_lora_stack
-    grammar: bool = False  # JSON mode, JSON schema, GBNF
-    prewarm: bool = False  # evaluating the next turn's opening ahead of time
-    token_latency: bool = False  # per-token arrival times are the engine's own
-    gpu_offload: bool = False
-    why_not: dict[str, str] = field(default_factory=dict)
-
-
 @runtime_checkable
 class Backend(Protocol):
     """What the engine worker calls. Every method runs on the worker's thread."""
@@ -116,6 +123,9 @@ class Backend(Protocol):
 
     def hardware(self) -> HardwareInfo:
         """The compute devices this backend can use."""
+
+    def ping(self) -> str:
+        """Why the engine cannot be reached now ("" when it can; always "" in-process)."""
 
     def load(
         self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
@@ -167,8 +177,12 @@ class Backend(Protocol):
     def cache_config(self) -> dict[str, Any]:
         """Context settings a saved cache depends on (checked before restoring one)."""
 
-    def export_state(self) -> KvState:
-        """The cache as it stands (``tokens`` empty when it holds nothing)."""
+    def export_state(self, key: str = "") -> KvState:
+        """The cache as it stands (``tokens`` empty when it holds nothing).
+
+        ``key`` names the conversation, for an engine that stores the state itself
+        (llama-server keeps one file per key on its side; ``state`` then refers to it).
+        """
 
     def import_state(self, kv: KvState) -> None:
         """Replace the cache with ``kv``; on failure it is left empty.

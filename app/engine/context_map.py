@@ -8,6 +8,7 @@ boundaries, and tokenizing only the rest, keeps every cached token usable.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -69,6 +70,15 @@ class ContextMap:
             self.marks[-1] = (len(self.tokens), len(text))
         else:
             self.marks.append((len(self.tokens), len(text)))
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the shared prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _common_prefix_len(a: str, b: str) -> int:

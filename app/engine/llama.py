@@ -37,7 +37,7 @@ from app.engine.backend import (
     PrefillProgress,
     ProgressFn,
 )
-from app.engine.context_map import ContextMap
+from app.engine.context_map import ContextMap, common_prefix
 from app.engine.decode import decode
 from app.engine.hardware import HardwareInfo, detect_hardware
 from app.engine.kv_state import read_sequence, write_sequence
@@ -62,19 +62,18 @@ log = logging.getLogger(__name__)
 LORA_CHANGED_NOTE = "the LoRA stack changed"
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the shared prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 _CAPABILITIES = Capabilities(
-    snapshots=True, lora=True, grammar=True, prewarm=True, token_latency=True
+    snapshots=True,
+    lora=True,
+    grammar=True,
+    prewarm=True,
+    token_latency=True,
+    why_not={
+        "gpu_offload": "this llama.cpp build runs on the CPU only; Hardware and backends "
+        "says how to get a GPU build"
+    },
 )
-_CAPABILITIES_GPU = replace(_CAPABILITIES, gpu_offload=True)
+_CAPABILITIES_GPU = replace(_CAPABILITIES, gpu_offload=True, why_not={})
 
 
 class Engine:
@@ -133,6 +132,9 @@ class Engine:
     @property
     def capabilities(self) -> Capabilities:
         return _CAPABILITIES_GPU if self.hardware().gpu_offload else _CAPABILITIES
+
+    def ping(self) -> str:
+        return ""
 
     def hardware(self) -> HardwareInfo:
         if self._backend is None:
@@ -205,6 +207,7 @@ class Engine:
             backend=self.hardware().label if config.n_gpu_layers != 0 else "CPU",
             load_ms=load_ms,
             notes=self._notes,
+            capabilities=self.capabilities,
         )
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
         return self._info
@@ -337,7 +340,7 @@ class Engine:
 
         return int(llama_cpp.llama_state_seq_get_size(self._require()._ctx.ctx, 0))
 
-    def export_state(self) -> KvState:
+    def export_state(self, key: str = "") -> KvState:
         """Copy KV sequence 0 out of llama.cpp (no logits: it scales with the cache)."""
         return KvState(
             state=read_sequence(self._require()._ctx.ctx),

@@ -34,3 +34,28 @@ class ContextOverflowError(LamplightError):
 
 class DecodeError(LamplightError):
     """llama_decode failed for a reason other than a requested stop."""
+
+
+class ServerOverflowError(ContextOverflowError):
+    """``ContextOverflowError`` for a server's context: its size is set on the server, and
+    either number may be unknown (0) when the server's message does not give it."""
+
+    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+        needs = f"{prompt_tokens} tokens" if prompt_tokens > 0 else "more tokens than that"
+        holds = f"{n_ctx}" if n_ctx > 0 else "(the server did not say how many)"
+        if prompt_tokens <= 0 and n_ctx > 0:
+            needs = f"more than {n_ctx} tokens"
+        elif prompt_tokens <= 0:
+            needs = "more tokens than the server's model takes"
+        LamplightError.__init__(
+            self,
+            f"This conversation needs {needs} but the context holds {holds}. Drop older "
+            "messages and continue, start a new chat, shorten the message, or start the "
+            "server with a larger context.",
+        )
+
+
+class ApiKeyRefused(LamplightError):
+    """The server refused the API key (401/403)."""

@@ -1,0 +1,832 @@
+"""llama.cpp's ``llama-server`` as a ``Backend``: the same chat, cache and snapshots, remotely.
+
+Lamplight renders the prompt itself (the same templates and sandbox as
+in-process) and sends it to ``/completion`` as token ids, so the server's slot
+holds exactly the tokens this client tracks in its ``ContextMap``: generated
+tokens are never re-tokenized, and a restored snapshot continues without
+re-reading. The server matches the prompt against its slot (``cache_prompt``)
+and evaluates only what is new.
+
+What lives where:
+
+- the KV cache is in the server's slot ``Connection.slot``; snapshots are files
+  in the server's ``--slot-save-path`` (one per conversation, overwritten), and
+  the Lamplight snapshot on this machine keeps the compatibility header, the
+  tokens and the text, and names the server file;
+- LoRA adapters are the ones the server loaded at start (``--lora``); every
+  request sends every adapter with an explicit scale (llama.cpp issue #28674).
+
+A context overflow follows the in-process policies: whole turns are dropped
+before sending (measured with ``/tokenize``); the server re-reads what follows
+them, since it cannot shift a slot on request. A reply that fills the context
+drops turns and continues in a new request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Generator, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from app.config.params import LoadConfig, SamplingParams, SettingError, grammar_for
+from app.engine.backend import (
+    Capabilities,
+    EngineEvent,
+    Finished,
+    KvState,
+    LoadCancelled,
+    ModelInfo,
+    PrefillProgress,
+    ProgressFn,
+    Token,
+)
+from app.engine.context_map import ContextMap, common_prefix
+from app.engine.hardware import HardwareInfo
+from app.engine.metrics import MessageMetrics
+from app.engine.overflow import Overflow, message_starts, reply_budget
+from app.engine.templates import (
+    TURN_MARKERS,
+    ChatMessage,
+    ChatTemplate,
+    ChatTemplateError,
+    choose_template,
+    clean_text,
+)
+from app.gguf.lora import LoraError, LoraStack, stack_key
+from app.remote.connection import Connection
+from app.remote.http import (
+    EventStream,
+    ServerError,
+    ServerUnreachable,
+    call,
+    make_client,
+    where,
+)
+from app.util.errors import (
+    ApiKeyRefused,
+    DecodeError,
+    LamplightError,
+    ModelLoadError,
+    NoModelLoaded,
+    ServerOverflowError,
+)
+
+log = logging.getLogger(__name__)
+
+LOAD_WAIT_S = 600.0  # a server still loading a big model answers 503 meanwhile
+MAX_CONTINUATIONS = 8  # a reply that fills the context this many times ends there
+LORA_CHANGED_NOTE = "the LoRA stack changed"
+_MIROSTAT = {"off": 0, "v1": 1, "v2": 2}
+_STATE_FORMAT = "lamplight-llama-server-slot"
+
+
+class LlamaServerBackend:
+    """A ``Backend`` that drives one slot of a llama-server."""
+
+    def __init__(self, connection: Connection, api_key: str = "") -> None:
+        self.connection = connection
+        self._api_key = api_key
+        self._client: Any = None
+        self._info: ModelInfo | None = None
+        self._props: dict[str, Any] = {}
+        self._template: ChatTemplate | None = None
+        self._map = ContextMap()  # what this client believes the slot holds
+        self._adapters: list[dict[str, Any]] = []  # the server's: id, path, name
+        self._stack = LoraStack()
+        self._kv_lora: tuple[tuple[str, float], ...] = ()  # the stack the slot's cache used
+        self._sent: tuple[list[ChatMessage], list[ChatMessage]] | None = None
+        self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
+        self._pending_marks: list[tuple[int, int]] = []  # message starts in the next prompt
+
+    # -- connection and model ----------------------------------------------------
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self._info
+
+    @property
+    def capabilities(self) -> Capabilities:
+        why = {
+            "token_latency": "the times between tokens are measured as they arrive over the "
+            "network; the server's own decode rate is shown beside them",
+            "gpu_offload": f"the model runs on the server at {where(self.connection.url)}; "
+            "its GPU settings are the server's command line",
+        }
+        if not self._adapters:
+            why["lora"] = (
+                "the server loaded no LoRA adapters; start llama-server with --lora FILE "
+                "(and --lora-init-without-apply) to stack them here"
+            )
+        return Capabilities(
+            snapshots=True, lora=bool(self._adapters), grammar=True, prewarm=True, why_not=why
+        )
+
+    def hardware(self) -> HardwareInfo:
+        return HardwareInfo(False, ())
+
+    def ping(self) -> str:
+        client = self._client or make_client(
+            self.connection.url, self._api_key, self.connection.verify_tls
+        )
+        try:
+            health = call(client, "GET", "/health", timeout=5.0)
+        except LamplightError as exc:
+            return str(exc)
+        finally:
+            if client is not self._client:
+                client.close()
+        if isinstance(health, dict) and health.get("status") == "ok":
+            return ""
+        return f"The server at {where(self.connection.url)} is not ready."
+
+    def load(
+        self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
+    ) -> ModelInfo:
+        """Connect: wait for the server's model, read its settings, template and adapters.
+
+        ``path`` is ignored (a llama-server serves one model); ``config`` too: the
+        context size and threads are the server's command line.
+
+        Raises:
+            ModelLoadError: the server cannot be reached or is not a llama-server.
+            LoadCancelled: ``progress`` returned False while waiting.
+        """
+        t0 = time.perf_counter()
+        client = make_client(self.connection.url, self._api_key, self.connection.verify_tls)
+        try:
+            self._wait_ready(client, progress)
+            props = call(client, "GET", "/props")
+            models = call(client, "GET", "/v1/models")
+            adapters = call(client, "GET", "/lora-adapters")
+        except (ServerUnreachable, ServerError) as exc:
+            client.close()
+            raise ModelLoadError(_load_message(self.connection, exc)) from None
+        except BaseException:
+            client.close()
+            raise
+        if not isinstance(props, dict) or "default_generation_settings" not in props:
+            client.close()
+            raise ModelLoadError(
+                f"The server at {where(self.connection.url)} does not look like llama-server "
+                "(no /props). Add it as an OpenAI-compatible server instead."
+            )
+        old = self._client
+        self._client = client
+        if old is not None:
+            old.close()
+        self._props = props
+        self._special = {}
+        self._adapters = _adapters(adapters)
+        self._stack = LoraStack()
+        self._kv_lora = ()
+        self._map.clear()
+        template = self._choose_template(props)
+        self._template = template
+        meta = _model_meta(models)
+        model_path = str(props.get("model_path") or props.get("model_alias") or "model")
+        name = PurePosixPath(model_path.replace("\\", "/")).name or model_path
+        n_ctx = _int(props["default_generation_settings"].get("n_ctx"), 0)
+        if n_ctx <= 0:
+            raise ModelLoadError("The server did not say its context size (/props n_ctx).")
+        build = str(props.get("build_info", ""))[:100]
+        size = _int(meta.get("size"), 0)
+        ident = json.dumps([self.connection.url, model_path, size, meta.get("n_params"), build])
+        notes = (template.note,) if template.note else ()
+        self._info = ModelInfo(
+            path=Path(model_path),
+            name=name,
+            architecture=str(meta.get("ftype") or props.get("model_ftype") or "")[:60],
+            n_params=_int(meta.get("n_params"), 0),
+            file_size=size,
+            n_ctx=n_ctx,
+            n_ctx_train=_int(meta.get("n_ctx_train"), n_ctx),
+            n_threads=0,
+            n_gpu_layers=0,
+            template=template.label,
+            backend=f"llama-server at {where(self.connection.url)}",
+            load_ms=(time.perf_counter() - t0) * 1000,
+            notes=notes,
+            capabilities=self.capabilities,
+            server=self.connection.url,
+            fingerprint={
+                "name": name,
+                "size": size,
+                "sha256": "server:" + hashlib.sha256(ident.encode()).hexdigest(),
+            },
+            runtime={"llama_server": build},
+            adapters=tuple(a["path"] for a in self._adapters),
+        )
+        log.info(
+            "connected to llama-server %s (%s, n_ctx %d)", where(self.connection.url), name, n_ctx
+        )
+        return self._info
+
+    def _wait_ready(self, client: Any, progress: ProgressFn | None) -> None:
+        deadline = time.monotonic() + LOAD_WAIT_S
+        step = 0
+        while True:
+            try:
+                health = call(client, "GET", "/health", timeout=10.0)
+                if isinstance(health, dict) and health.get("status") == "ok":
+                    if progress is not None:
+                        progress(1.0)
+                    return
+            except ServerError as exc:
+                if exc.status != 503 or time.monotonic() > deadline:
+                    raise
+            step += 1
+            # The server does not say how far its load is: an honest creep, never 100 %.
+            if progress is not None and not progress(min(0.9, step / (step + 20))):
+                raise LoadCancelled("cancelled")
+            time.sleep(0.25)
+
+    def _choose_template(self, props: dict[str, Any]) -> ChatTemplate:
+        source = props.get("chat_template")
+        source = source if isinstance(source, str) else ""
+        bos = str(props.get("bos_token") or "")
+        eos = str(props.get("eos_token") or "")
+        # llama-server falls back to ChatML for a model without a template; its markers
+        # are then no tokens of this vocabulary, and the built-in template for the
+        # model's family (told by which turn markers are tokens) fits better.
+        uses = [t for t in TURN_MARKERS if t in source]
+        if uses and not any(self._has_token(t) for t in uses):
+            source = ""
+        arch = _family(self._has_token)
+        return choose_template(source or None, arch, self._has_token, bos, eos)
+
+    def _has_token(self, text: str) -> bool:
+        if text not in self._special:
+            try:
+                ids = self._tokenize(text)
+            except LamplightError:
+                ids = []
+            self._special[text] = len(ids) == 1
+        return self._special[text]
+
+    def unload(self) -> None:
+        if self._client is not None:
+            self._client.close()
+        self._client = None
+        self._info = None
+        self._template = None
+        self._map.clear()
+        self._sent = None
+
+    def reset(self) -> None:
+        # The slot keeps its cache; the next prompt shares no prefix with what this
+        # client tracks, so the server evaluates it afresh where it differs.
+        self._map.clear()
+        self._sent = None
+
+    # -- LoRA --------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> list[dict[str, Any]]:
+        """The adapters the server loaded: ``id``, ``path``, ``name``."""
+        return [dict(a) for a in self._adapters]
+
+    @property
+    def lora_stack(self) -> LoraStack:
+        return self._stack.copy()
+
+    def lora_signature(self) -> list[dict[str, Any]]:
+        return _signature(self._stack)
+
+    def set_lora_stack(self, stack: LoraStack) -> bool:
+        """Use ``stack`` from the next request on; every entry must be a server adapter.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+        self._require()
+        known = {a["path"] for a in self._adapters}
+        for entry in stack:
+            if str(entry.path) not in known:
+                raise LoraError(
+                    f"The server did not load {entry.path.name}: llama-server takes adapters "
+                    "at start (--lora FILE); this app sets only their scales."
+                )
+        self._stack = stack.copy()
+        return bool(self._map.tokens) and stack_key(_signature(stack)) != self._kv_lora
+
+    def _lora_body(self) -> list[dict[str, Any]]:
+        scales = {str(e.path): e.scale for e in self._stack if e.active}
+        # Every adapter with an explicit scale: one left out would keep its last one.
+        return [{"id": a["id"], "scale": scales.get(a["path"], 0.0)} for a in self._adapters]
+
+    def _sync_lora(self) -> str:
+        key = stack_key(_signature(self._stack))
+        if key == self._kv_lora:
+            return ""
+        self._kv_lora = key
+        if not self._map.tokens:
+            return ""
+        self._map.clear()  # the slot's cache was computed with other adapters
+        return LORA_CHANGED_NOTE
+
+    # -- snapshots ---------------------------------------------------------------
+
+    def cache_config(self) -> dict[str, Any]:
+        info = self._require()
+        return {
+            "n_ctx": info.n_ctx,
+            "server": self.connection.url,
+            "slot": self.connection.slot,
+            "lora": _signature(self._stack),
+        }
+
+    def export_state(self, key: str = "") -> KvState:
+        """Save the slot on the server (``--slot-save-path``) as this conversation's file.
+
+        Raises:
+            LamplightError: the server could not save it, or holds other tokens.
+        """
+        self._require()
+        if not self._map.tokens:
+            return KvState(b"", [], "", [])
+        name = self._file_name(key)
+        answer = self._call(
+            "POST", f"/slots/{self.connection.slot}?action=save", {"filename": name}
+        )
+        n_saved = _int(answer.get("n_saved") if isinstance(answer, dict) else None, -1)
+        tokens = list(self._map.tokens)
+        if n_saved < len(tokens) - 1:  # the last sampled token is never evaluated
+            raise LamplightError(
+                f"the server's slot holds {n_saved} tokens, not the {len(tokens)} of this "
+                "conversation (another client used it)"
+            )
+        ref = {"format": _STATE_FORMAT, "file": name, "n_saved": n_saved}
+        return KvState(json.dumps(ref).encode(), tokens, self._map.text, list(self._map.marks))
+
+    def import_state(self, kv: KvState) -> None:
+        """Restore the conversation's file into the slot, after checking the server is the same.
+
+        Raises:
+            LamplightError: a different server, model or context now; a missing file.
+        """
+        info = self._require()
+        self._map.clear()
+        if not kv.tokens:
+            return
+        try:
+            ref = json.loads(bytes(kv.state))
+            name, n_saved = str(ref["file"]), int(ref["n_saved"])
+            if ref.get("format") != _STATE_FORMAT:
+                raise ValueError(ref.get("format"))
+        except (ValueError, KeyError, TypeError):
+            raise LamplightError("it is not a llama-server slot snapshot") from None
+        props = self._call("GET", "/props")
+        now = str(props.get("model_path")) if isinstance(props, dict) else ""
+        if now != str(self._props.get("model_path")):
+            raise LamplightError(f"the server now runs another model ({now or 'unknown'})")
+        if props.get("build_info") != self._props.get("build_info"):
+            raise LamplightError("the server now runs another llama.cpp build")
+        n_ctx = _int(props.get("default_generation_settings", {}).get("n_ctx"), 0)
+        if n_ctx != info.n_ctx:
+            raise LamplightError(f"the server's context size changed ({info.n_ctx} → {n_ctx})")
+        try:
+            answer = self._call(
+                "POST", f"/slots/{self.connection.slot}?action=restore", {"filename": name}
+            )
+        except ServerError as exc:
+            raise LamplightError(f"the server could not restore its copy ({exc})") from None
+        restored = _int(answer.get("n_restored") if isinstance(answer, dict) else None, -1)
+        if restored != n_saved or restored < len(kv.tokens) - 1:
+            raise LamplightError(f"the server restored {restored} tokens, not {n_saved}")
+        self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
+        self._kv_lora = stack_key(_signature(self._stack))
+
+    def _file_name(self, key: str) -> str:
+        # One file per conversation and client, so saving again overwrites it.
+        digest = hashlib.sha256(f"{self.connection.id}\n{key}".encode()).hexdigest()[:24]
+        return f"lamplight-{digest}.bin"
+
+    # -- generation --------------------------------------------------------------
+
+    def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        stop: threading.Event | None = None,
+    ) -> Generator[EngineEvent, None, None]:
+        """Stream the reply from the server (see ``Backend.generate``).
+
+        A connection that drops mid-reply ends it with the text so far and a note.
+        """
+        info = self._require()
+        template = self._template
+        assert template is not None
+        stop = stop if stop is not None else threading.Event()
+        t0 = time.perf_counter()
+        grammar = grammar_for(params)  # a bad schema fails before any request
+        lora_note = self._sync_lora()
+        n_ctx = info.n_ctx
+        budget = reply_budget(params.max_tokens, n_ctx)
+        overflow = Overflow(
+            render=template.render,
+            tokenize=self._tokenize,
+            cmap=ContextMap(),  # the slot cannot shift on request: the server re-reads
+            mem=None,
+            can_shift=False,
+            refill=lambda _t: True,
+            policy=params.overflow,
+            messages=list(messages),
+        )
+        prompt, text, n_mark = self._prompt(overflow.messages)
+        for _ in range(3):
+            if params.overflow == "stop" or len(prompt) + budget <= n_ctx:
+                break
+            if not overflow.drop(len(prompt) + budget - n_ctx, keep_last=1):
+                break
+            prompt, text, n_mark = self._prompt(overflow.messages)
+        if len(prompt) >= n_ctx:
+            raise ServerOverflowError(len(prompt) + 1, n_ctx)
+        self._sent = (list(messages), overflow.messages)
+        seed = params.seed if params.seed >= 0 else secrets.randbits(31)
+        metrics = MessageMetrics(
+            prompt_tokens=len(prompt),
+            n_ctx=n_ctx,
+            seed=seed,
+            cache_note=lora_note,
+            turn_offset=n_mark,
+        )
+        reply = ""
+        for _ in range(MAX_CONTINUATIONS):
+            body = self._body(prompt, params, grammar, seed, n_ctx, metrics)
+            ended = yield from self._stream(body, prompt, text, metrics, t0, stop)
+            reply += ended.text
+            if (
+                metrics.stop_reason != "context_full"
+                or metrics.generated_tokens >= params.max_tokens
+            ):
+                break
+            # The reply filled the context: drop older turns, then go on in a new request
+            # whose prompt ends with the reply so far.
+            if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
+                break
+            prompt, text, n_mark = self._prompt(overflow.messages)
+            prompt = prompt + self._tokenize(reply)
+            text = text + reply
+        if overflow.dropped_count:
+            metrics.dropped_from = overflow.dropped_from
+            metrics.dropped_count = overflow.dropped_count
+            metrics.dropped_tokens = overflow.dropped_tokens
+            metrics.notes.append(overflow.note())
+        yield Finished(reply, metrics)
+
+    def _prompt(self, messages: Sequence[ChatMessage]) -> tuple[list[int], str, int]:
+        """Token ids of the rendered chat: the tracked tokens up to the last matching mark,
+        then the rest tokenized message by message (marks at each boundary)."""
+        assert self._template is not None
+        text = self._template.render(messages, True)
+        if not text:
+            raise ChatTemplateError(
+                "The chat template rendered an empty prompt: there is nothing to send to the "
+                "model. Edit the conversation, or start a new chat."
+            )
+        n_mark, c_mark = self._map.match(text)
+        self._map.keep_marks(n_mark)
+        starts = message_starts(self._template.render, messages, text, after=c_mark)
+        cuts = sorted(c for c in starts.values() if c_mark < c < len(text))
+        tokens = self._map.tokens[:n_mark]
+        pos = c_mark
+        self._pending_marks = []
+        for cut in [*cuts, len(text)]:
+            piece = text[pos:cut]
+            if piece:
+                tokens += self._tokenize(piece, bos=not tokens)
+            if cut < len(text):
+                self._pending_marks.append((len(tokens), cut))
+            pos = cut
+        return tokens, text, n_mark
+
+    def _body(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        grammar: str,
+        seed: int,
+        n_ctx: int,
+        metrics: MessageMetrics,
+    ) -> dict[str, Any]:
+        left = params.max_tokens - metrics.generated_tokens
+        body: dict[str, Any] = {
+            "prompt": prompt,
+            "stream": True,
+            "return_progress": True,
+            "cache_prompt": True,
+            "id_slot": self.connection.slot,
+            # The context's end is this client's to handle (drop turns, go on).
+            "n_predict": max(1, min(left, n_ctx - len(prompt))),
+            "n_keep": 0,
+            "temperature": params.temperature,
+            "top_k": params.top_k,
+            "top_p": params.top_p,
+            "min_p": params.min_p,
+            "typical_p": params.typical_p,
+            "repeat_penalty": params.repeat_penalty,
+            "repeat_last_n": params.repeat_last_n,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            "mirostat": _MIROSTAT.get(params.mirostat, 0),
+            "mirostat_tau": params.mirostat_tau,
+            "mirostat_eta": params.mirostat_eta,
+            "seed": seed,
+            "stop": [s for s in (*params.stop, *self._stop_strings()) if s],
+            "lora": self._lora_body(),
+        }
+        if grammar:
+            body["grammar"] = grammar
+        return body
+
+    def _stop_strings(self) -> tuple[str, ...]:
+        return self._template.stop_strings if self._template is not None else ()
+
+    def _stream(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        text: str,
+        metrics: MessageMetrics,
+        t0: float,
+        stop: threading.Event,
+    ) -> Generator[EngineEvent, None, Finished]:
+        """One ``/completion`` stream; returns how it ended (``context_full`` when the
+        reply reached the context's end). Updates the tracked tokens as they arrive."""
+        assert self._client is not None
+        keep = common_prefix(self._map.tokens, prompt)
+        reply = ""
+        final: dict[str, Any] = {}
+        first_request = not metrics.token_times_ms and not metrics.evaluated_tokens
+        t_prefill = time.perf_counter()
+        stream = EventStream(self._client, "/completion", body, stop)
+        generated: list[int] = []
+        prefilled = False
+        try:
+            for event in _events(stream):
+                progress = event.get("prompt_progress")
+                if isinstance(progress, dict):
+                    total = _int(progress.get("total"), 0) - _int(progress.get("cache"), 0)
+                    done = _int(progress.get("processed"), 0) - _int(progress.get("cache"), 0)
+                    if total > 0:
+                        yield PrefillProgress(max(0, min(done, total)), total)
+                    continue
+                if event.get("stop"):
+                    final = event
+                    break
+                if not prefilled:
+                    prefilled = True
+                    self._prefilled(prompt, text)
+                    if first_request:
+                        metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
+                piece = event.get("content")
+                ids = event.get("tokens")
+                if isinstance(ids, list):
+                    generated += [i for i in ids if isinstance(i, int)]
+                if isinstance(piece, str) and piece:
+                    piece = clean_text(piece)
+                    reply += piece
+                    metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
+                    metrics.generated_tokens += 1
+                    yield Token(piece)
+        except ServerUnreachable as exc:
+            self._after_reply(prompt, text, generated, reply, prefilled, keep)
+            metrics.stop_reason = "connection_lost"
+            metrics.notes.append(f"{exc} The reply is incomplete; the text so far is kept")
+            return Finished(reply, metrics)
+        except ServerError as exc:
+            self._map.truncate(keep)
+            raise _generation_error(exc) from None
+        finally:
+            stream.close()
+        if stream.stopped:
+            self._after_reply(prompt, text, generated, reply, prefilled, keep)
+            metrics.stop_reason = "cancelled"
+            return Finished(reply, metrics)
+        if not final:
+            self._after_reply(prompt, text, generated, reply, prefilled, keep)
+            metrics.stop_reason = "connection_lost"
+            metrics.notes.append(
+                f"The server at {where(self.connection.url)} ended the reply without finishing "
+                "it. The reply is incomplete; the text so far is kept"
+            )
+            return Finished(reply, metrics)
+        if not prefilled:
+            self._prefilled(prompt, text)
+        self._after_reply(prompt, text, generated, reply, True, keep)
+        self._timings(final, metrics, first_request)
+        stop_type = final.get("stop_type")
+        if final.get("truncated") or (
+            stop_type == "limit"
+            and len(prompt) + _int(final.get("tokens_predicted"), 0) >= metrics.n_ctx
+        ):
+            metrics.stop_reason = "context_full"
+        elif stop_type == "limit":
+            metrics.stop_reason = "max_tokens"
+        elif stop_type == "word":
+            metrics.stop_reason = "stop_string"
+        else:
+            metrics.stop_reason = "eos"
+        return Finished(reply, metrics)
+
+    def _prefilled(self, prompt: list[int], text: str) -> None:
+        """The server read the prompt: the slot now holds it (marks at message starts)."""
+        self._map.tokens = list(prompt)
+        self._map.text = self._map.text[: self._map.marks[-1][1]]
+        for n, c in self._pending_marks:
+            self._map.mark_at(n, c)
+        self._map.mark(text)
+
+    def _after_reply(
+        self,
+        prompt: list[int],
+        text: str,
+        generated: list[int],
+        reply: str,
+        prefilled: bool,
+        keep: int,
+    ) -> None:
+        """Track what the slot holds after a reply: the prompt and the reply's tokens.
+
+        The server leaves the last sampled token unevaluated; the next request
+        evaluates it with the new text. The reply's end is marked only when its
+        tokens spell exactly the text shown (no held-back stop string, no end token),
+        checked with ``/detokenize``: the next turn then reuses them as they are.
+        """
+        if not prefilled:
+            self._map.truncate(keep)  # how far a stopped prompt evaluation got is unknown
+            return
+        if not generated:
+            return
+        self._map.tokens = [*prompt, *generated]
+        self._map.keep_marks(len(prompt))
+        try:
+            answer = self._call("POST", "/detokenize", {"tokens": generated})
+        except LamplightError:
+            return
+        if isinstance(answer, dict) and answer.get("content") == reply:
+            self._map.mark(text + reply)
+
+    def _timings(self, final: dict[str, Any], metrics: MessageMetrics, first: bool) -> None:
+        timings = final.get("timings")
+        if not isinstance(timings, dict):
+            return
+        if first:
+            metrics.cached_tokens = _int(timings.get("cache_n"), 0)
+            metrics.prefill_ms = _float(timings.get("prompt_ms"), metrics.prefill_ms)
+        metrics.evaluated_tokens += _int(timings.get("prompt_n"), 0)
+        metrics.native_prefill_tok_s = _float(timings.get("prompt_per_second"), 0.0)
+        metrics.native_decode_tok_s = _float(timings.get("predicted_per_second"), 0.0)
+        metrics.kv_tokens = len(self._map.tokens)
+
+    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
+        """Have the server evaluate the next turn's opening (``n_predict`` 0)."""
+        self._require()
+        assert self._template is not None
+        if self._sent is not None and self._sent[0] == list(messages):
+            messages = self._sent[1]
+        sentinel = "\ue000"
+        history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", sentinel)]
+        try:
+            rendered = self._template.render(history, False)
+        except ChatTemplateError:
+            return 0
+        cut = rendered.find(sentinel)
+        cached = self._map.text
+        marks = self._map.marks
+        if cut <= len(cached) or not rendered.startswith(cached):
+            return 0
+        if not marks or marks[-1][0] != len(self._map.tokens):
+            return 0
+        head = rendered[:cut]
+        extra = self._tokenize(head[len(cached) :])
+        tokens = [*self._map.tokens, *extra]
+        if not extra or len(tokens) + 1 >= self._require().n_ctx:
+            return 0
+        body = {
+            "prompt": tokens,
+            "n_predict": 0,
+            "cache_prompt": True,
+            "id_slot": self.connection.slot,
+            "lora": self._lora_body(),
+        }
+        try:
+            self._call("POST", "/completion", body)
+        except LamplightError as exc:
+            log.info("prewarm on the server failed: %s", exc)
+            return 0
+        self._map.tokens = tokens
+        self._map.mark(head)
+        return len(extra)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _tokenize(self, text: str, bos: bool = False) -> list[int]:
+        if not text:
+            return []
+        answer = self._call(
+            "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
+        )
+        ids = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise ServerError(0, "The server's /tokenize answer has no token list.")
+        return [int(i) for i in ids]
+
+    def _call(self, method: str, path: str, body: Any = None) -> Any:
+        if self._client is None:
+            self._client = make_client(
+                self.connection.url, self._api_key, self.connection.verify_tls
+            )
+        return call(self._client, method, path, body)
+
+    def _require(self) -> ModelInfo:
+        if self._info is None:
+            raise NoModelLoaded("Not connected to the server: connect first.")
+        return self._info
+
+
+def _events(stream: EventStream) -> Generator[dict[str, Any], None, None]:
+    for event in stream:
+        if isinstance(event, dict):
+            if "error" in event:
+                err = event["error"]
+                msg = err.get("message") if isinstance(err, dict) else err
+                raise ServerError(0, f"The server stopped the reply: {str(msg)[:300]}")
+            yield event
+
+
+def _generation_error(exc: ServerError) -> LamplightError:
+    body = exc.body
+    if exc.kind == "exceed_context_size_error":
+        return ServerOverflowError(_int(body.get("n_prompt_tokens"), 0), _int(body.get("n_ctx"), 0))
+    if exc.status in (401, 403):
+        return ApiKeyRefused(str(exc))
+    if "grammar" in str(exc).lower():
+        return SettingError("grammar", f"The server refused the grammar: {exc}")
+    return DecodeError(str(exc))
+
+
+def _load_message(connection: Connection, exc: LamplightError) -> str:
+    return f"Could not connect to {connection.name}: {exc}"
+
+
+def _adapters(data: Any) -> list[dict[str, Any]]:
+    out = []
+    for item in data if isinstance(data, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("id"), int):
+            path = str(item.get("path") or f"adapter {item['id']}")[:1000]
+            out.append({"id": item["id"], "path": path, "name": PurePosixPath(path).name})
+    return out[:64]
+
+
+def _signature(stack: LoraStack) -> list[dict[str, Any]]:
+    # Server adapters cannot be hashed from here: the server's path stands for the file.
+    return [
+        {
+            "name": e.path.name,
+            "path": str(e.path),
+            "size": None,
+            "sha256": "server:" + str(e.path),
+            "scale": e.scale,
+            "enabled": e.enabled,
+        }
+        for e in stack
+    ]
+
+
+def _model_meta(models: Any) -> dict[str, Any]:
+    data = models.get("data") if isinstance(models, dict) else None
+    if isinstance(data, list) and data and isinstance(data[0], dict):
+        meta = data[0].get("meta")
+        if isinstance(meta, dict):
+            return meta
+    return {}
+
+
+def _family(has_token: Any) -> str:
+    """A model family for the built-in templates, told by which turn markers are tokens."""
+    if has_token("<start_of_turn>"):
+        return "gemma3"
+    if has_token("<|im_start|>"):
+        return "qwen2"
+    if has_token("<|start_header_id|>") or has_token("[INST]"):
+        return "llama"
+    if has_token("<|user|>"):
+        return "phi3"
+    return ""
+
+
+def _int(value: Any, default: int) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def _float(value: Any, default: float) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return default
