@@ -70,7 +70,8 @@ def test_chat_on_a_server_and_what_it_cannot_do(
     info = window.session.model
     assert info is not None and info.server == llama_server.url
     label = window.findChild(QWidget, "statusConnection")
-    assert label is not None and label.isVisible() and "llama-server at 127.0.0.1" in label.text()
+    assert label is not None and label.isVisible() and label.text() == "● connected"
+    assert "llama-server at 127.0.0.1" in label.toolTip()
     assert send(qtbot, window, "Hello there") == "finished"
     assert window.messages[-1].role == "assistant" and window.messages[-1].content
     # Settings the server's command line owns are disabled, with the reason as tooltip.

@@ -297,7 +297,9 @@ class ConnectionsDialog(QDialog):
         model_row = QHBoxLayout()
         model_row.addWidget(self.model_box, 1)
         model_row.addWidget(self.test_button)
-        form.addRow("&Model:", model_row)
+        model_label = QLabel("&Model:", self)  # a layout row gets no buddy by itself
+        model_label.setBuddy(self.model_box)
+        form.addRow(model_label, model_row)
         form.addRow("", self.test_result)
 
         self.save_button = self._button(
@@ -331,7 +333,9 @@ class ConnectionsDialog(QDialog):
         self.tls_box.toggled.connect(lambda _on: self._update_warning())
         self.url_edit.textChanged.connect(lambda _t: self._update_warning())
         self._clear_form()
-        active = store.active_connection
+        # The connection in use, else the first saved one: a user opening this mostly
+        # wants to connect to what is already there.
+        active = store.active_connection or next(iter(store.connections), None)
         if active is not None:
             self._show(active)
         self.refresh()

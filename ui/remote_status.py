@@ -62,7 +62,7 @@ class RemoteStatus(QObject):
         elif state == "connected":
             self.timer.stop()
             self.attempt = 0
-            self.label.setText(f"● {detail}")
+            self.label.setText("● connected")  # where: the model label beside it says
             self.label.setStyleSheet(CONNECTED_STYLE)
             self.label.setToolTip(f"Connected: {detail}")
             self.label.show()
