@@ -62,7 +62,7 @@ from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.models.default_model import ensure_default_model
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
+from app.remote.llama_server import LlamaServerBackend, sampling_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 N_CTX = 4096
@@ -408,14 +408,8 @@ def server_round(url: str, prompt: list[int], params: SamplingParams) -> dict[st
         "n_predict": params.max_tokens,
         "cache_prompt": False,
         "id_slot": 0,
-        "temperature": params.temperature,
-        "top_k": params.top_k,
-        "top_p": params.top_p,
-        "min_p": params.min_p,
-        "typical_p": params.typical_p,
-        "repeat_penalty": params.repeat_penalty,
-        "repeat_last_n": params.repeat_last_n,
-        "seed": params.seed,
+        # The backend's own mapping: both sides sample with the same settings.
+        **sampling_fields(params, params.seed),
     }
     answer = post(url, "/completion", body)
     timings = answer["timings"]

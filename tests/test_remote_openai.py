@@ -233,9 +233,8 @@ def test_a_prompt_too_long_for_the_context(backend: OpenAIBackend) -> None:
         assert "start the server with a larger context" in str(info.value)
 
 
-def test_older_turns_dropped_by_estimate(
-    backend: OpenAIBackend, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def count_messages_sent(backend: OpenAIBackend, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many messages each request of ``backend`` sends, from the first estimate on."""
     sent: list[int] = []
     real = EventStream
 
@@ -245,6 +244,13 @@ def test_older_turns_dropped_by_estimate(
 
     monkeypatch.setattr(openai_compat, "EventStream", counting)
     monkeypatch.setattr(backend, "_chars_per_token", openai_compat.DEFAULT_CHARS_PER_TOKEN)
+    return sent
+
+
+def test_older_turns_dropped_by_estimate(
+    backend: OpenAIBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = count_messages_sent(backend, monkeypatch)
     chat = [
         ChatMessage("user", "Hi"),
         ChatMessage("assistant", "Hello."),
@@ -265,15 +271,7 @@ def test_older_turns_dropped_after_the_server_counts(
 ) -> None:
     """Digits are one token each here: the estimate is 3x short, the server says 400,
     and its count corrects the estimate."""
-    sent: list[int] = []
-    real = EventStream
-
-    def counting(client: Any, path: str, body: Any, stop: threading.Event) -> Any:
-        sent.append(len(body["messages"]))
-        return real(client, path, body, stop)
-
-    monkeypatch.setattr(openai_compat, "EventStream", counting)
-    monkeypatch.setattr(backend, "_chars_per_token", openai_compat.DEFAULT_CHARS_PER_TOKEN)
+    sent = count_messages_sent(backend, monkeypatch)
     chat = [
         ChatMessage("system", "Be brief."),
         ChatMessage("user", "Hi"),

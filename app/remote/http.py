@@ -14,6 +14,7 @@ stops the slot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -21,6 +22,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
+from app.engine.metrics import MessageMetrics
+from app.remote.connection import Connection
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import LamplightError
 
@@ -75,6 +78,33 @@ def check_url(url: str) -> str:
 def where(url: str) -> str:
     """Host and port, for messages."""
     return urlsplit(url).netloc or url
+
+
+@contextlib.contextmanager
+def client_for(existing: Any, connection: Connection, api_key: str) -> Iterator[Any]:
+    """``existing``, or a client made for this call and closed after it."""
+    client = existing or make_client(connection.url, api_key, connection.verify_tls)
+    try:
+        yield client
+    finally:
+        if client is not existing:
+            client.close()
+
+
+def cannot_connect(connection: Connection, exc: LamplightError) -> str:
+    """The load error for a server that could not be reached or refused."""
+    return f"Could not connect to {connection.name}: {exc}"
+
+
+def end_lost(metrics: MessageMetrics, why: str) -> None:
+    """End a reply the connection cut off: its text is kept, and a note says why."""
+    metrics.stop_reason = "connection_lost"
+    metrics.notes.append(f"{why} The reply is incomplete; the text so far is kept")
+
+
+def unfinished(url: str) -> str:
+    """Why a reply ended when the stream closed without its final event."""
+    return f"The server at {where(url)} ended the reply without finishing it."
 
 
 def make_client(url: str, api_key: str = "", verify_tls: bool = True) -> Any:

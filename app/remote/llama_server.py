@@ -65,7 +65,11 @@ from app.remote.http import (
     ServerError,
     ServerUnreachable,
     call,
+    cannot_connect,
+    client_for,
+    end_lost,
     make_client,
+    unfinished,
     where,
 )
 from app.util.errors import (
@@ -131,16 +135,11 @@ class LlamaServerBackend:
         return HardwareInfo(False, ())
 
     def ping(self) -> str:
-        client = self._client or make_client(
-            self.connection.url, self._api_key, self.connection.verify_tls
-        )
         try:
-            health = call(client, "GET", "/health", timeout=5.0)
+            with client_for(self._client, self.connection, self._api_key) as client:
+                health = call(client, "GET", "/health", timeout=5.0)
         except LamplightError as exc:
             return str(exc)
-        finally:
-            if client is not self._client:
-                client.close()
         if isinstance(health, dict) and health.get("status") == "ok":
             return ""
         return f"The server at {where(self.connection.url)} is not ready."
@@ -166,7 +165,7 @@ class LlamaServerBackend:
             adapters = call(client, "GET", "/lora-adapters")
         except (ServerUnreachable, ServerError) as exc:
             client.close()
-            raise ModelLoadError(_load_message(self.connection, exc)) from None
+            raise ModelLoadError(cannot_connect(self.connection, exc)) from None
         except BaseException:
             client.close()
             raise
@@ -525,19 +524,7 @@ class LlamaServerBackend:
             # The context's end is this client's to handle (drop turns, go on).
             "n_predict": max(1, min(left, n_ctx - len(prompt))),
             "n_keep": 0,
-            "temperature": params.temperature,
-            "top_k": params.top_k,
-            "top_p": params.top_p,
-            "min_p": params.min_p,
-            "typical_p": params.typical_p,
-            "repeat_penalty": params.repeat_penalty,
-            "repeat_last_n": params.repeat_last_n,
-            "presence_penalty": params.presence_penalty,
-            "frequency_penalty": params.frequency_penalty,
-            "mirostat": _MIROSTAT.get(params.mirostat, 0),
-            "mirostat_tau": params.mirostat_tau,
-            "mirostat_eta": params.mirostat_eta,
-            "seed": seed,
+            **sampling_fields(params, seed),
             "stop": [s for s in (*params.stop, *self._stop_strings()) if s],
             "lora": self._lora_body(),
         }
@@ -597,8 +584,7 @@ class LlamaServerBackend:
                     yield Token(piece)
         except ServerUnreachable as exc:
             self._after_reply(prompt, text, generated, reply, prefilled, keep)
-            metrics.stop_reason = "connection_lost"
-            metrics.notes.append(f"{exc} The reply is incomplete; the text so far is kept")
+            end_lost(metrics, str(exc))
             return Finished(reply, metrics)
         except ServerError as exc:
             self._map.truncate(keep)
@@ -611,11 +597,7 @@ class LlamaServerBackend:
             return Finished(reply, metrics)
         if not final:
             self._after_reply(prompt, text, generated, reply, prefilled, keep)
-            metrics.stop_reason = "connection_lost"
-            metrics.notes.append(
-                f"The server at {where(self.connection.url)} ended the reply without finishing "
-                "it. The reply is incomplete; the text so far is kept"
-            )
+            end_lost(metrics, unfinished(self.connection.url))
             return Finished(reply, metrics)
         if not prefilled:
             self._prefilled(prompt, text)
@@ -751,6 +733,25 @@ class LlamaServerBackend:
         return self._info
 
 
+def sampling_fields(params: SamplingParams, seed: int) -> dict[str, Any]:
+    """The sampler settings of a ``/completion`` request."""
+    return {
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "typical_p": params.typical_p,
+        "repeat_penalty": params.repeat_penalty,
+        "repeat_last_n": params.repeat_last_n,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "mirostat": _MIROSTAT.get(params.mirostat, 0),
+        "mirostat_tau": params.mirostat_tau,
+        "mirostat_eta": params.mirostat_eta,
+        "seed": seed,
+    }
+
+
 def _events(stream: EventStream) -> Generator[dict[str, Any], None, None]:
     for event in stream:
         if isinstance(event, dict):
@@ -770,10 +771,6 @@ def _generation_error(exc: ServerError) -> LamplightError:
     if "grammar" in str(exc).lower():
         return SettingError("grammar", f"The server refused the grammar: {exc}")
     return DecodeError(str(exc))
-
-
-def _load_message(connection: Connection, exc: LamplightError) -> str:
-    return f"Could not connect to {connection.name}: {exc}"
 
 
 def _adapters(data: Any) -> list[dict[str, Any]]:

@@ -67,7 +67,11 @@ from app.remote.http import (
     ServerError,
     ServerUnreachable,
     call,
+    cannot_connect,
+    client_for,
+    end_lost,
     make_client,
+    unfinished,
     where,
 )
 from app.util.datafiles import DataFileError, parse_json
@@ -279,16 +283,11 @@ class OpenAIBackend:
         return HardwareInfo(False, ())
 
     def ping(self) -> str:
-        client = self._client or make_client(
-            self.connection.url, self._api_key, self.connection.verify_tls
-        )
         try:
-            _fetch_models(client, self.connection.url, timeout=PING_S)
+            with client_for(self._client, self.connection, self._api_key) as client:
+                _fetch_models(client, self.connection.url, timeout=PING_S)
         except LamplightError as exc:
             return str(exc)
-        finally:
-            if client is not self._client:
-                client.close()
         return ""
 
     def list_models(self) -> list[str]:
@@ -316,12 +315,12 @@ class OpenAIBackend:
         try:
             client = make_client(self.connection.url, self._api_key, self.connection.verify_tls)
         except LamplightError as exc:
-            raise ModelLoadError(_load_message(self.connection, exc)) from None
+            raise ModelLoadError(cannot_connect(self.connection, exc)) from None
         try:
             models = _fetch_models(client, self.connection.url)
         except LamplightError as exc:
             client.close()
-            raise ModelLoadError(_load_message(self.connection, exc)) from None
+            raise ModelLoadError(cannot_connect(self.connection, exc)) from None
         except BaseException:
             client.close()
             raise
@@ -556,8 +555,7 @@ class OpenAIBackend:
             stream.close()
         self._finish_metrics(metrics, reply, req)
         if lost and not reply.finish_reason:  # a drop after the last chunk loses nothing
-            metrics.stop_reason = "connection_lost"
-            metrics.notes.append(f"{lost} The reply is incomplete; the text so far is kept")
+            end_lost(metrics, str(lost))
         elif stream.stopped:
             metrics.stop_reason = "cancelled"
         elif cut_off:
@@ -567,11 +565,7 @@ class OpenAIBackend:
                 "the reply was cut off here"
             )
         elif not reply.finish_reason:
-            metrics.stop_reason = "connection_lost"
-            metrics.notes.append(
-                f"The server at {where(self.connection.url)} ended the reply without finishing "
-                "it. The reply is incomplete; the text so far is kept"
-            )
+            end_lost(metrics, unfinished(self.connection.url))
         else:
             metrics.stop_reason = _stop_reason(reply, metrics, req)
             if reply.finish_reason == "content_filter":
@@ -798,10 +792,6 @@ def _key_message(exc: ServerError) -> str:
 def _sentence(text: str) -> str:
     text = text.rstrip()
     return text if text.endswith((".", "!", "?")) else text + "."
-
-
-def _load_message(connection: Connection, exc: LamplightError) -> str:
-    return f"Could not connect to {connection.name}: {exc}"
 
 
 def _first_int(*values: Any) -> int:
