@@ -31,6 +31,7 @@ import secrets
 import threading
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -90,6 +91,17 @@ _MIROSTAT = {"off": 0, "v1": 1, "v2": 2}
 _STATE_FORMAT = "lamplight-llama-server-slot"
 
 
+@dataclass(frozen=True)
+class _Prompt:
+    """A request's prompt: its tokens, the text they encode, the cached tokens it
+    reuses (``n_mark``) and the message starts in it (``bounds``: tokens, characters)."""
+
+    tokens: list[int]
+    text: str
+    n_mark: int
+    bounds: list[tuple[int, int]]
+
+
 class LlamaServerBackend:
     """A ``Backend`` that drives one slot of a llama-server."""
 
@@ -106,7 +118,6 @@ class LlamaServerBackend:
         self._kv_lora: tuple[tuple[str, float], ...] = ()  # the stack the slot's cache used
         self._sent: tuple[list[ChatMessage], list[ChatMessage]] | None = None
         self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
-        self._pending_marks: list[tuple[int, int]] = []  # message starts in the next prompt
 
     # -- connection and model ----------------------------------------------------
 
@@ -437,28 +448,28 @@ class LlamaServerBackend:
             policy=params.overflow,
             messages=list(messages),
         )
-        prompt, text, n_mark = self._prompt(overflow.messages)
+        prompt = self._prompt(overflow.messages)
         for _ in range(3):
-            if params.overflow == "stop" or len(prompt) + budget <= n_ctx:
+            if params.overflow == "stop" or len(prompt.tokens) + budget <= n_ctx:
                 break
-            if not overflow.drop(len(prompt) + budget - n_ctx, keep_last=1):
+            if not overflow.drop(len(prompt.tokens) + budget - n_ctx, keep_last=1):
                 break
-            prompt, text, n_mark = self._prompt(overflow.messages)
-        if len(prompt) >= n_ctx:
-            raise ServerOverflowError(len(prompt) + 1, n_ctx)
+            prompt = self._prompt(overflow.messages)
+        if len(prompt.tokens) >= n_ctx:
+            raise ServerOverflowError(len(prompt.tokens) + 1, n_ctx)
         self._sent = (list(messages), overflow.messages)
         seed = params.seed if params.seed >= 0 else secrets.randbits(31)
         metrics = MessageMetrics(
-            prompt_tokens=len(prompt),
+            prompt_tokens=len(prompt.tokens),
             n_ctx=n_ctx,
             seed=seed,
             cache_note=lora_note,
-            turn_offset=n_mark,
+            turn_offset=prompt.n_mark,
         )
         reply = ""
         for _ in range(MAX_CONTINUATIONS):
-            body = self._body(prompt, params, grammar, seed, n_ctx, metrics)
-            ended = yield from self._stream(body, prompt, text, metrics, t0, stop)
+            body = self._body(prompt.tokens, params, grammar, seed, n_ctx, metrics)
+            ended = yield from self._stream(body, prompt, metrics, t0, stop)
             reply += ended.text
             if (
                 metrics.stop_reason != "context_full"
@@ -469,9 +480,10 @@ class LlamaServerBackend:
             # whose prompt ends with the reply so far.
             if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
                 break
-            prompt, text, n_mark = self._prompt(overflow.messages)
-            prompt = prompt + self._tokenize(reply)
-            text = text + reply
+            base = self._prompt(overflow.messages)
+            prompt = replace(
+                base, tokens=base.tokens + self._tokenize(reply), text=base.text + reply
+            )
         if overflow.dropped_count:
             metrics.dropped_from = overflow.dropped_from
             metrics.dropped_count = overflow.dropped_count
@@ -479,7 +491,7 @@ class LlamaServerBackend:
             metrics.notes.append(overflow.note())
         yield Finished(reply, metrics)
 
-    def _prompt(self, messages: Sequence[ChatMessage]) -> tuple[list[int], str, int]:
+    def _prompt(self, messages: Sequence[ChatMessage]) -> _Prompt:
         """Token ids of the rendered chat: the tracked tokens up to the last matching mark,
         then the rest tokenized message by message (marks at each boundary)."""
         assert self._template is not None
@@ -495,15 +507,15 @@ class LlamaServerBackend:
         cuts = sorted(c for c in starts.values() if c_mark < c < len(text))
         tokens = self._map.tokens[:n_mark]
         pos = c_mark
-        self._pending_marks = []
+        bounds = []
         for cut in [*cuts, len(text)]:
             piece = text[pos:cut]
             if piece:
                 tokens += self._tokenize(piece, bos=not tokens)
             if cut < len(text):
-                self._pending_marks.append((len(tokens), cut))
+                bounds.append((len(tokens), cut))
             pos = cut
-        return tokens, text, n_mark
+        return _Prompt(tokens, text, n_mark, bounds)
 
     def _body(
         self,
@@ -538,8 +550,7 @@ class LlamaServerBackend:
     def _stream(
         self,
         body: dict[str, Any],
-        prompt: list[int],
-        text: str,
+        prompt: _Prompt,
         metrics: MessageMetrics,
         t0: float,
         stop: threading.Event,
@@ -547,7 +558,7 @@ class LlamaServerBackend:
         """One ``/completion`` stream; returns how it ended (``context_full`` when the
         reply reached the context's end). Updates the tracked tokens as they arrive."""
         assert self._client is not None
-        keep = common_prefix(self._map.tokens, prompt)
+        keep = common_prefix(self._map.tokens, prompt.tokens)
         reply = ""
         final: dict[str, Any] = {}
         first_request = not metrics.token_times_ms and not metrics.evaluated_tokens
@@ -569,7 +580,7 @@ class LlamaServerBackend:
                     break
                 if not prefilled:
                     prefilled = True
-                    self._prefilled(prompt, text)
+                    self._prefilled(prompt)
                     if first_request:
                         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
                 piece = event.get("content")
@@ -583,7 +594,7 @@ class LlamaServerBackend:
                     metrics.generated_tokens += 1
                     yield Token(piece)
         except ServerUnreachable as exc:
-            self._after_reply(prompt, text, generated, reply, prefilled, keep)
+            self._after_reply(prompt, generated, reply, prefilled, keep)
             end_lost(metrics, str(exc))
             return Finished(reply, metrics)
         except ServerError as exc:
@@ -592,21 +603,21 @@ class LlamaServerBackend:
         finally:
             stream.close()
         if stream.stopped:
-            self._after_reply(prompt, text, generated, reply, prefilled, keep)
+            self._after_reply(prompt, generated, reply, prefilled, keep)
             metrics.stop_reason = "cancelled"
             return Finished(reply, metrics)
         if not final:
-            self._after_reply(prompt, text, generated, reply, prefilled, keep)
+            self._after_reply(prompt, generated, reply, prefilled, keep)
             end_lost(metrics, unfinished(self.connection.url))
             return Finished(reply, metrics)
         if not prefilled:
-            self._prefilled(prompt, text)
-        self._after_reply(prompt, text, generated, reply, True, keep)
+            self._prefilled(prompt)
+        self._after_reply(prompt, generated, reply, True, keep)
         self._timings(final, metrics, first_request)
         stop_type = final.get("stop_type")
         if final.get("truncated") or (
             stop_type == "limit"
-            and len(prompt) + _int(final.get("tokens_predicted"), 0) >= metrics.n_ctx
+            and len(prompt.tokens) + _int(final.get("tokens_predicted"), 0) >= metrics.n_ctx
         ):
             metrics.stop_reason = "context_full"
         elif stop_type == "limit":
@@ -617,18 +628,17 @@ class LlamaServerBackend:
             metrics.stop_reason = "eos"
         return Finished(reply, metrics)
 
-    def _prefilled(self, prompt: list[int], text: str) -> None:
+    def _prefilled(self, prompt: _Prompt) -> None:
         """The server read the prompt: the slot now holds it (marks at message starts)."""
-        self._map.tokens = list(prompt)
+        self._map.tokens = list(prompt.tokens)
         self._map.text = self._map.text[: self._map.marks[-1][1]]
-        for n, c in self._pending_marks:
+        for n, c in prompt.bounds:
             self._map.mark_at(n, c)
-        self._map.mark(text)
+        self._map.mark(prompt.text)
 
     def _after_reply(
         self,
-        prompt: list[int],
-        text: str,
+        prompt: _Prompt,
         generated: list[int],
         reply: str,
         prefilled: bool,
@@ -646,14 +656,14 @@ class LlamaServerBackend:
             return
         if not generated:
             return
-        self._map.tokens = [*prompt, *generated]
-        self._map.keep_marks(len(prompt))
+        self._map.tokens = [*prompt.tokens, *generated]
+        self._map.keep_marks(len(prompt.tokens))
         try:
             answer = self._call("POST", "/detokenize", {"tokens": generated})
         except LamplightError:
             return
         if isinstance(answer, dict) and answer.get("content") == reply:
-            self._map.mark(text + reply)
+            self._map.mark(prompt.text + reply)
 
     def _timings(self, final: dict[str, Any], metrics: MessageMetrics, first: bool) -> None:
         timings = final.get("timings")
