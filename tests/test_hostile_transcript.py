@@ -80,8 +80,11 @@ def test_only_the_views_own_header_links_act(qapp: QApplication) -> None:
     view.begin_reply(1)
     view.end_reply("Click [here](lamplight:fork/1) or <lamplight://x/regenerate/1>.")
     links = _action_links(view)
-    # Edit and Fork on the user message, Regenerate and Fork on the reply: nothing else.
-    assert len(links) == 4
+    # Edit, Fork and Copy on the user message, Regenerate, Fork and Copy on the reply:
+    # nothing else.
+    assert [link.split("/", 3)[3] for link in links] == [
+        "edit/0", "fork/0", "copy/0", "regenerate/1", "fork/1", "copy/1"
+    ]  # fmt: skip
     got: list[tuple[str, int]] = []
     view.actionRequested.connect(lambda a, i: got.append((a, i)))
     for forged in ("lamplight:fork/0", "lamplight://x/regenerate/1", "lamplight:///fork/0"):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import time
+from collections.abc import Callable
 
-from PySide6.QtCore import QPoint, Qt, Signal
+from PySide6.QtCore import QPoint, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
@@ -16,11 +18,25 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.search_index import HIT_END, HIT_START, SearchHit
 from app.chat.store import ConversationSummary
 from app.util.sysinfo import size_text
 
 ID_ROLE = Qt.ItemDataRole.UserRole
 TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
+INDEX_ROLE = Qt.ItemDataRole.UserRole + 2
+SEARCH_DELAY_MS = 200  # typing pauses this long before the messages are searched
+SEARCH_MIN_CHARS = 2
+
+Searcher = Callable[[str], list[SearchHit]]
+
+
+def hit_html(hit: SearchHit) -> str:
+    """A search result as two lines of rich text: the chat's title, then the snippet with
+    the matched words in bold. Everything from the files is escaped first."""
+    snippet = html.escape(hit.snippet).replace(HIT_START, "<b>").replace(HIT_END, "</b>")
+    who = "You" if hit.role == "user" else "Assistant"
+    return f"<b>{html.escape(hit.title)}</b><br><span style='color:#888888'>{who}:</span> {snippet}"
 
 
 def human_time(ts: float) -> str:
@@ -46,6 +62,12 @@ class ConversationList(QWidget):
         deleteRequested(str): id (the window confirms).
         exportRequested(str, str): id and "json" or "markdown".
         newChatRequested(): the New chat button.
+        openAtRequested(str, int, str): id, message index and the search text (a hit
+            of the full-text search was chosen).
+
+    Typing in the search box filters the list by title at once and, after a short
+    pause, lists the messages of every saved chat that contain all the words
+    (``set_searcher``), best first.
     """
 
     openRequested = Signal(str)
@@ -54,15 +76,34 @@ class ConversationList(QWidget):
     deleteRequested = Signal(str)
     exportRequested = Signal(str, str)
     newChatRequested = Signal()
+    openAtRequested = Signal(str, int, str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("conversationSidebar")
         self.search = QLineEdit(self)
         self.search.setObjectName("conversationSearch")
-        self.search.setPlaceholderText("Search conversations…")
+        self.search.setPlaceholderText("Search titles and messages…")
+        self.search.setAccessibleName("Search conversations")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self._apply_filter)
+        self.search.textChanged.connect(self._schedule_search)
+        self._searcher: Searcher | None = None
+        self._search_timer = QTimer(self)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.setInterval(SEARCH_DELAY_MS)
+        self._search_timer.timeout.connect(self.run_search)
+        self.hits_label = QLabel(self)
+        self.hits_label.setObjectName("searchHitsLabel")
+        self.hits = QListWidget(self)
+        self.hits.setObjectName("searchHits")
+        self.hits.setAccessibleName("Messages that match the search")
+        self.hits.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.hits.setVerticalScrollMode(QListWidget.ScrollMode.ScrollPerPixel)
+        self.hits.itemActivated.connect(self._on_hit)
+        self.hits.itemClicked.connect(self._on_hit)
+        self.hits_label.hide()
+        self.hits.hide()
         self.list = QListWidget(self)
         self.list.setObjectName("conversationList")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
@@ -81,7 +122,9 @@ class ConversationList(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(new_button)
         layout.addWidget(self.search)
-        layout.addWidget(self.list, 1)
+        layout.addWidget(self.hits_label)
+        layout.addWidget(self.hits, 1)
+        layout.addWidget(self.list, 2)
         layout.addWidget(self.usage)
         self._current = ""
         self._filling = False
@@ -175,6 +218,49 @@ class ConversationList(QWidget):
         for i in range(self.list.count()):
             item = self.list.item(i)
             item.setHidden(bool(needle) and needle not in str(item.data(TITLE_ROLE)).lower())
+
+    def set_searcher(self, searcher: Searcher | None) -> None:
+        """Where message search asks (``ConversationStore.search``); None: titles only."""
+        self._searcher = searcher
+
+    def _schedule_search(self, _text: str) -> None:
+        self._search_timer.start()
+
+    def run_search(self) -> None:
+        """Search the messages for the box's text now and show the hits."""
+        self._search_timer.stop()
+        text = self.search.text().strip()
+        self.hits.clear()
+        if self._searcher is None or len(text) < SEARCH_MIN_CHARS:
+            self.hits_label.hide()
+            self.hits.hide()
+            return
+        found = self._searcher(text)
+        self.hits_label.setText(
+            f"In messages: {len(found)}{'+' if len(found) >= 50 else ''} found"
+            if found
+            else "No message contains these words."
+        )
+        self.hits_label.show()
+        self.hits.setVisible(bool(found))
+        width = max(120, self.hits.viewport().width() - 4)
+        for hit in found:
+            item = QListWidgetItem()
+            item.setData(ID_ROLE, hit.conv_id)
+            item.setData(INDEX_ROLE, hit.index)
+            label = QLabel(hit_html(hit))
+            label.setTextFormat(Qt.TextFormat.RichText)
+            label.setWordWrap(True)
+            label.setContentsMargins(4, 2, 4, 4)
+            item.setToolTip(hit.title)
+            item.setSizeHint(QSize(width, label.heightForWidth(width)))
+            self.hits.addItem(item)
+            self.hits.setItemWidget(item, label)
+
+    def _on_hit(self, item: QListWidgetItem) -> None:
+        self.openAtRequested.emit(
+            str(item.data(ID_ROLE)), int(item.data(INDEX_ROLE)), self.search.text().strip()
+        )
 
     def _on_activated(self, item: QListWidgetItem) -> None:
         conv_id = str(item.data(ID_ROLE))

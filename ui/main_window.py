@@ -40,6 +40,7 @@ from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
 from ui.model_status import ModelStatus
 from ui.remote_control import RemoteControl
+from ui.search_jump import SearchJump
 from ui.session_view import WindowView
 from ui.worker import DEFAULT_MODEL, EngineClient
 
@@ -129,6 +130,7 @@ class MainWindow(QMainWindow):
         self.sidebar.deleteRequested.connect(partial(conversation_files.ask_delete, self))
         self.sidebar.exportRequested.connect(partial(conversation_files.ask_export, self))
         self.sidebar.newChatRequested.connect(self.new_chat)
+        self.search_jump = SearchJump(self)
         splitter = QSplitter(self)
         splitter.setObjectName("mainSplitter")
         splitter.addWidget(self.sidebar)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import html
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from PySide6.QtCore import QMimeData, QUrl, Signal
 from PySide6.QtGui import (
@@ -17,10 +18,10 @@ from PySide6.QtGui import (
     QTextFrame,
     QTextFrameFormat,
 )
-from PySide6.QtWidgets import QTextBrowser, QWidget
+from PySide6.QtWidgets import QApplication, QTextBrowser, QWidget
 
 from app.chat.conversation import Message
-from app.chat.markdown_render import RUN_LIMIT, render_markdown, strip_breaks
+from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 ACTION_SCHEME = "lamplight"
@@ -30,15 +31,43 @@ ACTIONS = ("edit", "fork", "regenerate", "drop-older")
 FORGOTTEN = "not in the model's memory"
 
 
-def _header_html(key: str, role: str, index: int, actions: tuple[str, ...], note: str = "") -> str:
+def stamp_text(created: float, now: float | None = None) -> str:
+    """A message's time as its header shows it: "14:32" today, "Nov 21, 14:32" this
+    year, "2025-11-21 14:32" before."""
+    try:
+        at = time.localtime(created)
+        today = time.localtime(now)
+    except (OverflowError, OSError, ValueError):
+        return ""
+    if at[:3] == today[:3]:
+        return time.strftime("%H:%M", at)
+    if at.tm_year == today.tm_year:
+        return time.strftime("%b %d, %H:%M", at)
+    return time.strftime("%Y-%m-%d %H:%M", at)
+
+
+def _header_html(
+    key: str,
+    role: str,
+    index: int,
+    actions: tuple[str, ...],
+    note: str = "",
+    created: float | None = None,
+) -> str:
     name = "You" if role == "user" else "Assistant"
+    # A finished message (one with actions) can always be copied.
+    shown = (*actions, "copy") if actions else ()
     links = " · ".join(
         f'<a href="{ACTION_SCHEME}://{key}/{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
-        for a in actions
+        for a in shown
     )
+    when = stamp_text(created) if created is not None else ""
+    stamp = f"&nbsp;&nbsp;<small>{html.escape(when)}</small>" if when else ""
     sep = "&nbsp;&nbsp;&nbsp;" if links else ""
     aside = f"&nbsp;&nbsp;<small><i>· {html.escape(note)}</i></small>" if note else ""
-    return f"<span style='color:#888888'><b>{name}</b>{sep}<small>{links}</small>{aside}</span>"
+    return (
+        f"<span style='color:#888888'><b>{name}</b>{stamp}{sep}<small>{links}</small>{aside}</span>"
+    )
 
 
 class TranscriptView(QTextBrowser):
@@ -52,13 +81,18 @@ class TranscriptView(QTextBrowser):
     per-view secret: message text is rendered without such links anyway, and
     the key keeps anything that did slip through from acting.
 
+    Every finished message offers Copy, and each of its code blocks a Copy link of
+    its own; both copy the message's source text, not what the view draws.
+
     Signals:
         linkActivated(QUrl): the user clicked a link that is safe to open.
         actionRequested(str, int): "edit", "fork" or "regenerate", and the message index.
+        copied(str): what was put on the clipboard, in words ("message", "code block").
     """
 
     linkActivated = Signal(QUrl)
     actionRequested = Signal(str, int)
+    copied = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -73,6 +107,8 @@ class TranscriptView(QTextBrowser):
         self._placeholder = True
         self._body_format = QTextCharFormat()
         self._frames: list[QTextFrame] = []
+        self._texts: dict[int, str] = {}  # message index -> its source text (for Copy)
+        self._times: dict[int, float] = {}  # message index -> when it was written
         self._last_reply = -1
         self._key = secrets.token_hex(8)
         self._run = 0  # characters since the last whitespace in the streaming reply
@@ -102,6 +138,8 @@ class TranscriptView(QTextBrowser):
         self._stream_frame = None
         self._stream_cursor = None
         self._frames = []
+        self._texts = {}
+        self._times = {}
         self._last_reply = -1
         self._show_placeholder()
 
@@ -112,11 +150,13 @@ class TranscriptView(QTextBrowser):
         for i, m in enumerate(messages):
             note = FORGOTTEN if m.forgotten else ""
             if m.role == "user":
-                self.add_user_message(m.content, i, note)
+                self.add_user_message(m.content, i, note, m.created)
             elif m.role == "assistant":
                 metrics = m.message_metrics()
-                frame = self._new_frame("assistant", i, (), note)
-                self._fill(frame, m.content, metrics.short_text() if metrics else "", "")
+                self._times[i] = m.created
+                frame = self._new_frame("assistant", i, ("fork",), note)
+                self._texts[i] = m.content
+                self._fill(frame, m.content, metrics.short_text() if metrics else "", "", i)
         self._set_last_reply(last_reply)
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
@@ -139,7 +179,9 @@ class TranscriptView(QTextBrowser):
             fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
         frame = cursor.insertFrame(fmt)
         inner = frame.firstCursorPosition()
-        inner.insertHtml(_header_html(self._key, role, index, actions, note))
+        inner.insertHtml(
+            _header_html(self._key, role, index, actions, note, self._times.get(index))
+        )
         inner.insertBlock(QTextBlockFormat(), self._body_format)
         while len(self._frames) <= index:
             self._frames.append(frame)
@@ -151,7 +193,9 @@ class TranscriptView(QTextBrowser):
             return
         cursor = self._frames[index].firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(_header_html(self._key, role, index, actions, note))
+        cursor.insertHtml(
+            _header_html(self._key, role, index, actions, note, self._times.get(index))
+        )
 
     def mark_forgotten(self, messages: Sequence[Message]) -> None:
         """Say on each forgotten message's header that the model no longer sees it."""
@@ -168,17 +212,23 @@ class TranscriptView(QTextBrowser):
         if index >= 0:
             self._set_header(index, "assistant", ("regenerate", "fork"))
 
-    def add_user_message(self, text: str, index: int = 0, note: str = "") -> None:
+    def add_user_message(
+        self, text: str, index: int = 0, note: str = "", created: float | None = None
+    ) -> None:
         at_bottom = self._at_bottom()
+        self._times[index] = time.time() if created is None else created
+        self._texts[index] = text
         frame = self._new_frame("user", index, ("edit", "fork"), note)
         cursor = frame.lastCursorPosition()
-        cursor.insertHtml(render_markdown(text, self._dark()))
+        cursor.insertHtml(render_markdown(text, self._dark(), self._code_link(index)))
         self._follow(at_bottom)
 
     def begin_reply(self, index: int = 1) -> None:
         """Open the frame a streamed reply goes into."""
         at_bottom = self._at_bottom()
         self._set_last_reply(-1)
+        self._times[index] = time.time()
+        self._texts.pop(index, None)
         self._stream_frame = self._new_frame("assistant", index, ())
         self._stream_index = index
         self._stream_cursor = self._stream_frame.lastCursorPosition()
@@ -216,21 +266,28 @@ class TranscriptView(QTextBrowser):
         if frame is None:
             return
         at_bottom = self._at_bottom()
-        self._fill(frame, text, footer, error)
+        if kept:
+            self._texts[self._stream_index] = text
+        self._fill(frame, text, footer, error, self._stream_index if kept else -1)
         self._stream_frame = None
         self._stream_cursor = None
         if kept:
             self._set_last_reply(self._stream_index)
         self._follow(at_bottom)
 
-    def _fill(self, frame: QTextFrame, text: str, footer: str, error: str) -> None:
+    def _code_link(self, index: int) -> Callable[[int], str] | None:
+        if index < 0:
+            return None
+        return lambda n: f"{ACTION_SCHEME}://{self._key}/copy-code/{index}/{n}"
+
+    def _fill(self, frame: QTextFrame, text: str, footer: str, error: str, index: int) -> None:
         cursor = frame.firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.NextBlock)  # keep the header
         cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         parts = []
         if text.strip():
-            parts.append(render_markdown(text, self._dark()))
+            parts.append(render_markdown(text, self._dark(), self._code_link(index)))
         if error:
             parts.append(f"<p style='color:#d1242f'>{html.escape(error)}</p>")
         if footer:
@@ -266,11 +323,52 @@ class TranscriptView(QTextBrowser):
             bar = self.verticalScrollBar()
             bar.setValue(bar.maximum())
 
+    def show_message(self, index: int, term: str = "") -> bool:
+        """Scroll to message ``index`` and select the first ``term`` in it (a search hit)."""
+        if not 0 <= index < len(self._frames):
+            return False
+        frame = self._frames[index]
+        cursor = frame.firstCursorPosition()
+        if term:
+            found = self.document().find(term, cursor)
+            if not found.isNull() and found.position() <= frame.lastPosition():
+                cursor = found
+        bar = self.verticalScrollBar()
+        top = self.cursorRect(frame.firstCursorPosition()).top() + bar.value()
+        self.setTextCursor(cursor)
+        bar.setValue(max(0, top - 12))
+        self.ensureCursorVisible()
+        return True
+
+    def copy_message(self, index: int, block: int | None = None) -> bool:
+        """Put message ``index`` (or its ``block``-th code block) on the clipboard."""
+        text = self._texts.get(index)
+        if text is None:
+            return False
+        what = "message"
+        if block is not None:
+            blocks = code_blocks(text)
+            if not 0 <= block < len(blocks):
+                return False
+            text, what = blocks[block], "code block"
+        QApplication.clipboard().setText(text)
+        self.copied.emit(what)
+        return True
+
     def _on_anchor_clicked(self, url: QUrl) -> None:
         if url.scheme() == ACTION_SCHEME:
-            action, _, index = url.path().strip("/").partition("/")
-            if url.host() == self._key and action in ACTIONS and index.isdigit():
-                self.actionRequested.emit(action, int(index))
+            if url.host() != self._key:
+                return
+            action, *rest = url.path().strip("/").split("/")
+            if not rest or not all(p.isdigit() and len(p) < 9 for p in rest):
+                return
+            numbers = [int(p) for p in rest]
+            if action == "copy" and len(numbers) == 1:
+                self.copy_message(numbers[0])
+            elif action == "copy-code" and len(numbers) == 2:
+                self.copy_message(numbers[0], numbers[1])
+            elif action in ACTIONS and len(numbers) == 1:
+                self.actionRequested.emit(action, numbers[0])
             return
         if url.scheme() in SAFE_LINK_SCHEMES:
             self.linkActivated.emit(url)

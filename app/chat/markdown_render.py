@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -100,8 +101,8 @@ class MarkdownRenderer:
         md.validateLink = safe_link  # type: ignore[method-assign]
 
         # markdown-it binds rules to its renderer, so the rule takes that as ``self``.
-        def fence(_renderer: Any, tokens: Any, idx: int, _options: Any, _env: Any) -> str:
-            return self._render_fence(tokens[idx])
+        def fence(_renderer: Any, tokens: Any, idx: int, _options: Any, env: Any) -> str:
+            return self._render_fence(tokens[idx], env)
 
         def text(_renderer: Any, tokens: Any, idx: int, _options: Any, _env: Any) -> str:
             return html.escape(breakable(tokens[idx].content), quote=False)
@@ -128,26 +129,46 @@ class MarkdownRenderer:
         md.add_render_rule("code_inline", code_inline)
         self._md = md
 
-    def render(self, text: str) -> str:
-        """HTML for ``text``; safe to hand to ``QTextDocument``, in bounded time."""
+    def render(self, text: str, code_link: Callable[[int], str] | None = None) -> str:
+        """HTML for ``text``; safe to hand to ``QTextDocument``, in bounded time.
+
+        ``code_link(n)``, when given, is the target of a "Copy" link on the ``n``-th code
+        block (counted as ``code_blocks`` counts them). It comes from the caller, never
+        from the text, so the text still cannot make an app link.
+        """
         if len(text) > MARKDOWN_LIMIT:
             return plain_html(text)
-        return str(self._md.render(text))
+        return str(self._md.render(text, {"code_link": code_link, "blocks": 0}))
 
-    def _render_fence(self, token: Any) -> str:
+    def code_blocks(self, text: str) -> list[str]:
+        """The source of each code block of ``text``, in the order ``render`` links them."""
+        if len(text) > MARKDOWN_LIMIT:
+            return []
+        return [
+            t.content.rstrip("\n")
+            for t in self._md.parse(text)
+            if t.type in ("fence", "code_block")
+        ]
+
+    def _render_fence(self, token: Any, env: dict[str, Any]) -> str:
         lang = (token.info or "").strip().split(maxsplit=1)[0] if token.info else ""
         code = breakable(token.content.rstrip("\n"))
         body = highlight(code, _lexer(lang, code), self._formatter).rstrip("\n")
+        n = env.get("blocks", 0)
+        env["blocks"] = n + 1
+        link = env.get("code_link")
+        copy = f'<a href="{html.escape(link(n))}" style="color:#6b7a90">Copy</a>' if link else ""
         caption = (
-            f'<tr><td style="color:#888888; font-size:small">{html.escape(lang)}</td></tr>'
-            if lang
+            '<tr><td style="color:#888888; font-size:small">'
+            f'{html.escape(lang)}</td><td align="right" style="font-size:small">{copy}</td></tr>'
+            if lang or copy
             else ""
         )
-        # Qt draws backgrounds on table cells, not on <pre>, so code sits in a one-cell table.
+        # Qt draws backgrounds on table cells, not on <pre>, so code sits in a table.
         return (
             f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{self._code_bg}">'
-            f'{caption}<tr><td><pre style="color:{self._code_fg}">{body}</pre></td></tr>'
-            "</table>\n"
+            f'{caption}<tr><td colspan="2"><pre style="color:{self._code_fg}">{body}</pre>'
+            "</td></tr></table>\n"
         )
 
 
@@ -156,5 +177,12 @@ def renderer(dark: bool = False) -> MarkdownRenderer:
     return MarkdownRenderer(dark)
 
 
-def render_markdown(text: str, dark: bool = False) -> str:
-    return renderer(dark).render(text)
+def render_markdown(
+    text: str, dark: bool = False, code_link: Callable[[int], str] | None = None
+) -> str:
+    return renderer(dark).render(text, code_link)
+
+
+def code_blocks(text: str) -> list[str]:
+    """The source of each code block of ``text`` (see ``MarkdownRenderer.code_blocks``)."""
+    return renderer(False).code_blocks(text)

@@ -3,6 +3,8 @@
     <data>/conversations/<id>.json   the transcript; never dropped
     <data>/snapshots/<id>.lpkv       the KV cache; dropped least-recently-used
                                      first when over the disk budget
+    <data>/search.sqlite3            the full-text index of the transcripts
+                                     (derived; rebuilt when missing or damaged)
 
 Every write is atomic. Transcripts are read through ``app.util.datafiles``
 (regular files only, size and depth limits). One whose content is damaged is
@@ -25,6 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.chat.conversation import Conversation, ConversationError, is_valid_id, new_id
+from app.chat.search_index import SearchHit, SearchIndex
 from app.config.params import short_repr
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import (
@@ -72,6 +75,7 @@ class ConversationStore:
         self.budget_bytes = budget_bytes
         # Sidebar rows by id, with the transcript's (size, mtime_ns) they were read at.
         self._summaries: dict[str, tuple[tuple[int, int], ConversationSummary]] = {}
+        self.index = SearchIndex(root / "search.sqlite3")
 
     # -- paths -----------------------------------------------------------------------
 
@@ -185,7 +189,35 @@ class ConversationStore:
 
     def save(self, conv: Conversation) -> None:
         conv.updated = time.time()
-        atomic_write_text(self.transcript_path(conv.id), json.dumps(conv.to_dict(), indent=1))
+        path = self.transcript_path(conv.id)
+        atomic_write_text(path, json.dumps(conv.to_dict(), indent=1))
+        # Indexed with the stamp of what was written: a crash before this line leaves a
+        # stale stamp, which the next search's ``sync`` repairs.
+        self.index.update(conv, _stamp(path))
+
+    def search(self, text: str) -> builtins.list[SearchHit]:
+        """Messages of any saved conversation that contain every word of ``text``.
+
+        The index is first brought in step with the transcripts on disk (only the ones
+        whose size or time changed are read again).
+        """
+        if not text.strip():
+            return []
+        stamps = {
+            path.stem: _stamp(path)
+            for path in self.conversations_dir.glob("*.json")
+            if is_valid_id(path.stem)
+        }
+        self.index.sync(stamps, self._load_or_none)
+        self._notes.extend(self.index.notes)
+        self.index.notes.clear()
+        return [hit for hit in self.index.search(text) if hit.conv_id in stamps]
+
+    def _load_or_none(self, conv_id: str) -> Conversation | None:
+        try:
+            return self.load(conv_id)
+        except ConversationError:
+            return None
 
     def delete(self, conv_id: str) -> None:
         """Remove the transcript and the snapshot."""
@@ -198,6 +230,7 @@ class ConversationStore:
         with contextlib.suppress(FileNotFoundError):
             self.transcript_path(conv_id).unlink()
         self._summaries.pop(conv_id, None)
+        self.index.remove(conv_id)
 
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.load(conv_id)
@@ -334,6 +367,15 @@ def _checked(conv_id: str) -> str:
     if not is_valid_id(conv_id):
         raise ConversationError(f"invalid conversation id {short_repr(conv_id)}")
     return conv_id
+
+
+def _stamp(path: Path) -> str:
+    """What identifies one written version of a transcript: its size and time."""
+    try:
+        st = path.stat()
+    except OSError:
+        return "missing"
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def _mtime(path: Path) -> float:
