@@ -1,4 +1,5 @@
-"""The model manager: Discover (Hub search, repo page, download) and Library (local models)."""
+"""The model manager: Discover (Hub search, repo page, download), Library (local models),
+Downloads, and Recommended (a curated list of small chat models, ``ui.recommended_view``)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,11 @@ from app.models.downloads import DownloadJob
 from app.models.hub import ModelHit, RepoDetails
 from app.models.library import LibraryEntry
 from app.models.quant import GgufChoice
+from app.models.recommended import UNKNOWN, default_model_name, fit_badge
 from app.util.errors import LamplightError
 from app.util.sysinfo import available_memory, size_text
 from ui.hub_workers import HubServices, job_summary
+from ui.recommended_view import RecommendedView
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +52,17 @@ def _count(n: int) -> str:
 
 
 def fits_hint(size: int, available: int) -> str:
-    """Whether a model of ``size`` bytes fits the free RAM, with a margin for its cache."""
-    if available <= 0:
-        return ""
-    need = size * 1.2 + 300e6
-    if need <= available * 0.8:
-        return "fits"
-    if need <= available:
-        return "tight"
-    return "too big"
+    """Whether a model of ``size`` bytes fits the free RAM, with a margin for its cache
+    (the Recommended tab's badge; "" when the free memory is unknown)."""
+    badge = fit_badge(int(size * 1.2 + 300e6), available)
+    return "" if badge == UNKNOWN else badge
+
+
+def only_default_model(entries: list[LibraryEntry]) -> bool:
+    """Whether the embedded default model is the only usable model in the library."""
+    default = default_model_name()
+    usable = [e.path.name for e in entries if e.valid and not e.is_adapter]
+    return bool(default) and default in usable and all(n == default for n in usable)
 
 
 class ModelManager(QDialog):
@@ -98,12 +103,22 @@ class ModelManager(QDialog):
         self._details: RepoDetails | None = None
         self._entries: list[LibraryEntry] = []
         self._job_rows: dict[str, int] = {}
+        self._scanned = False  # a first scan with only the default model opens Recommended
+        self._scans_pending = 0
+        self._tab_chosen = False
 
         self.tabs = QTabWidget(self)
         self.tabs.setObjectName("modelTabs")
         self.tabs.addTab(self._build_discover(), "Discover")
         self.tabs.addTab(self._build_library(), "Library")
-        self.tabs.addTab(self._build_downloads(), "Downloads")
+        self.downloads_page = self._build_downloads()
+        self.tabs.addTab(self.downloads_page, "Downloads")
+        self.recommended = RecommendedView(services.installs, n_ctx, parent=self)
+        self.tabs.addTab(self.recommended, "Recommended")
+        self.tabs.setTabToolTip(
+            self.tabs.indexOf(self.recommended), "Small chat models that run well on this computer"
+        )
+        self.tabs.tabBarClicked.connect(self._on_tab_clicked)
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
 
@@ -361,14 +376,25 @@ class ModelManager(QDialog):
             QMessageBox.warning(self, "Cannot download", str(exc))
             return
         self._show_job(job, 0.0, None)
-        self.tabs.setCurrentIndex(2)
+        self.tabs.setCurrentWidget(self.downloads_page)
 
     def _on_failed(self, request: int, message: str) -> None:
         if request == self._details_request:
             self.repo_title.setText(html.escape(message))
-        else:
+        elif request == self._search_request:
             self.discover_status.setText(message)
             self.more_button.setEnabled(self._results > 0)
+        # Other requests (a Recommended lookup) report where they were made.
+
+    # -- recommended ---------------------------------------------------------------------
+
+    def show_recommended(self) -> None:
+        """Open the Recommended tab (Help → Recommended models…, the welcome card)."""
+        self._tab_chosen = True
+        self.tabs.setCurrentWidget(self.recommended)
+
+    def _on_tab_clicked(self, _index: int) -> None:
+        self._tab_chosen = True
 
     # -- downloads -----------------------------------------------------------------------
 
@@ -418,10 +444,18 @@ class ModelManager(QDialog):
     # -- library -------------------------------------------------------------------------
 
     def refresh_library(self) -> None:
+        self._scans_pending += 1
         self._services.scan(self.imported)
 
     def _on_library_done(self, entries: list[LibraryEntry]) -> None:
         self._entries = entries
+        self.recommended.refresh()  # "Use" for what is on disk now
+        self._scans_pending = max(0, self._scans_pending - 1)
+        if not self._scanned and self._scans_pending == 0:
+            # The answer to the latest request (with the imported models) decides, once.
+            self._scanned = True
+            if not self._tab_chosen and only_default_model(entries):
+                self.tabs.setCurrentWidget(self.recommended)
         table = self.library_table
         table.setRowCount(len(entries))
         for row, e in enumerate(entries):

@@ -1,25 +1,70 @@
-"""Process and machine facts: resident memory, RAM, byte sizes for people."""
+"""Process and machine facts: resident memory, RAM, byte sizes for people.
+
+Memory figures come from ``psutil``, which reads each OS's own accounting
+(``/proc`` on Linux, ``GlobalMemoryStatusEx`` and the process's working set on
+Windows, ``host_statistics`` and ``task_info`` on macOS). Where it fails, the
+figure is 0, which every caller reads as "unknown" (no fit badge, no limit).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
+import threading
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+_PROCESS: tuple[int, psutil.Process] | None = None
+_PROCESS_LOCK = threading.Lock()
+_WARNED: set[str] = set()
+
+
+def _unknown(what: str, exc: BaseException) -> int:
+    """0 for a figure psutil could not give; logged once per figure."""
+    if what not in _WARNED:
+        _WARNED.add(what)
+        log.warning("%s is unknown: %s", what, exc)
+    return 0
+
+
+def _this_process() -> psutil.Process:
+    """This process, reused between calls (and made again after a fork)."""
+    global _PROCESS
+    pid = os.getpid()
+    with _PROCESS_LOCK:
+        if _PROCESS is None or _PROCESS[0] != pid:
+            _PROCESS = (pid, psutil.Process(pid))
+        return _PROCESS[1]
 
 
 def rss_bytes() -> int:
-    """Current resident set size of this process (peak RSS where current is unknown)."""
+    """Current resident set size of this process (the working set on Windows); 0 if unknown."""
     try:
-        with open("/proc/self/statm", encoding="ascii") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource
+        return int(_this_process().memory_info().rss)
+    except (psutil.Error, OSError, ValueError, AttributeError) as exc:
+        return _unknown("resident memory", exc)
 
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(peak if sys.platform == "darwin" else peak * 1024)
-    except (ImportError, OSError):
-        return 0
+
+def physical_memory() -> int:
+    """Total RAM in bytes (0 if it cannot be told)."""
+    try:
+        return int(psutil.virtual_memory().total)
+    except (psutil.Error, OSError, ValueError, AttributeError) as exc:
+        return _unknown("total memory", exc)
+
+
+def available_memory() -> int:
+    """RAM a new model can use without swapping, in bytes (0 if it cannot be told).
+
+    psutil's ``available``: free memory plus what the OS can reclaim at once (page
+    cache, inactive pages); Linux's MemAvailable, Windows' ullAvailPhys.
+    """
+    try:
+        return int(psutil.virtual_memory().available)
+    except (psutil.Error, OSError, ValueError, AttributeError) as exc:
+        return _unknown("available memory", exc)
 
 
 def size_text(n: float, binary: bool = False) -> str:
@@ -41,43 +86,3 @@ def size_text(n: float, binary: bool = False) -> str:
     if unit == "B":
         return f"{size:.0f} B"
     return f"{size:.2f} {unit}" if unit in ("GB", "GiB", "TB", "TiB") else f"{size:.1f} {unit}"
-
-
-def physical_memory() -> int:
-    """Total RAM in bytes (0 if it cannot be told)."""
-    try:
-        if sys.platform == "win32":
-            import ctypes
-
-            class MemoryStatus(ctypes.Structure):
-                _fields_ = [
-                    ("length", ctypes.c_ulong),
-                    ("load", ctypes.c_ulong),
-                    ("total", ctypes.c_ulonglong),
-                    ("avail", ctypes.c_ulonglong),
-                    ("total_page", ctypes.c_ulonglong),
-                    ("avail_page", ctypes.c_ulonglong),
-                    ("total_virtual", ctypes.c_ulonglong),
-                    ("avail_virtual", ctypes.c_ulonglong),
-                    ("avail_extended", ctypes.c_ulonglong),
-                ]
-
-            status = MemoryStatus()
-            status.length = ctypes.sizeof(MemoryStatus)
-            ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(status))  # type: ignore[attr-defined]
-            return int(status.total)
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def available_memory() -> int:
-    """RAM available for a new model in bytes (MemAvailable on Linux, else total)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return physical_memory()
