@@ -13,6 +13,7 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
+from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.config.params import LoadConfig
 from app.engine.llama import Engine
 from app.models.default_model import ensure_default_model  # after the env var
@@ -23,6 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_CACHE = ROOT / ".cache" / "test-models"
 TEST_CTX = 2048
 TEST_LOAD = LoadConfig(n_ctx=TEST_CTX, n_threads=2)
+
+
+def chat_turns(data_root: Path, model: Path) -> None:
+    """Have the default (base) model chat in turns in the data dir ``data_root``, as tests
+    written for chat turns expect; it opens in continue-the-text mode otherwise."""
+    ModelPrefsStore(data_root / FILE_NAME).set(
+        model_key(model, model.stat().st_size), ModelPrefs(completion=False)
+    )
 
 
 @pytest.fixture(scope="session")

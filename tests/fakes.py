@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,13 @@ from app.engine.backend import (
 )
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
+from app.engine.templates import AUTO, ChatMessage, TemplateOverride
 from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
 
 FAKE_CAPABILITIES = Capabilities(
     snapshots=True,
+    template_override=True,
     why_not={
         "lora": "the fake engine takes no adapters",
         "grammar": "the fake engine has no grammar sampler",
@@ -60,6 +62,8 @@ class FakeEngine:
         self.requests: list[list[ChatMessage]] = []
         self.fail_with: Exception | None = None
         self.kv_tokens: list[int] = []
+        self.template = AUTO  # the last set_template (the fake renders nothing)
+        self.base_model = False  # what the next load reports as ModelInfo.base_model
 
     @property
     def model(self) -> ModelInfo | None:
@@ -106,7 +110,9 @@ class FakeEngine:
             backend="CPU",
             load_ms=1.0,
             capabilities=FAKE_CAPABILITIES,
+            base_model=self.base_model,
         )
+        self.template = AUTO
         return self._model
 
     def unload(self) -> None:
@@ -173,6 +179,14 @@ class FakeEngine:
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
         return 0
+
+    def set_template(self, override: TemplateOverride) -> ModelInfo:
+        if self._model is None:
+            raise NoModelLoaded("No model is loaded. Open a model first.")
+        self.template = override
+        label = "fake" if override.kind == "auto" else f"fake {override.kind}"
+        self._model = replace(self._model, template=label)
+        return self._model
 
     @property
     def lora_stack(self) -> LoraStack:

@@ -15,7 +15,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from tests.conftest import TEST_LOAD
+from tests.conftest import TEST_LOAD, chat_turns
 from ui.main_window import MainWindow
 from ui.worker import EngineClient
 
@@ -25,6 +25,7 @@ LONG = SamplingParams.greedy(400)  # long enough to act while it streams
 
 def open_window(qtbot: QtBot, data: Path, model: Path) -> MainWindow:
     dirs = data_dirs(data)
+    chat_turns(dirs.root, model)
     store = ConversationStore(dirs.root)
     client = EngineClient(dirs.models, store=store)
     win = MainWindow(client, AppSettings(load=TEST_LOAD, sampling=LONG), dirs, store)

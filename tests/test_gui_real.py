@@ -14,7 +14,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from tests.conftest import TEST_LOAD
+from tests.conftest import TEST_LOAD, chat_turns
 from ui.main_window import MainWindow
 from ui.worker import EngineClient
 
@@ -22,6 +22,7 @@ from ui.worker import EngineClient
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
     dirs = data_dirs(tmp_path / "data")
+    chat_turns(dirs.root, model_path)
     settings = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(32))
     store = ConversationStore(dirs.root)
     client = EngineClient(dirs.models, store=store)

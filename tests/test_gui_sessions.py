@@ -15,7 +15,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from tests.conftest import TEST_LOAD
+from tests.conftest import TEST_LOAD, chat_turns
 from tests.fakes import FakeEngine
 from tests.test_gui import LONG_REPLY, make_window, send
 from ui.main_window import MainWindow
@@ -208,6 +208,7 @@ def test_closing_mid_reply_saves_the_partial_reply(qtbot: QtBot, tmp_path: Path)
 
 def real_window(qtbot: QtBot, data: Path, model_path: Path) -> MainWindow:
     dirs = data_dirs(data)
+    chat_turns(dirs.root, model_path)
     store = ConversationStore(dirs.root)
     client = EngineClient(dirs.models, store=store)
     win = MainWindow(

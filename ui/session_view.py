@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QMessageBox
@@ -26,6 +26,8 @@ class WindowView:
 
     def __init__(self, win: MainWindow) -> None:
         self._win = win
+        # Called with each conversation shown (opened, new, or re-rendered after a failure).
+        self.conversation_listeners: list[Callable[[Conversation], None]] = []
 
     def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
         w = self._win
@@ -46,6 +48,8 @@ class WindowView:
         w.perf_panel.set_history(w.reply_metrics)
         w.refresh_sidebar()
         w._update_buttons()
+        for listener in self.conversation_listeners:
+            listener(conv)
         if opened and not restoring:
             w.conversationOpened.emit(RestoreResult(conv.id, False, 0, 0.0, ""))
         if not opened:

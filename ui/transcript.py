@@ -53,8 +53,9 @@ def _header_html(
     actions: tuple[str, ...],
     note: str = "",
     created: float | None = None,
+    names: dict[str, str] | None = None,
 ) -> str:
-    name = "You" if role == "user" else "Assistant"
+    name = (names or {}).get(role) or ("You" if role == "user" else "Assistant")
     # A finished message (one with actions) can always be copied.
     shown = (*actions, "copy") if actions else ()
     links = " · ".join(
@@ -111,6 +112,8 @@ class TranscriptView(QTextBrowser):
         self._times: dict[int, float] = {}  # message index -> when it was written
         self._last_reply = -1
         self._key = secrets.token_hex(8)
+        # Header names by role instead of You/Assistant (continue-the-text mode's).
+        self.role_names: dict[str, str] = {}
         self._run = 0  # characters since the last whitespace in the streaming reply
         self._show_placeholder()
 
@@ -180,7 +183,9 @@ class TranscriptView(QTextBrowser):
         frame = cursor.insertFrame(fmt)
         inner = frame.firstCursorPosition()
         inner.insertHtml(
-            _header_html(self._key, role, index, actions, note, self._times.get(index))
+            _header_html(
+                self._key, role, index, actions, note, self._times.get(index), self.role_names
+            )
         )
         inner.insertBlock(QTextBlockFormat(), self._body_format)
         while len(self._frames) <= index:
@@ -194,7 +199,9 @@ class TranscriptView(QTextBrowser):
         cursor = self._frames[index].firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
         cursor.insertHtml(
-            _header_html(self._key, role, index, actions, note, self._times.get(index))
+            _header_html(
+                self._key, role, index, actions, note, self._times.get(index), self.role_names
+            )
         )
 
     def mark_forgotten(self, messages: Sequence[Message]) -> None:

@@ -19,7 +19,7 @@ from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Backend, EngineEvent, Finished, PrefillProgress, Token
 from app.engine.llama import Engine
 from app.engine.offload import fit_report, load_with_fallback
-from app.engine.templates import ChatMessage
+from app.engine.templates import ChatMessage, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.models.default_model import ensure_default_model
 from app.remote.http import ServerUnreachable
@@ -65,6 +65,8 @@ class EngineWorker(QObject):
         loraFailed(str, object): why a stack was refused, and the stack still applied.
         connectionState(str, str): ``"local"``, ``"connected"`` or ``"lost"``, and a line
             saying where (or what went wrong), after a connect, a reply or a check.
+        templateApplied(object): the ``ModelInfo`` after ``set_template`` (its ``notes`` say
+            why a choice was not used); a refused choice is a ``loadNote`` instead.
 
     Exactly one of finished, cancelled, failed ends every request; one of loraApplied,
     loraFailed answers every ``set_lora_stack``. After a reply that got going, the
@@ -87,6 +89,7 @@ class EngineWorker(QObject):
     loraApplied = Signal(object)
     loraFailed = Signal(str, object)
     connectionState = Signal(str, str)
+    templateApplied = Signal(object)
 
     def __init__(self, engine: Backend, models_dir: Path, store: ConversationStore | None) -> None:
         super().__init__()
@@ -174,6 +177,27 @@ class EngineWorker(QObject):
             self.loraFailed.emit(f"The LoRA stack was not applied: {exc}", self._engine.lora_stack)
         else:
             self.loraApplied.emit(self._engine.lora_stack)
+
+    @Slot(object)
+    def set_template(self, override: TemplateOverride) -> None:
+        """Use ``override`` as the chat template from the next reply on (no reload)."""
+        if self._engine.model is None:
+            return  # the window applies the model's choice when one is loaded
+        if not self._engine.capabilities.template_override:
+            if override.kind != "auto":
+                why = self._engine.capabilities.why_not.get("template_override", "")
+                self.loadNote.emit(f"The chat template cannot be chosen here: {why}.")
+            return
+        try:
+            info = self._engine.set_template(override)
+        except LamplightError as exc:
+            self.loadNote.emit(str(exc))
+            return
+        except Exception as exc:  # a template must never take the app down
+            log.exception("setting the chat template failed")
+            self.loadNote.emit(f"The chat template was not changed: {exc}")
+            return
+        self.templateApplied.emit(info)
 
     @Slot(str, object, object)
     def load_model(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
@@ -366,6 +390,7 @@ class EngineClient(QObject):
     _loraRequested = Signal(object)
     _connectRequested = Signal(object, object)
     _checkRequested = Signal()
+    _templateRequested = Signal(object)
 
     def __init__(
         self,
@@ -390,6 +415,7 @@ class EngineClient(QObject):
         self._loraRequested.connect(self.worker.set_lora_stack)
         self._connectRequested.connect(self.worker.connect_remote)
         self._checkRequested.connect(self.worker.check_connection)
+        self._templateRequested.connect(self.worker.set_template)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
         # The model is freed on its own thread as that thread ends, after any running request.
         self._thread.finished.connect(self.worker.unload, Qt.ConnectionType.DirectConnection)
@@ -459,6 +485,10 @@ class EngineClient(QObject):
     def set_lora_stack(self, stack: LoraStack) -> None:
         """Apply ``stack`` on the worker; ``loraApplied`` or ``loraFailed`` answers."""
         self._loraRequested.emit(stack.copy())  # a copy: the panel keeps editing its own
+
+    def set_template(self, override: TemplateOverride) -> None:
+        """Use ``override`` from the next reply on; ``templateApplied`` answers."""
+        self._templateRequested.emit(override)
 
     def drain(self) -> None:
         """Wait until the worker has run every request queued before this call."""

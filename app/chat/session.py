@@ -216,6 +216,30 @@ class ChatSession:
         if self.busy:
             self._link.stop()
 
+    def set_system_prompt(self, text: str, save: bool = True) -> bool:
+        """The open conversation's system prompt, used from its next reply on.
+
+        A reply already running keeps the prompt it was sent with. With ``save`` the
+        conversation is written when it has messages (without, the next save, or the
+        switch to another conversation, writes it). Returns True when the prompt changed.
+        """
+        conv = self.conversation
+        changed = text != conv.system_prompt
+        conv.system_prompt = text
+        if save and conv.messages:
+            self._persist()
+        return changed
+
+    def set_default_system_prompt(self, text: str) -> None:
+        """The system prompt new chats start with (the model's default, else the global one).
+
+        An open chat with no messages whose prompt is still the old default takes it too.
+        """
+        old, self.system_prompt = self.system_prompt, text
+        conv = self.conversation
+        if not conv.messages and conv.system_prompt == old:
+            conv.system_prompt = text
+
     def new_chat(self) -> None:
         self.when_idle(self._new_chat)
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
+from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
 
@@ -43,6 +43,7 @@ class Capabilities:
     prewarm: bool = False  # evaluating the next turn's opening ahead of time
     token_latency: bool = False  # per-token arrival times are the engine's own
     gpu_offload: bool = False
+    template_override: bool = False  # set_template: this app renders the prompt
     why_not: dict[str, str] = field(default_factory=dict)
 
 
@@ -70,6 +71,10 @@ class ModelInfo:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     runtime: dict[str, Any] = field(default_factory=dict)
     adapters: tuple[str, ...] = ()  # LoRA adapters a server loaded (its paths)
+    # What its chat template is made from (for the template dialog's preview), and whether
+    # it looks like a base model: no chat template, no "instruct"/"chat"/"-it" in its names.
+    template_inputs: TemplateInputs | None = None
+    base_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,17 @@ class Backend(Protocol):
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
         """Evaluate the next turn's opening after ``reply``; returns tokens evaluated."""
+
+    def set_template(self, override: TemplateOverride) -> ModelInfo:
+        """Use ``override`` as the chat template from the next message on (no reload).
+
+        A choice that cannot be used falls back to the automatic one, and the returned
+        ``ModelInfo.notes`` say why. The cache stays: the next prompt reuses what it
+        shares with it.
+
+        Raises:
+            NoModelLoaded; LamplightError where ``capabilities.template_override`` is off.
+        """
 
     @property
     def lora_stack(self) -> LoraStack:

@@ -46,7 +46,20 @@ from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
 from app.engine.overflow import Overflow, message_starts, reply_budget
 from app.engine.sampler import build_sampler
-from app.engine.templates import ChatMessage, ChatTemplate, ChatTemplateError, choose_template
+from app.engine.templates import (
+    AUTO as AUTO_TEMPLATE,
+)
+from app.engine.templates import (
+    ChatMessage,
+    ChatTemplate,
+    ChatTemplateError,
+    TemplateInputs,
+    TemplateOverride,
+    build_template,
+    fallback_note,
+    looks_like_base_model,
+    template_for_architecture,
+)
 from app.engine.vocab import Vocab
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
@@ -68,6 +81,7 @@ _CAPABILITIES = Capabilities(
     grammar=True,
     prewarm=True,
     token_latency=True,
+    template_override=True,
     why_not={
         "gpu_offload": "this llama.cpp build runs on the CPU only; Hardware and backends "
         "says how to get a GPU build"
@@ -84,6 +98,7 @@ class Engine:
         self._llm: Any = None
         self._info: ModelInfo | None = None
         self._template: ChatTemplate | None = None
+        self._inputs = TemplateInputs()  # what the loaded model's templates are made from
         self._backend: HardwareInfo | None = None
         self._config: LoadConfig | None = None
         # Tokens whose keys/values are in KV sequence 0, and the text they encode.
@@ -166,13 +181,14 @@ class Engine:
         load_ms = (time.perf_counter() - t0) * 1000
         vocab = Vocab(llm)
         try:
-            template = choose_template(
-                gguf.chat_template,
-                gguf.architecture,
-                vocab.is_special,
+            inputs = TemplateInputs(
+                embedded=gguf.chat_template or "",
+                arch=gguf.architecture,
+                builtin=template_for_architecture(gguf.architecture, vocab.is_special).name,
                 bos_token=vocab.text(llm.token_bos()),
                 eos_token=vocab.text(llm.token_eos()),
             )
+            template = build_template(AUTO_TEMPLATE, inputs, vocab.is_special)
             stop_ids = vocab.stop_tokens(template.stop_strings)
         except BaseException:
             llm.close()
@@ -184,6 +200,7 @@ class Engine:
         self._adapters = AdapterSet(gguf.path)
         self._config = config
         self._template = template
+        self._inputs = inputs
         self._stop_ids = stop_ids
         self._notes = (template.note,) if template.note else ()
         if template.note:
@@ -208,6 +225,10 @@ class Engine:
             load_ms=load_ms,
             notes=self._notes,
             capabilities=self.capabilities,
+            template_inputs=inputs,
+            base_model=looks_like_base_model(
+                (gguf.name, gguf.path.name), has_template=bool(gguf.chat_template)
+            ),
         )
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
         return self._info
@@ -224,9 +245,60 @@ class Engine:
         self._vocab = None
         self._info = None
         self._template = None
+        self._inputs = TemplateInputs()
         self._stop_ids = frozenset()
         self._notes = ()
         self._map.clear()
+
+    # -- chat template -------------------------------------------------------------------
+
+    def set_template(self, override: TemplateOverride) -> ModelInfo:
+        """Use ``override`` from the next message on; the model and its cache stay.
+
+        A choice that cannot be used gives the automatic template, and ``notes`` of the
+        returned ``ModelInfo`` (and ``load_notes``) say why. The next prompt reuses the
+        cached tokens up to where its text differs from the cached text.
+
+        Raises:
+            NoModelLoaded.
+        """
+        self._require()
+        assert self._vocab is not None
+        self._use_template(build_template(override, self._inputs, self._vocab.is_special))
+        log.info("chat template set: %s", self._template.label if self._template else "")
+        assert self._info is not None
+        return self._info
+
+    def _use_template(self, template: ChatTemplate) -> None:
+        assert self._vocab is not None and self._info is not None
+        self._template = template
+        self._stop_ids = self._vocab.stop_tokens(template.stop_strings)
+        self._notes = (template.note,) if template.note else ()
+        if template.note:
+            log.warning("%s", template.note)
+        self._info = replace(self._info, template=template.label, notes=self._notes)
+
+    def _render(self, messages: Sequence[ChatMessage]) -> tuple[str, str]:
+        """The prompt text, and a note when a chosen template failed and its fallback rendered it.
+
+        Raises:
+            ChatTemplateError: the template (with no fallback, or the fallback too) failed.
+        """
+        assert self._template is not None
+        try:
+            return self._template.render(messages, True), ""
+        except ChatTemplateError as exc:
+            fallback = self._template.fallback
+            if fallback is None:
+                raise
+            note = fallback_note(exc, fallback)
+            self._use_template(replace(fallback, note=note + "."))
+            return fallback.render(messages, True), note
+
+    @property
+    def context_text(self) -> str:
+        """The text the KV cache holds (the last prompt as rendered, and its reply)."""
+        return self._map.text
 
     def reset(self) -> None:
         """Forget the conversation held in the KV cache (for a new chat)."""
@@ -409,7 +481,7 @@ class Engine:
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         llama_cpp.llama_perf_context_reset(llm._ctx.ctx)
         lora_note = self._sync_lora()
-        text = self._template.render(messages, True)
+        text, template_note = self._render(messages)
         n_mark, c_mark = self._map.match(text)
         prompt, bounds = self._prompt(messages, text, n_mark, c_mark)
         if not prompt:  # llama.cpp aborts the process on an empty batch
@@ -448,6 +520,8 @@ class Engine:
             cache_note=lora_note or note,
             turn_offset=min(n_mark, keep),
         )
+        if template_note:
+            metrics.notes.append(template_note)
 
         t_prefill = time.perf_counter()
         yield from self._prefill(prompt[keep:], stop)
@@ -538,7 +612,8 @@ class Engine:
         """
         llm = self._require()
         assert self._template is not None
-        if self.lora_stale:
+        if self.lora_stale or self._template.completion:
+            # Continue-the-text mode opens no turn: the next text may follow with no space.
             return 0  # the cache belongs to the previous stack; generate will rebuild it
         sentinel = "\ue000"  # a private-use character no template produces
         if self._sent is not None and self._sent[0] == list(messages):

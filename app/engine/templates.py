@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from app.util.errors import LamplightError
@@ -46,6 +46,9 @@ class ChatTemplate:
     stop_strings: tuple[str, ...]
     renderer: Renderer
     note: str = ""  # why the model's own template was not used, for the status bar
+    # A template the user chose for the model: the one used if it fails on a conversation.
+    fallback: ChatTemplate | None = None
+    completion: bool = False  # plain text: no turns, the model continues the text
 
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """Prompt text for ``messages``, valid for UTF-8 (lone surrogates become U+FFFD).
@@ -243,11 +246,14 @@ def jinja_template(
     bos_token: str,
     eos_token: str,
     has_token: Callable[[str], bool] | None = None,
+    owner: str = "The model's chat template",
+    advice: str = "Edit or shorten the conversation, or start a new chat.",
 ) -> ChatTemplate:
     """A template from the model's ``tokenizer.chat_template``, rendered in a sandbox.
 
     ``has_token`` tells which turn markers are single tokens of the vocabulary:
-    those the template uses become stop strings too.
+    those the template uses become stop strings too. ``owner`` and ``advice`` word
+    the error of a render that fails (for a template the user wrote, say).
 
     Raises:
         ChatTemplateError: the template cannot be used; the message says why.
@@ -294,8 +300,7 @@ def jinja_template(
             )
         except ChatTemplateError as exc:
             raise ChatTemplateError(
-                f"The model's chat template failed on this conversation: it {exc}. "
-                "Edit or shorten the conversation, or start a new chat."
+                f"{owner} failed on this conversation: it {exc}. {advice}".strip()
             ) from None
         return strip_bos(text)
 
@@ -338,3 +343,181 @@ def choose_template(
                 f"Using the built-in {fallback.name} template instead."
             ),
         )
+
+
+# -- Choices the user makes per model: an override, or continue-the-text mode ----------
+
+PLAIN_NAME = "plain text"
+OWN_NAME = "model's own"  # ChatTemplate.name of a template from the GGUF
+OverrideKind = Literal["auto", "builtin", "custom", "plain"]
+OVERRIDE_KINDS: tuple[OverrideKind, ...] = ("auto", "builtin", "custom", "plain")
+
+
+@dataclass(frozen=True)
+class TemplateOverride:
+    """The chat template chosen for a model.
+
+    ``auto``: no choice (the model's own template when it works, else the built-in one
+    for its architecture); ``builtin``: the built-in template ``name``; ``custom``: the
+    Jinja text ``source``, run in the same sandbox as a GGUF's; ``plain``: text
+    completion: the messages' text with no turns around it.
+    """
+
+    kind: OverrideKind = "auto"
+    name: str = ""
+    source: str = ""
+
+
+AUTO = TemplateOverride()
+PLAIN = TemplateOverride("plain")
+
+
+@dataclass(frozen=True)
+class TemplateInputs:
+    """What a loaded model offers for its template; enough for a preview off its thread."""
+
+    embedded: str = ""  # the GGUF's tokenizer.chat_template ("" for none)
+    arch: str = ""
+    builtin: str = "chatml"  # the built-in template for the architecture (a BUILTIN name)
+    bos_token: str = ""
+    eos_token: str = ""
+
+
+def _plain(messages: Sequence[ChatMessage], gen: bool) -> str:
+    """The messages' text as one document: no roles, no generation prompt, no system text.
+
+    A reply continues the text before it as it is; the user's next words follow it
+    after a space when the reply does not end with one. Each message's part depends on
+    that message alone, so rendering any messages gives the concatenation of their
+    parts: the first ``i`` render a prefix of all of them (the cache is reused), and
+    dropping messages from the middle (a full context) cuts their parts out exactly
+    as the engine cuts their tokens out of the cache.
+    """
+    out: list[str] = []
+    for m in messages:
+        if m.role == "user":
+            out.append(m.content)
+        elif m.role == "assistant":
+            out.append(m.content if m.content[-1:].isspace() else m.content + " ")
+    return "".join(out)
+
+
+def plain_template() -> ChatTemplate:
+    """Continue-the-text mode: the conversation is one document the model continues.
+
+    No stop strings of its own: the model's end-of-generation token, the user's stop
+    strings and ``max_tokens`` end a reply.
+    """
+    return ChatTemplate(
+        name=PLAIN_NAME,
+        reason="continue-the-text mode",
+        stop_strings=(),
+        renderer=_plain,
+        completion=True,
+    )
+
+
+def _which(template: ChatTemplate) -> str:
+    """``template`` named for a sentence: "the model's own" or "the built-in gemma"."""
+    return "the model's own" if template.name == OWN_NAME else f"the built-in {template.name}"
+
+
+def build_template(
+    override: TemplateOverride, inputs: TemplateInputs, has_token: Callable[[str], bool]
+) -> ChatTemplate:
+    """The template ``override`` asks for, on a model described by ``inputs``.
+
+    Never raises for a bad choice: a custom template that does not compile or fails
+    the load checks (the same as a GGUF's), or a built-in name that does not exist,
+    gives the automatic choice with a ``note`` saying why. A custom template that
+    works carries that automatic choice as its ``fallback``, for a conversation it
+    fails on later.
+    """
+    default = choose_template(
+        inputs.embedded or None, inputs.arch, has_token, inputs.bos_token, inputs.eos_token
+    )
+    if override.kind == "plain":
+        return plain_template()
+    if override.kind == "builtin":
+        if override.name in BUILTIN:
+            return builtin_template(override.name, "chosen for this model")
+        return replace(
+            default,
+            note=f"The chat template chosen for this model ({override.name[:40]!r}) is not "
+            f"one Lamplight has. Using {_which(default)} template instead.",
+        )
+    if override.kind == "custom":
+        try:
+            own = jinja_template(
+                override.source,
+                inputs.bos_token,
+                inputs.eos_token,
+                has_token,
+                owner="Your chat template for this model",
+                advice="",
+            )
+        except ChatTemplateError as exc:
+            return replace(
+                default,
+                note=f"Your chat template for this model was not used: it {exc}. "
+                f"Using {_which(default)} template instead.",
+            )
+        return replace(own, name="your own", reason="set for this model", fallback=default)
+    return default
+
+
+def fallback_note(failed: ChatTemplateError, fallback: ChatTemplate) -> str:
+    """What to say when a chosen template failed on a conversation and ``fallback`` took over."""
+    return f"{failed} Using {_which(fallback)} template instead; fix yours in Model → Chat template"
+
+
+def preview_prompt(
+    override: TemplateOverride, inputs: TemplateInputs, messages: Sequence[ChatMessage]
+) -> tuple[str, str]:
+    """The prompt ``override`` renders for ``messages`` (no BOS), and a note on the choice.
+
+    Runs a custom template in the sandbox with the same checks and limits as at load,
+    so it may take up to the load budget: call it off the GUI thread.
+
+    Raises:
+        ChatTemplateError: the custom template cannot be used (the message says why,
+            e.g. "ran longer than 2 s"), or fails on ``messages``.
+    """
+    builtin = inputs.builtin if inputs.builtin in BUILTIN else "chatml"
+    note = ""
+    template: ChatTemplate
+    if override.kind == "plain":
+        template = plain_template()
+    elif override.kind == "builtin":
+        if override.name not in BUILTIN:
+            raise ChatTemplateError(f"there is no built-in template called {override.name!r}")
+        template = builtin_template(override.name, "chosen for this model")
+    elif override.kind == "custom":
+        template = jinja_template(
+            override.source,
+            inputs.bos_token,
+            inputs.eos_token,
+            owner="This template",
+            advice="",
+        )
+    elif inputs.embedded:
+        try:
+            template = jinja_template(inputs.embedded, inputs.bos_token, inputs.eos_token)
+        except ChatTemplateError as exc:
+            template = builtin_template(builtin, f"for {inputs.arch}")
+            note = f"The model's own template is not used: it {exc}."
+    else:
+        template = builtin_template(builtin, f"for {inputs.arch}")
+    return template.render(messages, not template.completion), note
+
+
+# Words in a model's name that say it was tuned to chat ("-it": Gemma's instruction-tuned).
+_CHAT_WORDS = re.compile(
+    r"instruct|chat|assistant|hermes|(?<![a-z])(it|sft|dpo|rlhf|orpo)(?![a-z])", re.IGNORECASE
+)
+
+
+def looks_like_base_model(names: Sequence[str], has_template: bool) -> bool:
+    """A model with no chat template whose names (metadata name, file name) do not say
+    it was tuned to chat: a text-completion model, which echoes questions in chat turns."""
+    return not has_template and not any(_CHAT_WORDS.search(n) for n in names if n)

@@ -52,12 +52,18 @@ from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.overflow import Overflow, message_starts, reply_budget
 from app.engine.templates import (
+    AUTO,
     TURN_MARKERS,
     ChatMessage,
     ChatTemplate,
     ChatTemplateError,
-    choose_template,
+    TemplateInputs,
+    TemplateOverride,
+    build_template,
     clean_text,
+    fallback_note,
+    looks_like_base_model,
+    template_for_architecture,
 )
 from app.gguf.lora import LoraError, LoraStack, stack_key
 from app.remote.connection import Connection
@@ -112,6 +118,7 @@ class LlamaServerBackend:
         self._info: ModelInfo | None = None
         self._props: dict[str, Any] = {}
         self._template: ChatTemplate | None = None
+        self._inputs = TemplateInputs()
         self._map = ContextMap()  # what this client believes the slot holds
         self._adapters: list[dict[str, Any]] = []  # the server's: id, path, name
         self._stack = LoraStack()
@@ -139,7 +146,12 @@ class LlamaServerBackend:
                 "(and --lora-init-without-apply) to stack them here"
             )
         return Capabilities(
-            snapshots=True, lora=bool(self._adapters), grammar=True, prewarm=True, why_not=why
+            snapshots=True,
+            lora=bool(self._adapters),
+            grammar=True,
+            prewarm=True,
+            template_override=True,
+            why_not=why,
         )
 
     def hardware(self) -> HardwareInfo:
@@ -196,7 +208,8 @@ class LlamaServerBackend:
         self._stack = LoraStack()
         self._kv_lora = ()
         self._map.clear()
-        template = self._choose_template(props)
+        self._inputs = self._template_inputs(props)
+        template = build_template(AUTO, self._inputs, self._has_token)
         self._template = template
         meta = _model_meta(models)
         model_path = str(props.get("model_path") or props.get("model_alias") or "model")
@@ -231,6 +244,11 @@ class LlamaServerBackend:
             },
             runtime={"llama_server": build},
             adapters=tuple(a["path"] for a in self._adapters),
+            template_inputs=self._inputs,
+            base_model=looks_like_base_model(
+                (str(props.get("model_alias") or ""), name),
+                has_template=bool(self._inputs.embedded),
+            ),
         )
         log.info(
             "connected to llama-server %s (%s, n_ctx %d)", where(self.connection.url), name, n_ctx
@@ -256,7 +274,7 @@ class LlamaServerBackend:
                 raise LoadCancelled("cancelled")
             time.sleep(0.25)
 
-    def _choose_template(self, props: dict[str, Any]) -> ChatTemplate:
+    def _template_inputs(self, props: dict[str, Any]) -> TemplateInputs:
         source = props.get("chat_template")
         source = source if isinstance(source, str) else ""
         bos = str(props.get("bos_token") or "")
@@ -268,7 +286,38 @@ class LlamaServerBackend:
         if uses and not any(self._has_token(t) for t in uses):
             source = ""
         arch = _family(self._has_token)
-        return choose_template(source or None, arch, self._has_token, bos, eos)
+        builtin = template_for_architecture(arch, self._has_token).name
+        return TemplateInputs(source, arch, builtin, bos, eos)
+
+    def set_template(self, override: TemplateOverride) -> ModelInfo:
+        """Render prompts with ``override`` from the next message on (this app renders them).
+
+        Raises:
+            NoModelLoaded.
+        """
+        self._require()
+        self._use_template(build_template(override, self._inputs, self._has_token))
+        assert self._info is not None
+        return self._info
+
+    def _use_template(self, template: ChatTemplate) -> None:
+        assert self._info is not None
+        self._template = template
+        notes = (template.note,) if template.note else ()
+        self._info = replace(self._info, template=template.label, notes=notes)
+
+    def _render(self, messages: Sequence[ChatMessage]) -> tuple[str, str]:
+        """The prompt text, and a note when a chosen template failed and its fallback took over."""
+        assert self._template is not None
+        try:
+            return self._template.render(messages, True), ""
+        except ChatTemplateError as exc:
+            fallback = self._template.fallback
+            if fallback is None:
+                raise
+            note = fallback_note(exc, fallback)
+            self._use_template(replace(fallback, note=note + "."))
+            return fallback.render(messages, True), note
 
     def _has_token(self, text: str) -> bool:
         if text not in self._special:
@@ -285,6 +334,7 @@ class LlamaServerBackend:
         self._client = None
         self._info = None
         self._template = None
+        self._inputs = TemplateInputs()
         self._map.clear()
         self._sent = None
 
@@ -430,6 +480,8 @@ class LlamaServerBackend:
         A connection that drops mid-reply ends it with the text so far and a note.
         """
         info = self._require()
+        # A chosen template that fails on this conversation gives way to its fallback here.
+        _, template_note = self._render(messages)
         template = self._template
         assert template is not None
         stop = stop if stop is not None else threading.Event()
@@ -466,6 +518,8 @@ class LlamaServerBackend:
             cache_note=lora_note,
             turn_offset=prompt.n_mark,
         )
+        if template_note:
+            metrics.notes.append(template_note)
         reply = ""
         for _ in range(MAX_CONTINUATIONS):
             body = self._body(prompt.tokens, params, grammar, seed, n_ctx, metrics)
@@ -681,6 +735,8 @@ class LlamaServerBackend:
         """Have the server evaluate the next turn's opening (``n_predict`` 0)."""
         self._require()
         assert self._template is not None
+        if self._template.completion:
+            return 0  # continue-the-text mode opens no turn
         if self._sent is not None and self._sent[0] == list(messages):
             messages = self._sent[1]
         sentinel = "\ue000"

@@ -58,7 +58,7 @@ from app.engine.backend import (
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.overflow import plan_drop, reply_budget
-from app.engine.templates import ChatMessage, clean_text
+from app.engine.templates import ChatMessage, TemplateOverride, clean_text
 from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
@@ -107,6 +107,8 @@ WHY_NOT = {
     "token_latency": "the times between tokens are measured as they arrive over the network, "
     "not by the server",
     "gpu_offload": "the model runs on the server; its GPU settings are the server's own",
+    "template_override": "an OpenAI-compatible server renders the chat with its own template; "
+    "change it on the server (or connect to llama-server as a llama.cpp server)",
 }
 CAPABILITIES = Capabilities(why_not=dict(WHY_NOT))
 
@@ -411,6 +413,19 @@ class OpenAIBackend:
         if len(stack):
             raise LoraError(f"Cannot use LoRA adapters here: {WHY_NOT['lora']}.")
         return False
+
+    def set_template(self, override: TemplateOverride) -> ModelInfo:
+        """Only the automatic choice is accepted: the server renders the chat.
+
+        Raises:
+            NoModelLoaded, LamplightError.
+        """
+        info = self._require()
+        if override.kind != "auto":
+            raise LamplightError(
+                f"Cannot choose the chat template here: {WHY_NOT['template_override']}."
+            )
+        return info
 
     def cache_config(self) -> dict[str, Any]:
         info = self._require()
