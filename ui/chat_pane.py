@@ -48,8 +48,12 @@ class ChatPane(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.transcript = TranscriptView(self)
+        self.transcript.setAccessibleName("Conversation")
+        self.transcript.setAccessibleDescription("The messages of the open chat")
         self.chat_input = ChatInput(self)
         self.chat_input.setObjectName("chatInput")
+        self.chat_input.setAccessibleName("Message")
+        self.chat_input.setAccessibleDescription("Enter sends, Shift+Enter adds a line")
         self.chat_input.setPlaceholderText(
             "Message the model…  (Enter sends, Shift+Enter: new line)"
         )
@@ -57,9 +61,12 @@ class ChatPane(QWidget):
         self.send_button = QPushButton("Send", self)
         self.send_button.setObjectName("sendButton")
         self.send_button.setDefault(True)
+        self.send_button.setAccessibleName("Send message")
+        self.send_button.setToolTip("Send the message (Enter)")
         self.stop_button = QPushButton("Stop", self)
         self.stop_button.setObjectName("stopButton")
         self.stop_button.setToolTip("Stop the reply (Esc)")
+        self.stop_button.setAccessibleName("Stop the reply")
         self.edit_banner = QLabel(self)
         self.edit_banner.setObjectName("editBanner")
         self.edit_banner.setStyleSheet("color: palette(highlight);")

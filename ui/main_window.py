@@ -8,9 +8,10 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QTimer, Signal
+from PySide6.QtCore import QEvent, QEventLoop, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent
 from PySide6.QtWidgets import (
+    QApplication,
     QDialog,
     QLabel,
     QMainWindow,
@@ -33,12 +34,23 @@ from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.gguf.lora import LoraStack
 from app.util.sysinfo import size_text
-from ui import conversation_files, docks, window_actions
+from ui import (
+    accessibility,
+    conversation_files,
+    docks,
+    model_drop,
+    theme,
+    window_actions,
+    window_state,
+)
 from ui.chat_pane import ChatPane
 from ui.conversation_list import ConversationList
 from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
 from ui.model_status import ModelStatus
+from ui.onboarding import install as install_onboarding
+from ui.prompt_controls import install as install_prompt_controls
+from ui.recent_models import RecentModels
 from ui.remote_control import RemoteControl
 from ui.search_jump import SearchJump
 from ui.session_view import WindowView
@@ -72,7 +84,10 @@ class MainWindow(QMainWindow):
     compact_cache_action: QAction
     connect_action: QAction
     new_chat_button: QWidget
+    chat_menu: QMenu
     view_menu: QMenu
+    model_menu: QMenu
+    recent_models: RecentModels
     backend_page: QDialog
 
     def __init__(
@@ -97,15 +112,26 @@ class MainWindow(QMainWindow):
         self._model: ModelInfo | None = None
         self._loading = False
         self._closing = False
+        self._layout_restored = False
+        self._restyle_pending = False
         self._reply_started = 0.0
         self.session_view = WindowView(self)
         self.session = ChatSession(self._store, client, self.session_view, settings.system_prompt)
 
         self._build_widgets()
         window_actions.build(self)
+        self.onboarding = install_onboarding(self)
+        self.prompt_controls = install_prompt_controls(self)
         self._connect_engine()
         self.refresh_sidebar()
         self._update_buttons()
+        self.model_drop = model_drop.install(self)
+        app = QApplication.instance()
+        assert isinstance(app, QApplication)
+        self.theme = theme.theme_for(app, settings.theme)
+        self.theme.set_choice(settings.theme)
+        self._dark = theme.is_dark(self.palette())
+        self.replyEnded.connect(self._on_reply_ended_restyle)
 
     # -- construction ----------------------------------------------------------------
 
@@ -152,6 +178,21 @@ class MainWindow(QMainWindow):
         for w in (self.status_lora, self.status_speed, self.status_backend):
             bar.addPermanentWidget(w)
 
+    def setVisible(self, visible: bool) -> None:
+        """The first show restores the saved layout, after every panel was made."""
+        if visible and not self._layout_restored:
+            self._layout_restored = True
+            problems = window_state.restore(self, self._settings.window_layout)
+            if problems:
+                self.statusBar().showMessage(
+                    "The saved window layout could not be used in full; the default is used.",
+                    8000,
+                )
+            window_actions.share_shortcuts(self)
+            accessibility.name_controls(self)
+            self.model_drop.watch(self)
+        super().setVisible(visible)
+
     def _label(self, text: str, name: str) -> QLabel:
         label = QLabel(text, self)
         label.setObjectName(name)
@@ -197,7 +238,8 @@ class MainWindow(QMainWindow):
         ready = self._model is not None and not self._loading
         self.send_button.setEnabled(ready and not self.busy and self.chat.has_text())
         self.stop_button.setEnabled(self.busy)
-        self.open_model_action.setEnabled(not self.busy and not self._loading)
+        # While a reply streams too: the load waits for it (``when_idle``).
+        self.open_model_action.setEnabled(not self._loading)
         self.regenerate_action.setEnabled(ready and self.session.can_regenerate())
 
     # -- engine events ---------------------------------------------------------------
@@ -393,8 +435,9 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"Lamplight — {info.name}")
         if self.model_manager is not None:
             self.model_manager.loaded_model = str(info.path)
-        if not info.server and str(info.path) != self._settings.model_path:
+        if not info.server:
             self._settings.model_path = str(info.path)
+            self._settings.remember_model(str(info.path))
             self._save_settings()
         self.sampling_panel.set_load(self._settings.load)
         self.remote.loaded(info)
@@ -433,6 +476,37 @@ class MainWindow(QMainWindow):
         self.lora_panel.set_applied(still)
         self.status_lora.setText(still.summary())
 
+    def set_theme(self, choice: str) -> None:
+        """View -> Appearance: ``system``, ``light`` or ``dark``."""
+        self._settings.theme = choice
+        self._save_settings()
+        self.theme.set_choice(choice)
+
+    def changeEvent(self, event: QEvent) -> None:
+        """A light/dark switch: the transcript's HTML has its colours baked in, so it is
+        drawn again (after the reply that is streaming, if any)."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "_dark"):
+            dark = theme.is_dark(self.palette())
+            if dark != self._dark:
+                self._dark = dark
+                self._restyle_pending = True
+                if not self.busy:
+                    QTimer.singleShot(0, self._restyle_transcript)
+
+    def _on_reply_ended_restyle(self, _how: str) -> None:
+        if self._restyle_pending:
+            QTimer.singleShot(0, self._restyle_transcript)
+
+    def _restyle_transcript(self) -> None:
+        if not self._restyle_pending or self.busy or self._closing:
+            return
+        self._restyle_pending = False
+        if self.conversation.messages:
+            self.transcript.show_messages(self.conversation.messages)
+        else:
+            self.transcript.clear_conversation()
+
     def _save_settings(self) -> None:
         try:
             self._settings.save(self._dirs.settings_file)
@@ -456,7 +530,9 @@ class MainWindow(QMainWindow):
         self.session.save()
         if self.conversation.messages:
             self._settings.last_conversation = self.conversation.id
-            self._save_settings()
+        if self._layout_restored:  # never shown: nothing worth keeping
+            self._settings.window_layout = window_state.capture(self)
+        self._save_settings()
         self._client.shutdown()
         if self._services is not None:
             self._services.shutdown()

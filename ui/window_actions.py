@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QToolBar
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMenu, QToolBar
 
 from app.engine.hardware import detect_hardware
 from app.models.library import LibraryEntry
-from ui import conversation_files
+from ui import conversation_files, recent_models
 from ui.backend_page import BackendPage, system_info
 from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
@@ -63,9 +64,10 @@ def build(win: MainWindow) -> None:
         "Export conversation as Markdown…",
         lambda: conversation_files.ask_export(win, win.conversation.id, "markdown"),
     )
-    quit_action = _action(win, "Quit", win.close, QKeySequence.StandardKey.Quit)
+    # Not StandardKey.Quit: it has no keys on Windows and some Linux desktops.
+    quit_action = _action(win, "Quit", win.close, "Ctrl+Q")
     _action(win, "Stop", win.stop, QKeySequence(Qt.Key.Key_Escape))
-    _action(win, "Focus input", win.chat_input.setFocus, "Ctrl+L")
+    _action(win, "Focus input", lambda: focus_input(win), "Ctrl+L")
     win.manager_action = _action(
         win,
         "Model manager…",
@@ -87,7 +89,8 @@ def build(win: MainWindow) -> None:
     file_menu.addAction(export_md)
     file_menu.addSeparator()
     file_menu.addAction(quit_action)
-    menu.addMenu("&Chat").addAction(win.regenerate_action)
+    win.chat_menu = menu.addMenu("&Chat")
+    win.chat_menu.addAction(win.regenerate_action)
     win.view_menu = menu.addMenu("&View")
     for dock, keys in (
         (win.sampling_panel, "Ctrl+Shift+S"),
@@ -96,7 +99,11 @@ def build(win: MainWindow) -> None:
     ):
         toggle = dock.toggleViewAction()
         toggle.setShortcut(QKeySequence(keys))
+        toggle.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        win.addAction(toggle)  # works with the menu bar hidden, or in a floating dock
         win.view_menu.addAction(toggle)
+    win.view_menu.addSeparator()
+    _appearance_menu(win, win.view_menu.addMenu("Appearance"))
     win.connect_action = _action(
         win,
         "Connect to a server…",
@@ -105,13 +112,11 @@ def build(win: MainWindow) -> None:
         "Chat with a model on llama-server, vLLM, Ollama or another OpenAI-compatible "
         "server (Ctrl+Shift+K)",
     )
-    model_menu = menu.addMenu("&Model")
-    for a in (
-        win.manager_action,
-        win.open_model_action,
-        win.connect_action,
-        win.compact_cache_action,
-    ):
+    model_menu = win.model_menu = menu.addMenu("&Model")
+    for a in (win.manager_action, win.open_model_action):
+        model_menu.addAction(a)
+    win.recent_models = recent_models.install(win, model_menu)
+    for a in (win.connect_action, win.compact_cache_action):
         model_menu.addAction(a)
     menu.addMenu("&Help").addAction(
         _action(win, "Hardware and backends…", lambda: show_backend_page(win))
@@ -126,6 +131,36 @@ def build(win: MainWindow) -> None:
     win.new_chat_button.setObjectName("newChatButton")
     for a in (win.manager_action, win.open_model_action, win.regenerate_action):
         toolbar.addAction(a)
+
+
+def focus_input(win: MainWindow) -> None:
+    """Ctrl+L: the message box, from anywhere (a floating panel too)."""
+    win.activateWindow()
+    win.raise_()
+    win.chat_input.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+
+def share_shortcuts(win: MainWindow) -> None:
+    """Make the window's shortcuts work in its floating panels: an action's window-wide
+    shortcut reaches only the windows it was added to. Docked, a panel is part of the
+    window and nothing changes."""
+    keyed = [a for a in win.actions() if not a.shortcut().isEmpty()]
+    for dock in win.findChildren(QDockWidget):
+        have = set(dock.actions())
+        dock.addActions([a for a in keyed if a not in have])
+
+
+def _appearance_menu(win: MainWindow, menu: QMenu) -> None:
+    """View -> Appearance: follow the system's light/dark scheme, or force one."""
+    menu.setObjectName("appearanceMenu")
+    group = QActionGroup(menu)
+    for choice, text in (("system", "Follow the system"), ("light", "Light"), ("dark", "Dark")):
+        action = menu.addAction(text)
+        action.setObjectName(f"theme_{choice}")
+        action.setCheckable(True)
+        action.setChecked(win._settings.theme == choice)
+        action.triggered.connect(partial(win.set_theme, choice))
+        group.addAction(action)
 
 
 def ask_open_model(win: MainWindow) -> None:

@@ -11,8 +11,11 @@ Either way the caller gets one line per change, to show the user.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +39,13 @@ PATH_CHARS = 4096
 ID_CHARS = 128
 MAX_IMPORTED = 10_000
 DEFAULT_BUDGET_MB = 1024
+MAX_RECENT = 8  # Model -> Recent models
+THEMES = ("system", "light", "dark")
+# The window's saved layout: Qt's own geometry/state blobs, base64. The real ones are
+# a few hundred bytes; the UI checks their binary format before Qt sees them.
+LAYOUT_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
+LAYOUT_ENTRIES = 16
+LAYOUT_CHARS = 16_384
 
 
 @dataclass
@@ -47,6 +57,9 @@ class AppSettings:
     last_conversation: str | None = None
     snapshot_budget_mb: int = DEFAULT_BUDGET_MB  # KV snapshots beyond this are dropped
     imported_models: list[str] = field(default_factory=list)  # GGUFs listed where they are
+    recent_models: list[str] = field(default_factory=list)  # most recent first
+    window_layout: dict[str, str] = field(default_factory=dict)  # name -> base64 blob
+    theme: str = "system"  # follow the OS, or force "light" / "dark"
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
@@ -80,6 +93,9 @@ class AppSettings:
         paths = [p for p in imported if _is_path(p)] if isinstance(imported, list) else []
         if imported is not None and (not isinstance(imported, list) or len(paths) != len(imported)):
             notes.append("imported_models had entries that are not file paths; they were left out.")
+        recent = _recent(data.get("recent_models"), notes)
+        layout = _layout(data.get("window_layout"), notes)
+        theme = data.get("theme")
         return cls(
             model_path=take("model_path", _is_path(model_path), None),
             system_prompt=take("system_prompt", isinstance(system_prompt, str), ""),
@@ -90,9 +106,18 @@ class AppSettings:
                 DEFAULT_BUDGET_MB,
             ),
             imported_models=paths[:MAX_IMPORTED],
+            recent_models=recent,
+            window_layout=layout,
+            theme=take("theme", theme in THEMES, "system"),
             load=load,
             sampling=sampling,
         )
+
+    def remember_model(self, path: str) -> None:
+        """Put ``path`` first in ``recent_models`` (once), keeping the newest ``MAX_RECENT``."""
+        if _is_path(path):
+            rest = [p for p in self.recent_models if p != path]
+            self.recent_models = [path, *rest][:MAX_RECENT]
 
     def save(self, path: Path) -> None:
         atomic_write_text(path, self.to_json())
@@ -130,6 +155,42 @@ class AppSettings:
         for note in notes:
             log.warning("%s", note)
         return settings, notes
+
+
+def _recent(value: Any, notes: list[str]) -> list[str]:
+    """The recent-models list: paths, each once, at most ``MAX_RECENT``."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list) else []
+    kept = list(dict.fromkeys(p for p in items if _is_path(p)))[:MAX_RECENT]
+    if kept != items:
+        notes.append("recent_models was not a short list of file paths; it was tidied.")
+    return kept
+
+
+def _layout(value: Any, notes: list[str]) -> dict[str, str]:
+    """The saved window layout: a few named base64 strings; anything else is dropped."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        notes.append("window_layout was not an object; the default layout is used.")
+        return {}
+    kept = {k: v for k, v in value.items() if _is_layout_entry(k, v)}
+    if len(kept) > LAYOUT_ENTRIES or len(kept) != len(value):
+        notes.append("window_layout had unusable entries; they were left out.")
+    return dict(list(kept.items())[:LAYOUT_ENTRIES])
+
+
+def _is_layout_entry(key: Any, value: Any) -> bool:
+    if not (isinstance(key, str) and LAYOUT_KEY.fullmatch(key)):
+        return False
+    if not (isinstance(value, str) and 0 < len(value) <= LAYOUT_CHARS and value.isascii()):
+        return False
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return True
 
 
 def _is_path(value: Any) -> bool:
