@@ -14,11 +14,8 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 import app.engine.llama as llama_module
-from app.chat.store import ConversationStore
 from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
 from app.config.params import SamplingParams
-from app.config.paths import data_dirs
-from app.config.settings import AppSettings
 from app.engine.backend import Finished
 from app.engine.llama import Engine
 from app.engine.templates import (
@@ -30,13 +27,13 @@ from app.engine.templates import (
     plain_template,
 )
 from app.gguf.info import read_gguf_info
-from tests.conftest import ROOT, TEST_LOAD
+from tests.conftest import ROOT
+from tests.prompt_window import ONE_THREAD, close, evaluated, send
+from tests.prompt_window import open_window as _open_window
 from ui.main_window import MainWindow
-from ui.worker import EngineClient
 
 # One thread: on this 2-core machine shared with other runs, llama.cpp's two threads
 # wait on each other at every step (measured: 15x slower than one under load).
-ONE_THREAD = replace(TEST_LOAD, n_threads=1)
 STORY = "Once upon a time, in a small village"
 
 
@@ -162,34 +159,7 @@ def test_stop_strings_and_max_tokens_end_a_continuation(plain_engine: Engine) ->
 
 
 def open_window(qtbot: QtBot, root: Path, model_path: Path) -> MainWindow:
-    dirs = data_dirs(root)
-    settings = AppSettings(load=ONE_THREAD, sampling=SamplingParams.greedy(6))
-    store = ConversationStore(dirs.root)
-    win = MainWindow(EngineClient(dirs.models, store=store), settings, dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
-    return win
-
-
-def close(win: MainWindow) -> None:
-    client = win._client
-    win.close()
-    assert not client.engine_thread.isRunning()
-
-
-def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
-    with qtbot.waitSignal(win.replyEnded, timeout=60_000):
-        qtbot.keyClicks(win.chat_input, text)
-        qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
-    win._client.drain()
-
-
-def evaluated(win: MainWindow) -> str:
-    engine = win._client.worker._engine
-    assert isinstance(engine, Engine)
-    return engine.context_text
+    return _open_window(qtbot, root, model_path, max_tokens=6)
 
 
 def test_default_model_offers_and_uses_continue_the_text(

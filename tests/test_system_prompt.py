@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -14,53 +13,22 @@ from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from app.engine.llama import Engine
-from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine
+from tests.prompt_window import ONE_THREAD, close, evaluated, send
+from tests.prompt_window import open_window as _open_window
 from ui.main_window import MainWindow
 from ui.worker import EngineClient
 
 TURN = "<start_of_turn>user\n"
+
+
 # One thread: on this 2-core machine shared with other runs, llama.cpp's two threads
 # wait on each other at every step (measured: 15x slower than one under load).
-ONE_THREAD = replace(TEST_LOAD, n_threads=1)
-
-
 def open_window(
     qtbot: QtBot, root: Path, model_path: Path, settings: AppSettings | None = None
 ) -> MainWindow:
-    dirs = data_dirs(root)
-    if settings is None:
-        settings = AppSettings(load=ONE_THREAD, sampling=SamplingParams.greedy(4))
-    store = ConversationStore(dirs.root)
-    win = MainWindow(EngineClient(dirs.models, store=store), settings, dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
     # The default model is a base model: these tests use its chat turns.
-    win.prompt_controls.set_completion(False)
-    qtbot.waitUntil(lambda: "template gemma" in win.status_model.text(), timeout=10_000)
-    return win
-
-
-def close(win: MainWindow) -> None:
-    client = win._client
-    win.close()
-    assert not client.engine_thread.isRunning()
-
-
-def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
-    with qtbot.waitSignal(win.replyEnded, timeout=60_000):
-        qtbot.keyClicks(win.chat_input, text)
-        qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
-    win._client.drain()  # prewarm and the snapshot are done: the engine is idle
-
-
-def evaluated(win: MainWindow) -> str:
-    engine = win._client.worker._engine
-    assert isinstance(engine, Engine)
-    return engine.context_text
+    return _open_window(qtbot, root, model_path, settings, chat_turns=True)
 
 
 def test_chat_system_prompt_reaches_the_model_and_survives_reopen(

@@ -45,8 +45,9 @@ from app.remote.llama_server import LlamaServerBackend
 from app.remote.openai_compat import CAPABILITIES as OPENAI_CAPABILITIES
 from app.remote.openai_compat import WHY_NOT, OpenAIBackend
 from app.util.errors import LamplightError
-from tests.conftest import ROOT, TEST_LOAD
+from tests.conftest import ROOT
 from tests.fakes import FakeEngine
+from tests.prompt_window import ONE_THREAD, close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
 from ui.main_window import MainWindow
 from ui.template_dialog import TemplateDialog
@@ -69,7 +70,6 @@ RAISES_ON_ZZ = (
 )
 # One thread: on this 2-core machine shared with other runs, llama.cpp's two threads
 # wait on each other at every step (measured: 15x slower than one under load).
-ONE_THREAD = replace(TEST_LOAD, n_threads=1)
 GEMMA_IT = (ROOT / "tests" / "data" / "templates" / "gemma-3-it.jinja").read_text()
 
 
@@ -188,37 +188,6 @@ def test_dialog_preview_shows_the_sandbox_error_and_refuses_to_save(
 
 
 # -- the window on the real model ---------------------------------------------------------
-
-
-def open_window(qtbot: QtBot, root: Path, model_path: Path) -> MainWindow:
-    dirs = data_dirs(root)
-    settings = AppSettings(load=ONE_THREAD, sampling=SamplingParams.greedy(4))
-    store = ConversationStore(dirs.root)
-    win = MainWindow(EngineClient(dirs.models, store=store), settings, dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
-    return win
-
-
-def close(win: MainWindow) -> None:
-    client = win._client
-    win.close()
-    assert not client.engine_thread.isRunning()
-
-
-def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
-    with qtbot.waitSignal(win.replyEnded, timeout=60_000):
-        qtbot.keyClicks(win.chat_input, text)
-        qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
-    win._client.drain()  # the worker's after-reply work is done: its engine is idle
-
-
-def evaluated(win: MainWindow) -> str:
-    engine = win._client.worker._engine
-    assert isinstance(engine, Engine)
-    return engine.context_text
 
 
 def test_template_dialog_saves_and_applies_per_model(

@@ -56,8 +56,8 @@ from app.engine.templates import (
     TemplateInputs,
     TemplateOverride,
     build_template,
-    fallback_note,
     looks_like_base_model,
+    render_or_fall_back,
     template_for_architecture,
 )
 from app.engine.vocab import Vocab
@@ -279,21 +279,14 @@ class Engine:
         self._info = replace(self._info, template=template.label, notes=self._notes)
 
     def _render(self, messages: Sequence[ChatMessage]) -> tuple[str, str]:
-        """The prompt text, and a note when a chosen template failed and its fallback rendered it.
-
-        Raises:
-            ChatTemplateError: the template (with no fallback, or the fallback too) failed.
-        """
+        """The prompt text, and a note when a chosen template failed and its fallback took
+        over (from now on)."""
         assert self._template is not None
-        try:
-            return self._template.render(messages, True), ""
-        except ChatTemplateError as exc:
-            fallback = self._template.fallback
-            if fallback is None:
-                raise
-            note = fallback_note(exc, fallback)
-            self._use_template(replace(fallback, note=note + "."))
-            return fallback.render(messages, True), note
+        text, fallback = render_or_fall_back(self._template, messages)
+        if fallback is None:
+            return text, ""
+        self._use_template(fallback)
+        return text, fallback.note.rstrip(".")
 
     @property
     def context_text(self) -> str:

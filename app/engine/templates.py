@@ -471,6 +471,26 @@ def fallback_note(failed: ChatTemplateError, fallback: ChatTemplate) -> str:
     return f"{failed} Using {_which(fallback)} template instead; fix yours in Model → Chat template"
 
 
+def render_or_fall_back(
+    template: ChatTemplate, messages: Sequence[ChatMessage]
+) -> tuple[str, ChatTemplate | None]:
+    """Render with ``template``; when a chosen template fails on this conversation, with its
+    fallback instead. Returns the prompt and the fallback to use from now on (None when
+    ``template`` rendered), whose ``note`` says why.
+
+    Raises:
+        ChatTemplateError: the template (with no fallback, or the fallback too) failed.
+    """
+    try:
+        return template.render(messages, True), None
+    except ChatTemplateError as exc:
+        fallback = template.fallback
+        if fallback is None:
+            raise
+        fallback = replace(fallback, note=fallback_note(exc, fallback) + ".")
+        return fallback.render(messages, True), fallback
+
+
 def preview_prompt(
     override: TemplateOverride, inputs: TemplateInputs, messages: Sequence[ChatMessage]
 ) -> tuple[str, str]:

@@ -61,8 +61,8 @@ from app.engine.templates import (
     TemplateOverride,
     build_template,
     clean_text,
-    fallback_note,
     looks_like_base_model,
+    render_or_fall_back,
     template_for_architecture,
 )
 from app.gguf.lora import LoraError, LoraStack, stack_key
@@ -307,17 +307,14 @@ class LlamaServerBackend:
         self._info = replace(self._info, template=template.label, notes=notes)
 
     def _render(self, messages: Sequence[ChatMessage]) -> tuple[str, str]:
-        """The prompt text, and a note when a chosen template failed and its fallback took over."""
+        """The prompt text, and a note when a chosen template failed and its fallback took
+        over (from now on)."""
         assert self._template is not None
-        try:
-            return self._template.render(messages, True), ""
-        except ChatTemplateError as exc:
-            fallback = self._template.fallback
-            if fallback is None:
-                raise
-            note = fallback_note(exc, fallback)
-            self._use_template(replace(fallback, note=note + "."))
-            return fallback.render(messages, True), note
+        text, fallback = render_or_fall_back(self._template, messages)
+        if fallback is None:
+            return text, ""
+        self._use_template(fallback)
+        return text, fallback.note.rstrip(".")
 
     def _has_token(self, text: str) -> bool:
         if text not in self._special:
