@@ -72,6 +72,8 @@ class PerfPanel(QDockWidget):
         # Bytes with SI prefixes: the axis reads MB or GB as the figure grows.
         self.memory = self._plot("Memory", ("time", "s"), ("resident", "B"), si_y=True)
         self.memory_curve = self.memory.plot(pen=pg.mkPen(ORANGE, width=2))
+        # A flat line (the first samples) would otherwise zoom into bytes: "148.2547204 MB".
+        self.memory.getViewBox().setLimits(minYRange=16 * 1024 * 1024, minXRange=1.0, xMin=0.0)
         # One row of small charts: the panel sits under the chat without crowding it.
         for col, (plot, stretch) in enumerate(
             ((self.live, 3), (self.history, 2), (self.ttft, 2), (self.itl, 2), (self.memory, 2))
