@@ -7,6 +7,7 @@ import gc
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_CACHE = ROOT / ".cache" / "test-models"
 TEST_CTX = 2048
 TEST_LOAD = LoadConfig(n_ctx=TEST_CTX, n_threads=2)
+# One llama.cpp thread: short replies run no slower, and far steadier beside other work
+# on two cores (two threads waiting on each other measured 15x slower under load).
+ONE_THREAD = replace(TEST_LOAD, n_threads=1)
 
 
 def chat_turns(data_root: Path, model: Path) -> None:
@@ -53,6 +57,15 @@ def engine(loaded_engine: Engine) -> Engine:
     """The session's engine with an empty KV cache."""
     loaded_engine.reset()
     return loaded_engine
+
+
+@pytest.fixture(scope="module")
+def one_engine(model_path: Path) -> Iterator[Engine]:
+    """The default model on one thread, for one module's engine tests (set_template, reset)."""
+    engine = Engine()
+    engine.load(model_path, ONE_THREAD)
+    yield engine
+    engine.unload()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -13,13 +12,9 @@ from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from app.engine.llama import Engine
-from tests.conftest import TEST_LOAD
+from tests.conftest import ONE_THREAD
 from ui.main_window import MainWindow
 from ui.worker import EngineClient
-
-# One llama.cpp thread: these short replies run no slower, and far steadier beside
-# other work on two cores.
-ONE_THREAD = replace(TEST_LOAD, n_threads=1)
 
 
 def open_window(

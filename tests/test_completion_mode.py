@@ -28,12 +28,10 @@ from app.engine.templates import (
 )
 from app.gguf.info import read_gguf_info
 from tests.conftest import ROOT
-from tests.prompt_window import ONE_THREAD, close, evaluated, send
+from tests.prompt_window import close, evaluated, send
 from tests.prompt_window import open_window as _open_window
 from ui.main_window import MainWindow
 
-# One thread: on this 2-core machine shared with other runs, llama.cpp's two threads
-# wait on each other at every step (measured: 15x slower than one under load).
 STORY = "Once upon a time, in a small village"
 
 
@@ -100,15 +98,6 @@ def test_base_model_heuristic(names: tuple[str, str], has_template: bool, base: 
 
 
 # -- the engine ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def one_engine(model_path: Path) -> Iterator[Engine]:
-    """The default model on one thread, for this module's engine tests."""
-    engine = Engine()
-    engine.load(model_path, ONE_THREAD)
-    yield engine
-    engine.unload()
 
 
 @pytest.fixture()

@@ -17,14 +17,10 @@ from pytestqt.qtbot import QtBot
 from app.chat.conversation import Conversation, Message
 from app.chat.search_index import HIT_END, HIT_START, SearchIndex, fts_query
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
-from app.config.paths import data_dirs
-from app.config.settings import AppSettings
 from app.util.atomic import atomic_write_text
-from tests.conftest import TEST_LOAD
+from tests.prompt_window import close, open_window
 from ui.main_window import MainWindow
 from ui.transcript import TranscriptView, stamp_text
-from ui.worker import EngineClient
 
 
 def chat(title: str, *texts: str) -> Conversation:
@@ -251,18 +247,10 @@ def test_headers_show_when_each_message_was_written(qtbot: QtBot) -> None:
 
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
-    dirs = data_dirs(tmp_path / "data")
-    settings_ = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(48))
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, settings_, dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
+    win = open_window(qtbot, tmp_path / "data", model_path, max_tokens=48)
     yield win
-    win.close()
-    store.index.close()
+    close(win)
+    win._store.index.close()
 
 
 def test_search_opens_the_old_chat_at_the_message(qtbot: QtBot, window: MainWindow) -> None:

@@ -47,7 +47,7 @@ from app.remote.openai_compat import WHY_NOT, OpenAIBackend
 from app.util.errors import LamplightError
 from tests.conftest import ROOT
 from tests.fakes import FakeEngine
-from tests.prompt_window import ONE_THREAD, close, evaluated, open_window, send
+from tests.prompt_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
 from ui.main_window import MainWindow
 from ui.template_dialog import TemplateDialog
@@ -68,18 +68,7 @@ RAISES_ON_ZZ = (
     "{% for m in messages %}{% if 'zz' in m.content %}{{ raise_exception('no zz here') }}"
     "{% endif %}<<{{ m.content }}>>{% endfor %}"
 )
-# One thread: on this 2-core machine shared with other runs, llama.cpp's two threads
-# wait on each other at every step (measured: 15x slower than one under load).
 GEMMA_IT = (ROOT / "tests" / "data" / "templates" / "gemma-3-it.jinja").read_text()
-
-
-@pytest.fixture(scope="module")
-def one_engine(model_path: Path) -> Iterator[Engine]:
-    """The default model on one thread, for this module's engine tests."""
-    engine = Engine()
-    engine.load(model_path, ONE_THREAD)
-    yield engine
-    engine.unload()
 
 
 @pytest.fixture()
