@@ -22,9 +22,8 @@ from app.util.atomic import atomic_write_text
 from app.util.datafiles import (
     DataFileError,
     clean_text,
-    os_reason,
     read_json,
-    set_aside,
+    repair_on_disk,
     set_aside_note,
 )
 
@@ -226,15 +225,7 @@ class ModelPrefsStore:
             self._repair(repairs)
 
     def _repair(self, repairs: list[str]) -> None:
-        self.notes += [f"{self.path.name}: {r}" for r in repairs]
-        try:
-            aside = set_aside(self.path, copy=True)
-            self._write()
-            self.notes.append(
-                f"{self.path.name} was repaired; the original is kept as {aside.name}."
-            )
-        except OSError as exc:
-            self.notes.append(f"{self.path.name} could not be repaired on disk ({os_reason(exc)}).")
+        self.notes += repair_on_disk(self.path, repairs, self._write)
         for note in self.notes:
             log.warning("%s", note)
 

@@ -17,10 +17,9 @@ from app.config.params import (
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import (
     DataFileError,
-    os_reason,
     parse_json,
     read_json,
-    set_aside,
+    repair_on_disk,
     set_aside_note,
 )
 
@@ -172,17 +171,7 @@ class PresetStore:
             else:
                 repairs.append(f"the default preset for {short_repr(key)} was left out.")
         if repairs:
-            self.notes += [f"{self.path.name}: {r}" for r in repairs]
-            try:
-                aside = set_aside(self.path, copy=True)
-                self._write()
-                self.notes.append(
-                    f"{self.path.name} was repaired; the original is kept as {aside.name}."
-                )
-            except OSError as exc:
-                self.notes.append(
-                    f"{self.path.name} could not be repaired on disk ({os_reason(exc)})."
-                )
+            self.notes += repair_on_disk(self.path, repairs, self._write)
 
     def _write(self) -> None:
         data = {

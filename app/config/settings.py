@@ -28,7 +28,7 @@ from app.config.params import (
     short_repr,
 )
 from app.util.atomic import atomic_write_text
-from app.util.datafiles import DataFileError, os_reason, read_json, set_aside, set_aside_note
+from app.util.datafiles import DataFileError, read_json, repair_on_disk, set_aside_note
 
 log = logging.getLogger(__name__)
 
@@ -145,13 +145,7 @@ class AppSettings:
         settings = cls.from_dict(data, repairs)
         if not repairs:
             return settings, []
-        notes = [f"{path.name}: {r}" for r in repairs]
-        try:
-            aside = set_aside(path, copy=True)
-            settings.save(path)
-            notes.append(f"{path.name} was repaired; the original is kept as {aside.name}.")
-        except OSError as exc:
-            notes.append(f"{path.name} could not be repaired on disk ({os_reason(exc)}).")
+        notes = repair_on_disk(path, repairs, lambda: settings.save(path))
         for note in notes:
             log.warning("%s", note)
         return settings, notes

@@ -40,7 +40,7 @@ from app.util.datafiles import (
     clean_text,
     os_reason,
     read_json,
-    set_aside,
+    repair_on_disk,
     set_aside_note,
 )
 from app.util.errors import LamplightError
@@ -244,13 +244,9 @@ def load_connections(path: Path) -> Loaded:
         return Loaded(notes=[note])
     if not loaded.notes:
         return loaded
-    notes = [f"{path.name}: {n}" for n in loaded.notes]
-    try:
-        aside = set_aside(path, copy=True)
-        save_connections(path, loaded.connections, loaded.active)
-        notes.append(f"{path.name} was repaired; the original is kept as {aside.name}.")
-    except OSError as exc:
-        notes.append(f"{path.name} could not be repaired on disk ({os_reason(exc)}).")
+    notes = repair_on_disk(
+        path, loaded.notes, lambda: save_connections(path, loaded.connections, loaded.active)
+    )
     for note in notes:
         log.warning("%s", note)
     loaded.notes = notes

@@ -31,6 +31,7 @@ import re
 import shutil
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,19 @@ def set_aside(path: Path, copy: bool = False) -> Path:
     else:
         os.replace(path, target)
     return target
+
+
+def repair_on_disk(path: Path, repairs: list[str], write: Callable[[], None]) -> list[str]:
+    """Keep the original of a file read with ``repairs`` as ``.bad`` and ``write`` the
+    repaired content in its place; returns one note per repair, then what happened."""
+    notes = [f"{path.name}: {r}" for r in repairs]
+    try:
+        aside = set_aside(path, copy=True)
+        write()
+        notes.append(f"{path.name} was repaired; the original is kept as {aside.name}.")
+    except OSError as exc:
+        notes.append(f"{path.name} could not be repaired on disk ({os_reason(exc)}).")
+    return notes
 
 
 def set_aside_note(path: Path, reason: str, then: str) -> str:
