@@ -105,25 +105,18 @@ def main() -> None:
     import llama_cpp
     from PySide6.QtWidgets import QApplication
 
-    from app.config.paths import data_dirs
-    from app.config.settings import AppSettings
-    from ui.main_window import MainWindow
-    from ui.worker import EngineClient
+    from bench.app_window import open_app_window
 
     model = ensure_default_model(Path(__file__).resolve().parent.parent / ".cache" / "test-models")
     load = LoadConfig(n_ctx=2048, n_threads=args.threads)
     qt_app = QApplication([])
-    dirs = data_dirs(tempfile.mkdtemp(prefix="lamplight-bench-"))
-    client = EngineClient(dirs.models, engine_factory=PerfEngine)
-    settings = AppSettings(load=load, sampling=SamplingParams.greedy(args.tokens))
-    window = MainWindow(client, settings, dirs)
-    window.show()
-    from PySide6.QtCore import QEventLoop
-
-    loop = QEventLoop()
-    window.modelReady.connect(loop.quit)
-    window.load_model(model)
-    loop.exec()
+    window = open_app_window(
+        tempfile.mkdtemp(prefix="lamplight-bench-"),
+        model,
+        load,
+        SamplingParams.greedy(args.tokens),
+        PerfEngine,
+    )
 
     llm = llama_cpp.Llama(
         str(model),

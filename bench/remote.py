@@ -284,28 +284,19 @@ def app_child(threads: int, tokens: int, data: Path) -> None:
                 prompts.append(self.prompt_tokens(messages))
             return super().generate(messages, params, stop)
 
-    from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
-    from app.config.paths import data_dirs
-    from app.config.settings import AppSettings
-    from ui.main_window import MainWindow
-    from ui.worker import EngineClient
+    from bench.app_window import open_app_window
 
     model = ensure_default_model(ROOT / ".cache" / "test-models")
     qt_app = QApplication([])
-    dirs = data_dirs(data)
-    client = EngineClient(dirs.models, engine_factory=PromptEngine)
-    settings = AppSettings(
-        load=LoadConfig(n_ctx=N_CTX, n_threads=threads),
-        sampling=SamplingParams.greedy(tokens),
+    window = open_app_window(
+        data,
+        model,
+        LoadConfig(n_ctx=N_CTX, n_threads=threads),
+        SamplingParams.greedy(tokens),
+        PromptEngine,
     )
-    window = MainWindow(client, settings, dirs)
-    window.show()
-    loop = QEventLoop()
-    window.modelReady.connect(loop.quit)
-    window.load_model(model)
-    loop.exec()
     print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         if line.strip() != "round":

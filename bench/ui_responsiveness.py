@@ -44,29 +44,19 @@ def main() -> None:
     from PySide6.QtCore import QEventLoop, QObject, Qt, QTimer, Slot
     from PySide6.QtWidgets import QApplication
 
-    from app.chat.store import ConversationStore
     from app.config.params import LoadConfig, SamplingParams
-    from app.config.paths import data_dirs
-    from app.config.settings import AppSettings
     from app.models.default_model import ensure_default_model
-    from ui.main_window import MainWindow
-    from ui.worker import EngineClient
+    from bench.app_window import open_app_window
 
     app = QApplication([])
-    dirs = data_dirs(tempfile.mkdtemp(prefix="lamplight-ui-bench-"))
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    settings = AppSettings(
-        load=LoadConfig(n_ctx=4096, n_threads=args.threads),
-        sampling=SamplingParams.greedy(args.tokens),
+    window = open_app_window(
+        tempfile.mkdtemp(prefix="lamplight-ui-bench-"),
+        ensure_default_model(ROOT / ".cache" / "test-models"),
+        LoadConfig(n_ctx=4096, n_threads=args.threads),
+        SamplingParams.greedy(args.tokens),
+        store=True,
     )
-    window = MainWindow(client, settings, dirs, store)
     window.resize(1500, 950)
-    window.show()
-    loop = QEventLoop()
-    window.modelReady.connect(loop.quit)
-    window.load_model(ensure_default_model(ROOT / ".cache" / "test-models"))
-    loop.exec()
 
     class Probe(QObject):
         """Ticks every millisecond; records lateness while tokens stream."""
