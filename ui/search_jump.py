@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.chat.search_index import fts_query
+from app.chat.search_index import query_terms
 
 if TYPE_CHECKING:
     from app.chat.session_cache import RestoreResult
@@ -43,5 +43,5 @@ class SearchJump:
 
 def first_word(text: str) -> str:
     """The first searched word, to select in the message (as the index matched it)."""
-    query = fts_query(text)
-    return query.split('"')[1] if query else ""
+    terms = query_terms(text)
+    return terms[0] if terms else ""

@@ -61,10 +61,15 @@ class SearchHit:
     snippet: str
 
 
+def query_terms(text: str) -> list[str]:
+    """The words of what the user typed that a search looks for."""
+    return list(_TERM.findall(text[:QUERY_CHARS])[:QUERY_TERMS])
+
+
 def fts_query(text: str) -> str:
     """An FTS5 query for what the user typed: every word must appear, the last one as a
     prefix (search as you type). Words are quoted, so no operator syntax gets through."""
-    terms = _TERM.findall(text[:QUERY_CHARS])[:QUERY_TERMS]
+    terms = query_terms(text)
     if not terms:
         return ""
     quoted = [f'"{t}"' for t in terms]
