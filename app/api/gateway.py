@@ -1,0 +1,97 @@
+"""The seam between the HTTP server and the engine worker: ``EngineGateway``.
+
+The server thread builds an ``ApiJob`` and submits it; the engine worker runs it on
+its own thread, through the same ``Backend`` the GUI uses, and reports back through
+``job.emit``: ``Token`` events, then exactly one terminal event (``Finished`` or
+``ApiFailure``). ``job.stop`` may be set from any thread (a client disconnect, the
+UI's Stop, shutdown) and ends the job promptly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from app.config.params import SamplingParams, SettingError
+from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.templates import ChatMessage, ChatTemplateError
+from app.util.errors import ContextOverflowError, LamplightError, NoModelLoaded
+
+log = logging.getLogger(__name__)
+
+ApiKind = Literal["chat", "completion"]
+
+# SamplingParams field -> the API request field a refusal names.
+_API_PARAM = {"json_schema": "response_format", "output_format": "response_format"}
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """Terminal event for a job that could not run (or failed part-way)."""
+
+    status: int  # 400 / 404 / 503 / 500
+    type: str  # "invalid_request_error" | "server_error"
+    code: str  # "context_length_exceeded", "model_not_loaded", ...
+    message: str
+    param: str | None = None
+
+
+ApiEvent = Token | Finished | ApiFailure
+
+
+@dataclass
+class ApiJob:
+    """One API request for the engine worker."""
+
+    id: str  # "chatcmpl-<24 hex>" / "cmpl-<24 hex>"
+    kind: ApiKind
+    model_id: str  # the model id the request was validated against
+    messages: list[ChatMessage]  # a completion: [ChatMessage("user", prompt)]
+    params: SamplingParams  # overflow="stop", speculative=False
+    reuse: bool = True  # False: the worker starts from an empty cache (cache_prompt)
+    client: str = ""  # "127.0.0.1:54321" or the request's `user`, for the UI
+    stop: threading.Event = field(default_factory=threading.Event)
+    # Thread-safe and never blocking; the worker calls it on its own thread.
+    emit: Callable[[ApiEvent], None] = lambda _event: None
+
+
+class EngineGateway(Protocol):
+    """What the server needs from the engine side; every method is callable from any thread."""
+
+    def model(self) -> ModelInfo | None:
+        """The loaded model (None when none is)."""
+
+    def loading(self) -> bool:
+        """Whether a model load is under way."""
+
+    def submit(self, job: ApiJob) -> None:
+        """Queue ``job`` on the engine worker (FIFO with the GUI's requests)."""
+
+
+def model_id(info: ModelInfo) -> str:
+    """The id ``/v1/models`` lists for a loaded model."""
+    return info.path.stem if info.path.name else info.name
+
+
+def failure_for(exc: BaseException) -> ApiFailure:
+    """The API failure for an exception raised while running a job."""
+    if isinstance(exc, ContextOverflowError):
+        return ApiFailure(
+            400, "invalid_request_error", "context_length_exceeded", str(exc), "messages"
+        )
+    if isinstance(exc, SettingError):
+        param = _API_PARAM.get(exc.field, exc.field)
+        return ApiFailure(400, "invalid_request_error", "invalid_value", str(exc), param)
+    if isinstance(exc, ChatTemplateError):
+        return ApiFailure(400, "invalid_request_error", "template_error", str(exc), "messages")
+    if isinstance(exc, NoModelLoaded):
+        return ApiFailure(
+            503, "server_error", "model_not_loaded", str(exc) or "No model is loaded."
+        )
+    if isinstance(exc, LamplightError):
+        return ApiFailure(500, "server_error", "engine_error", str(exc))
+    log.error("API job failed", exc_info=exc)
+    return ApiFailure(500, "server_error", "internal_error", f"Internal error: {exc}")
