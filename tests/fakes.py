@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app.api.gateway import ApiFailure, ApiJob, EngineGateway
 from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
     Backend,
@@ -218,4 +219,108 @@ def overflow() -> ContextOverflowError:
 
 def as_backend(fake: FakeEngine) -> Backend:
     """The fake where a Backend is wanted (mypy checks that it implements the protocol)."""
+    return fake
+
+
+class FakeGateway:
+    """A scripted ``EngineGateway`` for fast server tests: one worker thread runs the
+    submitted jobs in order, emitting ``tokens`` ``delay`` seconds apart and honouring
+    ``job.stop``; ``fail`` ends a job with an ``ApiFailure`` after ``fail_after`` tokens.
+    ``close()`` joins its thread."""
+
+    def __init__(
+        self,
+        tokens: Sequence[str] = ("Hello", " there", ",", " friend", "."),
+        delay: float = 0.0,
+        path: Path = Path("/models/gemma-3-270m-it-Q4_K_M.gguf"),
+    ) -> None:
+        import queue as queue_mod
+
+        self.tokens = list(tokens)
+        self.delay = delay
+        self.fail: ApiFailure | None = None
+        self.fail_after = 0
+        self.stop_reason = "eos"
+        self.cached_tokens = 3
+        self.is_loading = False
+        self.submitted: list[ApiJob] = []
+        self.started: list[ApiJob] = []  # jobs the worker began to run
+        self.release = threading.Event()  # cleared: a job waits for it before its first token
+        self.release.set()
+        self.info: ModelInfo | None = ModelInfo(
+            path=path,
+            name="Gemma 3 270M",
+            architecture="gemma3",
+            n_params=270_000_000,
+            file_size=1,
+            n_ctx=2048,
+            n_ctx_train=32768,
+            n_threads=1,
+            n_gpu_layers=0,
+            template="gemma",
+            backend="CPU",
+            load_ms=1.0,
+        )
+        self._jobs: queue_mod.Queue[ApiJob | None] = queue_mod.Queue()
+        self._thread = threading.Thread(target=self._run, name="fake-gateway", daemon=True)
+        self._thread.start()
+
+    def model(self) -> ModelInfo | None:
+        return self.info
+
+    def loading(self) -> bool:
+        return self.is_loading
+
+    def submit(self, job: ApiJob) -> None:
+        self.submitted.append(job)
+        self._jobs.put(job)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self.release.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self.started.append(job)
+            self._one(job)
+
+    def _one(self, job: ApiJob) -> None:
+        t0 = time.perf_counter()
+        prompt = sum(len(m.content.split()) + 2 for m in job.messages)
+        metrics = MessageMetrics(
+            prompt_tokens=prompt,
+            cached_tokens=min(self.cached_tokens, prompt),
+            evaluated_tokens=prompt - min(self.cached_tokens, prompt),
+            prefill_ms=2.0,
+            n_ctx=2048,
+        )
+        while not self.release.wait(0.01):
+            if job.stop.is_set():
+                break
+        parts: list[str] = []
+        for i, text in enumerate(self.tokens[: job.params.max_tokens]):
+            if self.fail is not None and i >= self.fail_after:
+                job.emit(self.fail)
+                return
+            if job.stop.is_set():
+                metrics.stop_reason = "cancelled"
+                job.emit(Finished("".join(parts), metrics))
+                return
+            if self.delay:
+                job.stop.wait(self.delay)
+            parts.append(text)
+            metrics.generated_tokens += 1
+            metrics.token_times_ms.append((time.perf_counter() - t0) * 1000 + i)
+            job.emit(Token(text))
+        if self.fail is not None:
+            job.emit(self.fail)
+            return
+        limited = len(self.tokens) > job.params.max_tokens
+        metrics.stop_reason = "max_tokens" if limited else self.stop_reason
+        job.emit(Finished("".join(parts), metrics))
+
+
+def as_gateway(fake: FakeGateway) -> EngineGateway:
+    """The fake where an EngineGateway is wanted (mypy checks the protocol)."""
     return fake

@@ -13,13 +13,16 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 
+from app.api.gateway import ApiEvent, ApiFailure, ApiJob, failure_for, model_id
 from app.chat.session_cache import RestoreResult, SessionCache
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Backend, EngineEvent, Finished, PrefillProgress, Token
+from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.engine.llama import Engine
+from app.engine.metrics import MessageMetrics
 from app.engine.offload import fit_report, load_with_fallback
-from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.templates import AUTO, PLAIN, ChatMessage, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.models.default_model import ensure_default_model
 from app.remote.http import ServerUnreachable
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # A load request with this path prepares and loads the embedded default model.
 DEFAULT_MODEL = ""
+API_PROGRESS_S = 0.25  # apiProgress at most this often
 
 _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 
@@ -67,11 +71,19 @@ class EngineWorker(QObject):
             saying where (or what went wrong), after a connect, a reply or a check.
         templateApplied(object): the ``ModelInfo`` after ``set_template`` (its ``notes`` say
             why a choice was not used); a refused choice is a ``loadNote`` instead.
+        apiStarted(str, str): an API job's id and client, as it starts running.
+        apiProgress(str, int): an API job's id and reply tokens so far (at most 4 per second).
+        apiEnded(str): an API job's id, after its terminal event went to ``job.emit``.
 
     Exactly one of finished, cancelled, failed ends every request; one of loraApplied,
     loraFailed answers every ``set_lora_stack``. After a reply that got going, the
     conversation's snapshot is written on this thread, so any request queued after
     the reply (a reload, a delete) sees it written.
+
+    API jobs (``generate_api``) report through ``job.emit``, not per-token signals, and
+    end with exactly one ``Finished`` or ``ApiFailure``. A ``KvPool`` keeps recent
+    conversations' caches in RAM, so the GUI and API clients taking turns do not
+    evaluate each other's prompts again.
     """
 
     loadProgress = Signal(float, str)
@@ -90,8 +102,17 @@ class EngineWorker(QObject):
     loraFailed = Signal(str, object)
     connectionState = Signal(str, str)
     templateApplied = Signal(object)
+    apiStarted = Signal(str, str)
+    apiProgress = Signal(str, int)
+    apiEnded = Signal(str)
 
-    def __init__(self, engine: Backend, models_dir: Path, store: ConversationStore | None) -> None:
+    def __init__(
+        self,
+        engine: Backend,
+        models_dir: Path,
+        store: ConversationStore | None,
+        pool_mb: int = DEFAULT_POOL_MB,
+    ) -> None:
         super().__init__()
         self._local = engine  # the in-process engine; a server connection replaces it for a while
         self._engine = engine
@@ -107,6 +128,10 @@ class EngineWorker(QObject):
             else None
         )
         self._store = store
+        self.pool = KvPool(engine, pool_mb)  # worker thread only
+        # The window's template choice (the engine's own until it sets one); API jobs
+        # use theirs and put this one back.
+        self._template_choice: TemplateOverride = AUTO
 
     @Slot(str, object)
     def save_snapshot(self, conv_id: str, keep: frozenset[str]) -> None:
@@ -142,14 +167,20 @@ class EngineWorker(QObject):
         if not self._engine.capabilities.snapshots:
             why = self._engine.capabilities.why_not.get("snapshots", "this engine keeps none")
             self._engine.reset()
+            self.pool.forget_live()
             self.restored.emit(RestoreResult(conv_id, False, 0, 0.0, why))
             return
+        self.pool.stash_live()  # an API client's cache, say, before the snapshot replaces it
         try:
             result = self._cache.restore(conv_id)
         except Exception as exc:  # opening a conversation must never take the app down
             log.exception("restore failed")
             self._engine.reset()
             result = RestoreResult(conv_id, False, 0, 0.0, f"the saved cache failed to load: {exc}")
+        if result.restored:
+            self.pool.set_live(_gui_key(conv_id))
+        else:
+            self.pool.forget_live()
         if result.lora_stack is not None:
             self._lora_wanted = result.lora_stack  # the conversation's stack is now the one in use
         self.restored.emit(result)
@@ -170,6 +201,7 @@ class EngineWorker(QObject):
             return
         try:
             self._engine.set_lora_stack(self._lora_wanted)
+            self.pool.forget_live()
         except LamplightError as exc:
             self.loraFailed.emit(str(exc), self._engine.lora_stack)
         except Exception as exc:  # a bad adapter must not take the app down
@@ -197,6 +229,7 @@ class EngineWorker(QObject):
             log.exception("setting the chat template failed")
             self.loadNote.emit(f"The chat template was not changed: {exc}")
             return
+        self._template_choice = override
         self.templateApplied.emit(info)
 
     @Slot(str, object, object)
@@ -228,6 +261,8 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Could not load the model: {exc}", self._engine.model is not None)
         else:
             self._switch(self._local)
+            self.pool.clear()
+            self._template_choice = AUTO  # a load starts with the model's own template
             if len(self._lora_wanted) and self._engine.capabilities.lora:
                 self._apply_lora()
             self.modelLoaded.emit(info)
@@ -255,6 +290,8 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Could not connect: {exc}", self._engine.model is not None)
             return
         self._switch(backend)
+        self.pool.clear()
+        self._template_choice = AUTO
         for note in info.notes:
             self.loadNote.emit(note)
         self._lora_wanted = LoraStack()  # local adapter files mean nothing to a server
@@ -266,6 +303,8 @@ class EngineWorker(QObject):
         if engine is self._engine:
             return
         old, self._engine = self._engine, engine
+        self.pool.backend = engine
+        self.pool.clear()
         if self._cache is not None:
             self._cache.engine = engine
         old.unload()
@@ -287,12 +326,16 @@ class EngineWorker(QObject):
         except LamplightError as exc:
             self.connectionState.emit("lost", str(exc))
             return
+        self.pool.clear()
+        self._template_choice = AUTO
         self.modelLoaded.emit(info)
         self.connectionState.emit("connected", info.backend)
 
     @Slot(object)
     def generate(self, job: GenerateJob) -> None:
+        key = _gui_key(job.conv_id) if job.conv_id else None
         try:
+            self.pool.prepare(key, job.messages)
             with contextlib.closing(
                 self._engine.generate(job.messages, job.params, job.stop)
             ) as ev:
@@ -306,6 +349,8 @@ class EngineWorker(QObject):
             log.exception("generation failed")
             self.failed.emit(job.request, f"Generation failed: {exc}")
             return
+        if ended is not None:
+            self.pool.finish(key, job.messages, ended.text)
         if ended is not None and ended.metrics.stop_reason == "connection_lost":
             self.connectionState.emit(
                 "lost", ended.metrics.notes[-1] if ended.metrics.notes else ""
@@ -347,9 +392,135 @@ class EngineWorker(QObject):
     def reset(self) -> None:
         try:
             if self._engine.model is not None:
+                self.pool.stash_live()  # an API client's conversation survives a new chat
                 self._engine.reset()
         except LamplightError as exc:
             log.warning("reset failed: %s", exc)
+        self.pool.forget_live()
+
+    # -- API jobs ----------------------------------------------------------------------
+
+    @Slot(object)
+    def generate_api(self, job: ApiJob) -> None:
+        """Run an API request; exactly one terminal event reaches ``job.emit``."""
+        self.apiStarted.emit(job.id, job.client)
+        relay = _ApiRelay(job)
+        try:
+            self._run_api(job, relay)
+        except Exception as exc:  # one terminal event per job, whatever happens
+            relay.send(failure_for(exc))
+        finally:
+            if not relay.ended:
+                relay.send(
+                    ApiFailure(
+                        500,
+                        "server_error",
+                        "internal_error",
+                        "The engine ended the request without a result.",
+                    )
+                )
+            self.apiEnded.emit(job.id)
+
+    def _run_api(self, job: ApiJob, relay: _ApiRelay) -> None:
+        if job.stop.is_set():
+            relay.send(Finished("", MessageMetrics(stop_reason="cancelled")))
+            return
+        info = self._engine.model
+        if info is None:
+            relay.send(
+                ApiFailure(503, "server_error", "model_not_loaded", "No model is loaded.", "model")
+            )
+            return
+        if job.model_id not in (model_id(info), info.name):
+            relay.send(
+                ApiFailure(
+                    404,
+                    "invalid_request_error",
+                    "model_not_found",
+                    f"The model '{job.model_id}' is no longer loaded; '{model_id(info)}' is.",
+                    "model",
+                )
+            )
+            return
+        caps = self._engine.capabilities
+        want = PLAIN if job.kind == "completion" else AUTO
+        if not caps.template_override and job.kind == "completion":
+            why = caps.why_not.get("template_override", "the server renders the prompt itself")
+            relay.send(
+                ApiFailure(
+                    400,
+                    "invalid_request_error",
+                    "unsupported_endpoint",
+                    f"Text completion is not available with this engine: {why}. "
+                    "Use /v1/chat/completions.",
+                    "prompt",
+                )
+            )
+            return
+        swapped = caps.template_override and want != self._template_choice
+        ended: Finished | None = None
+        try:
+            if swapped:
+                self._engine.set_template(want)
+            if job.reuse:
+                self.pool.prepare(None, job.messages)
+            else:
+                self.pool.stash_live()
+                self._engine.reset()
+                self.pool.forget_live()
+            with contextlib.closing(
+                self._engine.generate(job.messages, job.params, job.stop)
+            ) as events:
+                ended = self._relay_api(job, relay, events)
+            if ended is not None:
+                self._after_api(job, ended)
+        finally:
+            if swapped:
+                self._restore_template()
+        if ended is None:
+            relay.send(
+                ApiFailure(
+                    500,
+                    "server_error",
+                    "internal_error",
+                    "The engine ended the reply without a result.",
+                )
+            )
+        else:  # after the clean-up: when the client hears of it, the worker is done
+            relay.send(ended)
+
+    def _relay_api(
+        self, job: ApiJob, relay: _ApiRelay, events: Iterator[EngineEvent]
+    ) -> Finished | None:
+        n = 0
+        last = time.monotonic()
+        for event in events:
+            if isinstance(event, Token):
+                relay.send(event)
+                n += 1
+                now = time.monotonic()
+                if now - last >= API_PROGRESS_S:
+                    last = now
+                    self.apiProgress.emit(job.id, n)
+            elif isinstance(event, Finished):
+                return event
+        return None
+
+    def _after_api(self, job: ApiJob, ended: Finished) -> None:
+        """Name the cache's owner and prepare the next turn; the reply stands whatever."""
+        try:
+            self.pool.finish(None, job.messages, ended.text)
+            if job.kind == "chat" and ended.metrics.stop_reason != "cancelled":
+                self._prewarm(job.messages, ended.text)
+        except Exception:
+            log.exception("after an API reply")
+            self.pool.forget_live()
+
+    def _restore_template(self) -> None:
+        try:
+            self._engine.set_template(self._template_choice)
+        except Exception:  # the window's next message says so if this matters
+            log.exception("could not put the window's chat template back")
 
     @Slot()
     def drain(self) -> None:
@@ -357,9 +528,34 @@ class EngineWorker(QObject):
 
     @Slot()
     def unload(self) -> None:
+        self.pool.clear()
         self._engine.unload()
         if self._engine is not self._local:
             self._local.unload()
+
+
+def _gui_key(conv_id: str) -> str:
+    """The ``KvPool`` key of a GUI conversation."""
+    return f"gui:{conv_id}"
+
+
+class _ApiRelay:
+    """Passes an API job's events to ``job.emit``: at most one terminal event, and an
+    ``emit`` that raises never reaches the worker."""
+
+    def __init__(self, job: ApiJob) -> None:
+        self._job = job
+        self.ended = False
+
+    def send(self, event: ApiEvent) -> None:
+        if self.ended:
+            return
+        if not isinstance(event, Token):
+            self.ended = True
+        try:
+            self._job.emit(event)
+        except Exception:
+            log.exception("an API job's emit failed")
 
 
 @dataclass(frozen=True)
@@ -391,6 +587,7 @@ class EngineClient(QObject):
     _connectRequested = Signal(object, object)
     _checkRequested = Signal()
     _templateRequested = Signal(object)
+    _apiRequested = Signal(object)
 
     def __init__(
         self,
@@ -398,12 +595,13 @@ class EngineClient(QObject):
         engine_factory: Callable[[], Backend] = Engine,
         store: ConversationStore | None = None,
         parent: QObject | None = None,
+        pool_mb: int = DEFAULT_POOL_MB,
     ) -> None:
         super().__init__(parent)
         self._thread = QThread()
         self._thread.setObjectName("lamplight-engine")
         _THREADS.add(self._thread)
-        self.worker = EngineWorker(engine_factory(), models_dir, store)
+        self.worker = EngineWorker(engine_factory(), models_dir, store, pool_mb)
         self.worker.moveToThread(self._thread)
         self._loadRequested.connect(self.worker.load_model)
         self._generateRequested.connect(self.worker.generate)
@@ -416,6 +614,8 @@ class EngineClient(QObject):
         self._connectRequested.connect(self.worker.connect_remote)
         self._checkRequested.connect(self.worker.check_connection)
         self._templateRequested.connect(self.worker.set_template)
+        # Queued explicitly: generate_api may be called from the server's thread.
+        self._apiRequested.connect(self.worker.generate_api, Qt.ConnectionType.QueuedConnection)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
         # The model is freed on its own thread as that thread ends, after any running request.
         self._thread.finished.connect(self.worker.unload, Qt.ConnectionType.DirectConnection)
@@ -458,6 +658,10 @@ class EngineClient(QObject):
             GenerateJob(self._next_request, conv_id, list(messages), params, self._stop)
         )
         return self._next_request
+
+    def generate_api(self, job: ApiJob) -> None:
+        """Queue an API job behind the requests already queued (callable from any thread)."""
+        self._apiRequested.emit(job)
 
     def stop(self) -> None:
         """Ask the running reply to stop; its cancelled signal follows promptly."""

@@ -118,6 +118,9 @@ class Engine:
         # computed under (it goes stale when the two differ).
         self._adapters = AdapterSet()
         self._kv_lora_sig: list[dict[str, Any]] = []
+        # Templates built for the loaded model, by choice: the API server swaps between
+        # the window's choice and its own per request, so each is built once per load.
+        self._built: dict[TemplateOverride, tuple[ChatTemplate, frozenset[int]]] = {}
 
     # -- model -----------------------------------------------------------------
 
@@ -195,6 +198,7 @@ class Engine:
             raise
         self.unload()  # the old model, its adapters and its cache: only now
         self.load_count += 1
+        self._built = {AUTO_TEMPLATE: (template, stop_ids)}
         self._llm = llm
         self._vocab = vocab
         self._adapters = AdapterSet(gguf.path)
@@ -248,6 +252,7 @@ class Engine:
         self._inputs = TemplateInputs()
         self._stop_ids = frozenset()
         self._notes = ()
+        self._built = {}
         self._map.clear()
 
     # -- chat template -------------------------------------------------------------------
@@ -264,15 +269,24 @@ class Engine:
         """
         self._require()
         assert self._vocab is not None
-        self._use_template(build_template(override, self._inputs, self._vocab.is_special))
+        built = self._built.get(override)
+        if built is None:
+            template = build_template(override, self._inputs, self._vocab.is_special)
+            built = (template, self._vocab.stop_tokens(template.stop_strings))
+            if len(self._built) >= 16:  # a custom template edited many times: start over
+                self._built = {k: v for k, v in self._built.items() if k == AUTO_TEMPLATE}
+            self._built[override] = built
+        self._use_template(*built)
         log.info("chat template set: %s", self._template.label if self._template else "")
         assert self._info is not None
         return self._info
 
-    def _use_template(self, template: ChatTemplate) -> None:
+    def _use_template(self, template: ChatTemplate, stop_ids: frozenset[int] | None = None) -> None:
         assert self._vocab is not None and self._info is not None
         self._template = template
-        self._stop_ids = self._vocab.stop_tokens(template.stop_strings)
+        self._stop_ids = (
+            stop_ids if stop_ids is not None else self._vocab.stop_tokens(template.stop_strings)
+        )
         self._notes = (template.note,) if template.note else ()
         if template.note:
             log.warning("%s", template.note)

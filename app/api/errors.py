@@ -1,0 +1,104 @@
+"""The OpenAI error shape, for every non-2xx answer the server gives.
+
+``{"error": {"message", "type", "param", "code"}}``, with the status code's usual
+type and code; 4xx answers a retry cannot fix carry ``x-should-retry: false`` so
+the ``openai`` client does not resend them; 429 and 503 carry ``Retry-After``.
+Qt-free and Starlette-free: ``limits`` sends these as raw ASGI messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from app.api.gateway import ApiFailure
+from app.util.errors import LamplightError
+
+# status -> (type, code) when the raiser names none.
+_DEFAULTS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "invalid_request"),
+    401: ("invalid_request_error", "invalid_api_key"),
+    403: ("invalid_request_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", "internal_error"),
+    503: ("server_error", "server_busy"),
+}
+RETRYABLE = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class ApiError(LamplightError):
+    """A request the server refuses; becomes one OpenAI-shaped error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str | None = None,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        default_type, default_code = _DEFAULTS.get(
+            status, ("server_error" if status >= 500 else "invalid_request_error", "error")
+        )
+        self.status = status
+        self.message = message
+        self.type = type or default_type
+        self.code = code or default_code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    @classmethod
+    def from_failure(cls, failure: ApiFailure) -> ApiError:
+        """The error for a job's terminal ``ApiFailure`` (Retry-After on a 503)."""
+        headers = {"Retry-After": "2"} if failure.status == 503 else {}
+        return cls(
+            failure.status,
+            failure.message,
+            type=failure.type,
+            code=failure.code,
+            param=failure.param,
+            headers=headers,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body(), ensure_ascii=False).encode()
+
+    def response_headers(self) -> list[tuple[bytes, bytes]]:
+        """Headers for the response (content type and length are added by the sender)."""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        if self.status not in RETRYABLE:
+            headers.setdefault("x-should-retry", "false")
+        return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+def error_body(message: str, type: str, code: str | None, param: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def failure_event(failure: ApiFailure) -> bytes:
+    """A failure after the 200 of a stream: one ``data:`` event, and no ``[DONE]``."""
+    body = error_body(failure.message, failure.type, failure.code, failure.param)
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+async def send_error(send: Any, error: ApiError) -> None:
+    """Send ``error`` as a whole response over raw ASGI ``send``."""
+    payload = error.encoded()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        *error.response_headers(),
+    ]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})

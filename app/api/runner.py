@@ -1,0 +1,217 @@
+"""``ApiServer``: uvicorn on its own thread (``lamplight-api``) over an ``EngineGateway``.
+
+The socket is bound on the caller's thread, so a busy port is an ``OSError`` the UI
+can show (not uvicorn's ``sys.exit`` on its thread); then uvicorn serves it with
+the h11 protocol on an asyncio loop, without lifespan, signal handlers (none are
+installed off the main thread), access log or server header. ``stop()`` ends every
+job, asks uvicorn to exit, and joins the thread (forcing it after 5 s).
+
+Starlette and uvicorn are imported here only inside ``start()``: importing this
+module (the GUI does, at start-up) loads neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.api.gateway import EngineGateway
+from app.api.scheduler import ApiScheduler
+from app.config.params import is_host, is_loopback, is_origin
+from app.util.errors import LamplightError
+
+if TYPE_CHECKING:
+    import uvicorn
+
+log = logging.getLogger(__name__)
+
+THREAD_NAME = "lamplight-api"
+START_SECONDS = 5.0
+JOIN_SECONDS = 5.0
+MIN_BODY = 1024
+
+
+class ApiConfigError(LamplightError):
+    """The server settings cannot be used (``ApiConfig.problem`` says why)."""
+
+
+@dataclass(frozen=True)
+class ApiConfig:
+    host: str = "127.0.0.1"
+    port: int = 1234
+    api_key: str = ""
+    cors_origins: tuple[str, ...] = ()
+    max_queue: int = 8
+    max_body_bytes: int = 8 * 2**20
+
+    def problem(self) -> str:
+        """Why these settings cannot be used ("" when they can)."""
+        host = self.host.strip("[]")
+        if not is_host(host):
+            return f"The address {self.host!r} is not an IP address or a host name."
+        if isinstance(self.port, bool) or not 0 <= self.port <= 65535:
+            return f"The port must be between 0 and 65535 (got {self.port})."
+        if self.api_key and not all(33 <= ord(c) <= 126 for c in self.api_key):
+            return "The API key may hold only visible ASCII characters (no spaces)."
+        if not is_loopback(host) and not self.api_key:
+            return (
+                f"Listening on {self.host} lets other computers reach the model: "
+                "set an API key first (or listen on 127.0.0.1)."
+            )
+        bad = [o for o in self.cors_origins if not is_origin(o)]
+        if bad:
+            return f"{bad[0]!r} is not a web origin (https://host:port)."
+        if self.max_queue < 1:
+            return "The queue must hold at least one request."
+        if self.max_body_bytes < MIN_BODY:
+            return f"The request size limit must be at least {MIN_BODY} bytes."
+        return ""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: a free one).
+
+    Raises:
+        OSError: the address is in use, not local, or cannot be resolved.
+    """
+    host = host.strip("[]")
+    if host.lower() in ("localhost", "localhost."):
+        host = "127.0.0.1"
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        if sys.platform == "win32":  # pragma: no cover - Windows only
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)  # type: ignore[attr-defined]
+        else:  # a port in TIME_WAIT may be reused; one in use is still refused
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class ApiServer:
+    """The OpenAI-compatible server for one gateway; ``start`` / ``stop`` from any thread
+    (the GUI's, usually)."""
+
+    def __init__(self, gateway: EngineGateway, config: ApiConfig) -> None:
+        self.gateway = gateway
+        self.config = config
+        self.scheduler = ApiScheduler(gateway, config.max_queue)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._socket: socket.socket | None = None
+        self._address: tuple[str, int] = (config.host, config.port)
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The host and port it listens on (the real port after ``port=0``)."""
+        return self._address
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use: ``http://127.0.0.1:1234/v1``."""
+        host, port = self._address
+        if host in ("0.0.0.0", ""):
+            host = "127.0.0.1"
+        elif host == "::":
+            host = "::1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{port}/v1"
+
+    @property
+    def running(self) -> bool:
+        thread, server = self._thread, self._server
+        return bool(thread and thread.is_alive() and server and server.started)
+
+    def start(self) -> None:
+        """Bind and start serving; returns once it accepts requests.
+
+        Raises:
+            ApiConfigError: ``config.problem()``.
+            OSError: the port is busy (or the address is not this computer's), or the
+                server did not start within 5 s.
+        """
+        problem = self.config.problem()
+        if problem:
+            raise ApiConfigError(problem)
+        with self._lock:
+            if self._thread is not None:
+                return
+            import uvicorn
+
+            from app.api.server import H11, build_app
+
+            sock = bind(self.config.host, self.config.port)
+            port = int(sock.getsockname()[1])
+            self._address = (self.config.host.strip("[]"), port)
+            app = build_app(self.gateway, self.scheduler, self.config)
+            config = uvicorn.Config(
+                app,
+                http=H11,
+                loop="asyncio",
+                lifespan="off",
+                ws="none",
+                interface="asgi3",
+                log_config=None,
+                access_log=False,
+                server_header=False,
+                proxy_headers=False,
+                timeout_keep_alive=5,
+                timeout_graceful_shutdown=3,
+                limit_concurrency=256,  # connections; requests are limited to 64 inside
+                h11_max_incomplete_event_size=64 * 1024,
+            )
+            server = uvicorn.Server(config)
+            thread = threading.Thread(
+                target=self._serve, args=(server, sock), name=THREAD_NAME, daemon=True
+            )
+            self._server, self._thread, self._socket = server, thread, sock
+            thread.start()
+        deadline = time.monotonic() + START_SECONDS
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if not server.started:
+            self.stop()
+            raise OSError(f"The API server did not start on {self.config.host}:{port}.")
+        log.info("API server listening on %s", self.url)
+
+    def _serve(self, server: uvicorn.Server, sock: socket.socket) -> None:
+        try:
+            server.run(sockets=[sock])
+        except BaseException as exc:  # SystemExit from uvicorn included: log, end the thread
+            log.error("API server stopped with an error", exc_info=exc)
+        finally:
+            sock.close()
+
+    def stop(self) -> None:
+        """Stop every job and the server; joins its thread (idempotent)."""
+        self.scheduler.cancel_all()
+        with self._lock:
+            server, thread, sock = self._server, self._thread, self._socket
+            self._server = self._thread = self._socket = None
+        if server is None or thread is None:
+            return
+        server.should_exit = True
+        thread.join(JOIN_SECONDS)
+        if thread.is_alive():
+            log.warning("API server did not stop in %.0f s; forcing it", JOIN_SECONDS)
+            server.force_exit = True
+            thread.join(JOIN_SECONDS)
+        if sock is not None:
+            sock.close()

@@ -1,0 +1,351 @@
+"""Request bodies of ``/v1/chat/completions`` and ``/v1/completions``, checked.
+
+The body is parsed with the bounded ``parse_json`` and every sampling field goes
+through ``app.config.params.validate_sampling``, so a value the app's own panel
+would refuse is refused here too, as a 400 naming the API field (``param``).
+Fields Lamplight cannot honour (``n > 1``, tools, logprobs, images...) are refused,
+never silently ignored; fields it does not know are ignored, as OpenAI's SDKs add
+new ones all the time. Omitted sampling fields take ``SamplingParams()`` defaults
+(not the panel's), with ``overflow="stop"`` and no drafting; an omitted
+``max_tokens`` means "up to the end of the context" (``ApiRequest.params_for``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app.api.errors import ApiError
+from app.api.gateway import ApiKind
+from app.config.params import SamplingParams, SettingError, short_repr, validate_sampling
+from app.engine.templates import ChatMessage, Role
+from app.util.datafiles import DataFileError, parse_json, reason
+
+MAX_DEPTH = 64
+MAX_MESSAGES = 4096
+MAX_STOP = 16
+MAX_STOP_CHARS = 256
+MAX_USER_CHARS = 64  # the client label the UI shows
+BASE = SamplingParams(overflow="stop", speculative=False)
+
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+# API field -> SamplingParams field, for the plain numbers.
+_NUMBERS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "typical_p": "typical_p",
+    "repeat_penalty": "repeat_penalty",
+    "repeat_last_n": "repeat_last_n",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+    "mirostat_tau": "mirostat_tau",
+    "mirostat_eta": "mirostat_eta",
+}
+_MIROSTAT = {0: "off", 1: "v1", 2: "v2"}
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """A checked request, ready to become an ``ApiJob``."""
+
+    kind: ApiKind
+    model: str  # "" when the request named none: the loaded model
+    messages: list[ChatMessage]
+    params: SamplingParams  # max_tokens is the default when ``max_tokens`` is None
+    max_tokens: int | None  # None: up to the end of the context
+    stream: bool = False
+    include_usage: bool = False
+    reuse: bool = True  # cache_prompt
+    user: str = ""
+
+    def params_for(self, n_ctx: int) -> SamplingParams:
+        """The sampling settings with the length limit for a context of ``n_ctx``."""
+        if self.max_tokens is not None:
+            return self.params
+        return replace(self.params, max_tokens=max(1, n_ctx))
+
+
+def bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
+    return ApiError(400, message, code=code, param=param)
+
+
+def unsupported(param: str, what: str) -> ApiError:
+    return ApiError(
+        400,
+        f"{what} is not supported by Lamplight's server.",
+        code="unsupported_parameter",
+        param=param,
+    )
+
+
+def load_body(raw: bytes) -> dict[str, Any]:
+    """The JSON object of a request body (bounded depth); ApiError 400 otherwise."""
+    if not raw.strip():
+        raise bad("The request body is empty; send a JSON object.", None, "invalid_json")
+    try:
+        data = parse_json(raw, max_depth=MAX_DEPTH)
+    except DataFileError as exc:
+        raise bad(f"The request body {reason_text(exc)}.", None, "invalid_json") from exc
+    if not isinstance(data, dict):
+        raise bad("The request body must be a JSON object.", None, "invalid_json")
+    return data
+
+
+def reason_text(exc: DataFileError) -> str:
+    text = reason(exc)
+    return "is " + text if not text.startswith(("is ", "could ")) else text
+
+
+def parse_chat(body: object) -> ApiRequest:
+    """A ``/v1/chat/completions`` body (a decoded JSON value), checked.
+
+    Raises:
+        ApiError: 400, naming the field (``param``).
+    """
+    data = _object(body)
+    _refuse_common(data)
+    for name in ("tools", "functions"):
+        if _given(data.get(name)) and data.get(name) != []:
+            raise unsupported(name, "Tool and function calling")
+    for name in ("tool_choice", "function_call"):
+        if _given(data.get(name)) and data.get(name) != "none":
+            raise unsupported(name, "Tool and function calling")
+    if data.get("logprobs") not in (None, False):
+        raise unsupported("logprobs", "Token log probabilities")
+    if data.get("top_logprobs") not in (None, 0):
+        raise unsupported("top_logprobs", "Token log probabilities")
+    if _given(data.get("audio")):
+        raise unsupported("audio", "Audio output")
+    modalities = data.get("modalities")
+    if _given(modalities) and modalities != ["text"]:
+        raise unsupported("modalities", "Output other than text")
+    if _given(data.get("prediction")):
+        raise unsupported("prediction", "Predicted outputs")
+    messages = _messages(data.get("messages"))
+    return _request("chat", data, messages)
+
+
+def parse_completion(body: object) -> ApiRequest:
+    """A ``/v1/completions`` body, checked; the prompt becomes one user message.
+
+    Raises:
+        ApiError: 400, naming the field (``param``).
+    """
+    data = _object(body)
+    _refuse_common(data)
+    if data.get("echo") not in (None, False):
+        raise unsupported("echo", "Echoing the prompt")
+    suffix = data.get("suffix")
+    if _given(suffix) and suffix != "":
+        raise unsupported("suffix", "Insertion (suffix)")
+    best_of = data.get("best_of")
+    if _given(best_of) and best_of != 1:
+        raise unsupported("best_of", "best_of other than 1")
+    if data.get("logprobs") not in (None, False, 0):
+        raise unsupported("logprobs", "Token log probabilities")
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        if prompt is None:
+            raise bad("`prompt` is required.", "prompt", "missing_required_parameter")
+        tokens = isinstance(prompt, list) and all(
+            isinstance(p, int | list) and not isinstance(p, bool) for p in prompt
+        )
+        if tokens and prompt:
+            raise unsupported("prompt", "A prompt of token ids")
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise unsupported("prompt", "More than one prompt per request")
+        raise bad("`prompt` must be a string.", "prompt")
+    return _request("completion", data, [ChatMessage("user", prompt)])
+
+
+def _object(body: object) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise bad("The request body must be a JSON object.", None, "invalid_json")
+    return body
+
+
+def _given(value: object) -> bool:
+    return value is not None
+
+
+def _refuse_common(data: dict[str, Any]) -> None:
+    n = data.get("n")
+    if _given(n) and (isinstance(n, bool) or n != 1):
+        raise unsupported("n", "More than one choice (n other than 1)")
+    bias = data.get("logit_bias")
+    if _given(bias) and bias != {}:
+        raise unsupported("logit_bias", "logit_bias")
+
+
+def _bool(data: dict[str, Any], name: str, default: bool) -> bool:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad(f"`{name}` must be true or false (got {short_repr(value)}).", name)
+    return value
+
+
+def _messages(value: object) -> list[ChatMessage]:
+    if value is None:
+        raise bad("`messages` is required.", "messages", "missing_required_parameter")
+    if not isinstance(value, list):
+        raise bad("`messages` must be a list of messages.", "messages")
+    if not value:
+        raise bad("`messages` must hold at least one message.", "messages")
+    if len(value) > MAX_MESSAGES:
+        raise bad(f"At most {MAX_MESSAGES} messages per request.", "messages")
+    return [_message(i, m) for i, m in enumerate(value)]
+
+
+def _message(i: int, value: object) -> ChatMessage:
+    where = f"messages[{i}]"
+    if not isinstance(value, dict):
+        raise bad(f"{where} must be an object with `role` and `content`.", where)
+    role = value.get("role")
+    if role in ("tool", "function"):
+        raise unsupported(f"{where}.role", f"A `{role}` message (tool calling)")
+    if not isinstance(role, str) or role not in _ROLES:
+        raise bad(
+            f"{where}.role must be system, developer, user or assistant (got {short_repr(role)}).",
+            f"{where}.role",
+        )
+    if value.get("tool_calls") or value.get("function_call"):
+        raise unsupported(f"{where}.tool_calls", "Tool and function calling")
+    return ChatMessage(_ROLES[role], _content(where, role, value.get("content")))
+
+
+def _content(where: str, role: str, content: object) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None and role == "assistant":
+        return ""
+    if not isinstance(content, list):
+        raise bad(f"{where}.content must be a string or a list of text parts.", f"{where}.content")
+    texts = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("image_url", "input_image", "input_audio", "audio", "file", "image"):
+            raise unsupported(at, f"A `{kind}` part (this model reads text only)")
+        text = part.get("text") if isinstance(part, dict) else None
+        if kind not in ("text", "input_text") or not isinstance(text, str):
+            raise bad(f'{at} must be {{"type": "text", "text": "..."}}.', at)
+        texts.append(text)
+    return "".join(texts)
+
+
+def _request(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -> ApiRequest:
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("`model` must be a string.", "model")
+    values: dict[str, Any] = {}
+    api_name: dict[str, str] = {}  # SamplingParams field -> the API field it came from
+    for name, target in _NUMBERS.items():
+        if data.get(name) is not None:
+            values[target] = data[name]
+            api_name[target] = name
+    if data.get("mirostat") is not None:
+        mode = data["mirostat"]
+        if not isinstance(mode, int) or isinstance(mode, bool) or mode not in _MIROSTAT:
+            raise bad(f"`mirostat` must be 0, 1 or 2 (got {short_repr(mode)}).", "mirostat")
+        values["mirostat"] = _MIROSTAT[mode]
+    max_tokens: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        if data.get(name) is not None:
+            values["max_tokens"] = data[name]
+            api_name["max_tokens"] = name
+            break
+    stop = data.get("stop")
+    if stop is not None:
+        values["stop"] = _stop(stop)
+    values.update(_structured(data, api_name))
+    try:
+        params = validate_sampling(values, BASE)
+    except SettingError as exc:
+        param = api_name.get(exc.field, exc.field)
+        if exc.field in ("json_schema", "output_format"):
+            param = api_name.get(exc.field, "response_format")
+        raise bad(str(exc), param) from exc
+    if "max_tokens" in values:
+        max_tokens = params.max_tokens
+    stream = _bool(data, "stream", False)
+    options = data.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad("`stream_options` must be an object.", "stream_options")
+        include_usage = _bool(options, "include_usage", False)
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("`user` must be a string.", "user")
+    return ApiRequest(
+        kind=kind,
+        model=model or "",
+        messages=messages,
+        params=params,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=include_usage,
+        reuse=_bool(data, "cache_prompt", True),
+        user=(user or "")[:MAX_USER_CHARS],
+    )
+
+
+def _stop(stop: object) -> tuple[str, ...]:
+    items = [stop] if isinstance(stop, str) else stop
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad("`stop` must be a string or a list of strings.", "stop")
+    if len(items) > MAX_STOP:
+        raise bad(f"`stop` takes at most {MAX_STOP} strings.", "stop")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in items):
+        raise bad(f"Each `stop` string must have 1 to {MAX_STOP_CHARS} characters.", "stop")
+    return tuple(items)
+
+
+def _structured(data: dict[str, Any], api_name: dict[str, str]) -> dict[str, Any]:
+    """``response_format`` and ``grammar`` as SamplingParams fields."""
+    out: dict[str, Any] = {}
+    fmt = data.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            out["output_format"] = "json"
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise bad(
+                    "`response_format.json_schema.schema` must be a JSON Schema object.",
+                    "response_format",
+                )
+            out["output_format"] = "json_schema"
+            out["json_schema"] = json.dumps(schema, ensure_ascii=False)
+        elif kind != "text":
+            raise bad(
+                "`response_format.type` must be text, json_object or json_schema "
+                f"(got {short_repr(kind)}).",
+                "response_format",
+            )
+        api_name["output_format"] = api_name["json_schema"] = "response_format"
+    grammar = data.get("grammar")
+    if grammar is not None and grammar != "":
+        if "output_format" in out:
+            raise bad("Send either `grammar` or a JSON `response_format`, not both.", "grammar")
+        if not isinstance(grammar, str):
+            raise bad("`grammar` must be a GBNF grammar (a string).", "grammar")
+        out["output_format"] = "gbnf"
+        out["grammar"] = grammar
+        api_name["output_format"] = api_name["grammar"] = "grammar"
+    return out

@@ -1,0 +1,404 @@
+"""The HTTP surface: a Starlette app over an ``EngineGateway`` and an ``ApiScheduler``.
+
+``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
+``POST /v1/completions`` and ``GET /lamplight/status``. Imported only when a server
+starts (``runner.ApiServer.start``), so the GUI's start-up never loads Starlette.
+
+Tokens come back from the engine worker through ``job.emit``, which posts them to
+this request's ``asyncio.Queue`` with ``call_soon_threadsafe``. A streamed response
+starts (200) only with its first token: a job that fails before it (an overflowing
+prompt, a model that changed) gets its real status code; a failure after it is one
+``data: {"error": ...}`` event without ``[DONE]``. A client that goes away, while
+waiting or while streaming, sets ``job.stop`` and is dropped from the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.api import limits
+from app.api.errors import ApiError, failure_event
+from app.api.gateway import ApiEvent, ApiFailure, ApiJob, EngineGateway, model_id
+from app.api.scheduler import ApiScheduler, JobView, QueueFull
+from app.api.schema import ApiRequest, load_body, parse_chat, parse_completion
+from app.api.sse import ChunkWriter, Reply
+from app.engine.backend import Finished, ModelInfo, Token
+
+if TYPE_CHECKING:
+    from app.api.runner import ApiConfig
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 64  # requests inside the app at once (streams included)
+ROUTES_HINT = "/v1/models, /v1/chat/completions and /v1/completions"
+
+
+def error_response(error: ApiError) -> Response:
+    headers = {k.decode(): v.decode() for k, v in error.response_headers()}
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def make_emit(
+    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[ApiEvent], job: ApiJob
+) -> Callable[[ApiEvent], None]:
+    """``job.emit``: thread-safe and never blocking; a closed loop stops the job."""
+
+    def emit(event: ApiEvent) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody listens any more
+            job.stop.set()
+
+    return emit
+
+
+def _terminal(event: ApiEvent) -> bool:
+    return isinstance(event, Finished | ApiFailure)
+
+
+class JobStream(StreamingResponse):
+    """A streamed reply whose end, however it comes (a disconnect included), runs
+    ``on_close``: the job is stopped and dropped unless it finished."""
+
+    def __init__(
+        self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str]
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+class Handlers:
+    def __init__(self, gateway: EngineGateway, scheduler: ApiScheduler) -> None:
+        self.gateway = gateway
+        self.scheduler = scheduler
+
+    # -- models ------------------------------------------------------------------------
+
+    def model_object(self, info: ModelInfo) -> dict[str, Any]:
+        try:
+            created = int(info.path.stat().st_mtime) if info.path.name else 0
+        except (OSError, ValueError):
+            created = 0
+        return {
+            "id": model_id(info),
+            "object": "model",
+            "created": created,
+            "owned_by": "lamplight",
+            "meta": {
+                "name": info.name,
+                "n_ctx": info.n_ctx,
+                "n_ctx_train": info.n_ctx_train,
+                "n_params": info.n_params,
+                "size": info.file_size,
+            },
+        }
+
+    def names(self, info: ModelInfo) -> set[str]:
+        return {model_id(info), info.name, info.path.name} - {""}
+
+    async def models(self, request: Request) -> Response:
+        info = self.gateway.model()
+        data = [self.model_object(info)] if info is not None else []
+        return JSONResponse({"object": "list", "data": data})
+
+    async def model(self, request: Request) -> Response:
+        wanted = str(request.path_params["model"])
+        info = self.gateway.model()
+        if info is None or wanted not in self.names(info):
+            raise self.unknown_model(wanted, info)
+        return JSONResponse(self.model_object(info))
+
+    def unknown_model(self, wanted: str, info: ModelInfo | None) -> ApiError:
+        serving = f"this server serves {model_id(info)!r}" if info else "no model is loaded"
+        return ApiError(
+            404,
+            f"The model {wanted!r} does not exist; {serving}.",
+            code="model_not_found",
+            param="model",
+        )
+
+    def loaded(self) -> ModelInfo:
+        if self.gateway.loading():
+            raise ApiError(
+                503,
+                "A model is loading; try again in a moment.",
+                code="model_loading",
+                headers={"Retry-After": "2"},
+            )
+        info = self.gateway.model()
+        if info is None:
+            raise ApiError(
+                503,
+                "No model is loaded: open one in Lamplight (or start `lamplight serve --model`).",
+                code="model_not_loaded",
+                headers={"Retry-After": "5"},
+            )
+        return info
+
+    # -- status ------------------------------------------------------------------------
+
+    async def status(self, request: Request) -> Response:
+        info = self.gateway.model()
+        now = time.monotonic()
+
+        def view(v: JobView | None) -> dict[str, Any] | None:
+            if v is None:
+                return None
+            return {
+                "id": v.id,
+                "kind": v.kind,
+                "client": v.client,
+                "tokens": v.tokens,
+                "seconds": round(now - v.started, 3),
+            }
+
+        return JSONResponse(
+            {
+                "model": model_id(info) if info else None,
+                "loading": self.gateway.loading(),
+                "running": view(self.scheduler.running()),
+                "queued": [view(v) for v in self.scheduler.queued()],
+                "recent": [
+                    {
+                        "id": o.id,
+                        "client": o.client,
+                        "finish": o.finish,
+                        "tokens": o.tokens,
+                        "prompt_tokens": o.prompt_tokens,
+                        "cached_tokens": o.cached_tokens,
+                        "ended": o.ended,
+                    }
+                    for o in self.scheduler.recent()
+                ],
+            }
+        )
+
+    # -- completions -------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self.complete(request, parse_chat(load_body(await request.body())))
+
+    async def completion(self, request: Request) -> Response:
+        return await self.complete(request, parse_completion(load_body(await request.body())))
+
+    async def complete(self, request: Request, req: ApiRequest) -> Response:
+        info = self.loaded()
+        if req.model and req.model not in self.names(info):
+            raise self.unknown_model(req.model, info)
+        client = request.client
+        address = f"{client.host}:{client.port}" if client else ""
+        prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
+        job = ApiJob(
+            id=prefix + uuid.uuid4().hex[:24],
+            kind=req.kind,
+            model_id=model_id(info),
+            messages=req.messages,
+            params=req.params_for(info.n_ctx),
+            reuse=req.reuse,
+            client=req.user or address,
+        )
+        queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
+        job.emit = make_emit(asyncio.get_running_loop(), queue, job)
+        try:
+            self.scheduler.enqueue(job)
+        except QueueFull as exc:
+            raise ApiError(429, str(exc), headers={"Retry-After": "2"}) from exc
+        reply = Reply(req.kind, job.id, job.model_id, int(time.time()))
+        events = await self.wait(request, job, queue, first_token=req.stream)
+        if events is None:  # the client went away before its answer began
+            return Response(status_code=204)
+        last = events[-1]
+        if isinstance(last, ApiFailure):
+            raise ApiError.from_failure(last)
+        if not req.stream:
+            assert isinstance(last, Finished)
+            headers = {"x-lamplight-cached-tokens": str(last.metrics.cached_tokens)}
+            return JSONResponse(reply.body(last), headers=headers)
+        return self.stream(job, queue, events, ChunkWriter(reply, req.include_usage))
+
+    async def wait(
+        self,
+        request: Request,
+        job: ApiJob,
+        queue: asyncio.Queue[ApiEvent],
+        first_token: bool,
+    ) -> list[ApiEvent] | None:
+        """Events up to the terminal one (or the first token), or None if the client left."""
+        events: list[ApiEvent] = []
+        gone = False
+        async with anyio.create_task_group() as group:
+
+            async def watch() -> None:
+                nonlocal gone
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                gone = True
+                group.cancel_scope.cancel()
+
+            group.start_soon(watch)
+            try:
+                while True:
+                    event = await queue.get()
+                    events.append(event)
+                    if _terminal(event) or (first_token and isinstance(event, Token)):
+                        break
+            finally:
+                answered = bool(events) and (
+                    _terminal(events[-1]) or (first_token and isinstance(events[-1], Token))
+                )
+                if not answered:  # the client left, or the server is stopping
+                    job.stop.set()
+                    self.scheduler.abandon(job)
+            group.cancel_scope.cancel()
+        return None if gone else events
+
+    def stream(
+        self,
+        job: ApiJob,
+        queue: asyncio.Queue[ApiEvent],
+        first: list[ApiEvent],
+        writer: ChunkWriter,
+    ) -> Response:
+        ended = False
+
+        def write(events: list[ApiEvent]) -> bytes:
+            nonlocal ended
+            out = bytearray()
+            for event in events:
+                if isinstance(event, Token):
+                    out += writer.token(event.text)
+                elif isinstance(event, Finished):
+                    out += writer.finish(event)
+                    ended = True
+                elif isinstance(event, ApiFailure):
+                    out += failure_event(event)
+                    ended = True
+            return bytes(out)
+
+        async def body() -> AsyncIterator[bytes]:
+            yield writer.start() + write(first)
+            while not ended:
+                events = [await queue.get()]
+                while not queue.empty():  # what arrived meanwhile goes out in one send
+                    events.append(queue.get_nowait())
+                yield write(events)
+
+        def on_close() -> None:
+            if not ended:
+                job.stop.set()
+                self.scheduler.abandon(job)
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return JobStream(body(), on_close, headers)
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+async def on_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc)
+
+
+async def on_http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    where = f"{request.method} {request.url.path}"
+    if exc.status_code == 404:
+        error = ApiError(404, f"Unknown URL: {where}. This server serves {ROUTES_HINT}.")
+    elif exc.status_code == 405:
+        allowed = headers.get("Allow", "")
+        error = ApiError(
+            405, f"{where} is not allowed; use {allowed or 'another method'}.", headers=headers
+        )
+    else:
+        error = ApiError(exc.status_code, exc.detail or "Request refused.", headers=headers)
+    return error_response(error)
+
+
+async def on_crash(request: Request, exc: Exception) -> Response:
+    log.error("API request failed", exc_info=exc)
+    return error_response(ApiError(500, f"Internal error: {type(exc).__name__}: {exc}"))
+
+
+class H11(H11Protocol):
+    """uvicorn's h11 protocol, answering a malformed request in the OpenAI error shape."""
+
+    def send_400_response(self, msg: str) -> None:
+        import h11
+
+        error = ApiError(400, f"{msg} ({ROUTES_HINT} take HTTP/1.1 with JSON bodies.)")
+        payload = error.encoded()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close"),
+            *error.response_headers(),
+        ]
+        try:
+            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers)))
+            self.transport.write(self.conn.send(h11.Data(data=payload)) or b"")
+            self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
+        except h11.LocalProtocolError:  # a response had begun: just close
+            pass
+        self.transport.close()
+
+
+def build_app(gateway: EngineGateway, scheduler: ApiScheduler, config: ApiConfig) -> Starlette:
+    handlers = Handlers(gateway, scheduler)
+    routes = [
+        Route("/v1/models", handlers.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),
+        Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
+        Route("/v1/completions", handlers.completion, methods=["POST"]),
+        Route("/lamplight/status", handlers.status, methods=["GET"]),
+    ]
+    middleware = [
+        Middleware(limits.ConcurrencyLimit, limit=CONCURRENCY),
+        Middleware(limits.HostCheck, host=config.host),
+    ]
+    if config.cors_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["*"],
+                allow_credentials=False,
+                expose_headers=["x-lamplight-cached-tokens", "retry-after"],
+            )
+        )
+    if config.api_key:
+        middleware.append(Middleware(limits.ApiKeyCheck, api_key=config.api_key))
+    middleware.append(Middleware(limits.BodyLimit, max_bytes=config.max_body_bytes))
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        exception_handlers={
+            ApiError: on_api_error,
+            HTTPException: on_http_error,
+            Exception: on_crash,
+        },
+    )

@@ -1,0 +1,170 @@
+"""Response bodies: ``chat.completion`` / ``text_completion`` and their SSE chunks.
+
+Hand-written ``data: <json>\\n\\n`` events (no sse-starlette, no pydantic): a token
+chunk is string concatenation around ``json.dumps(text)``, so a token costs one
+small dumps and no dict. ``usage`` carries OpenAI's
+``prompt_tokens_details.cached_tokens`` and every final chunk / response carries
+llama-server's ``timings`` (``prompt_n`` = tokens evaluated, ``cache_n`` = reused,
+``predicted_per_second`` = the engine's decode rate), which Lamplight's own
+``openai_compat`` backend reads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from app.api.gateway import ApiKind
+from app.engine.backend import Finished
+from app.engine.metrics import MessageMetrics
+
+DONE = b"data: [DONE]\n\n"
+
+# The engine's stop_reason -> OpenAI's finish_reason.
+_FINISH = {
+    "eos": "stop",
+    "stop_string": "stop",
+    "cancelled": "stop",
+    "max_tokens": "length",
+    "context_full": "length",
+}
+
+
+def finish_reason(stop_reason: str) -> str:
+    return _FINISH.get(stop_reason, "stop")
+
+
+def usage(metrics: MessageMetrics) -> dict[str, Any]:
+    return {
+        "prompt_tokens": metrics.prompt_tokens,
+        "completion_tokens": metrics.generated_tokens,
+        "total_tokens": metrics.prompt_tokens + metrics.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens},
+    }
+
+
+def timings(metrics: MessageMetrics) -> dict[str, Any]:
+    """llama-server's ``timings`` object from the engine's own figures."""
+    decode = metrics.decode_tok_s
+    prefill = metrics.prefill_tok_s
+    return {
+        "prompt_n": metrics.evaluated_tokens,
+        "cache_n": metrics.cached_tokens,
+        "prompt_ms": round(metrics.prefill_ms, 3),
+        "prompt_per_token_ms": round(1000.0 / prefill, 3) if prefill else 0.0,
+        "prompt_per_second": round(prefill, 3),
+        "predicted_n": metrics.generated_tokens,
+        "predicted_ms": round(metrics.decode_ms, 3),
+        "predicted_per_token_ms": round(1000.0 / decode, 3) if decode else 0.0,
+        "predicted_per_second": round(decode, 3),
+    }
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What every body of one response shares."""
+
+    kind: ApiKind
+    id: str
+    model: str
+    created: int
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def body(self, done: Finished) -> dict[str, Any]:
+        """The whole non-streaming response."""
+        m = done.metrics
+        choice: dict[str, Any] = {"index": 0, "logprobs": None}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": done.text, "refusal": None}
+        else:
+            choice["text"] = done.text
+        choice["finish_reason"] = finish_reason(m.stop_reason)
+        if m.stop_reason == "cancelled":
+            choice["stop_reason"] = "cancelled"
+        return {
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": usage(m),
+            "timings": timings(m),
+        }
+
+
+class ChunkWriter:
+    """The SSE events of one streamed response."""
+
+    def __init__(self, reply: Reply, include_usage: bool) -> None:
+        self.reply = reply
+        self.include_usage = include_usage
+        chat = reply.kind == "chat"
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = (
+            f'data: {{"id":{_dumps(reply.id)},"object":"{obj}","created":{reply.created},'
+            f'"model":{_dumps(reply.model)},"system_fingerprint":null,'
+        )
+        tail = ',"usage":null}\n\n' if include_usage else "}\n\n"
+        # A token chunk: head + choices around the text + tail.
+        if chat:
+            self._open = head + '"choices":[{"index":0,"delta":{"content":'
+            self._close = '},"logprobs":null,"finish_reason":null}]' + tail
+        else:
+            self._open = head + '"choices":[{"index":0,"text":'
+            self._close = ',"logprobs":null,"finish_reason":null}]' + tail
+        self._head = head
+        self._tail = tail
+
+    def start(self) -> bytes:
+        """The role chunk a chat stream opens with (nothing for a completion)."""
+        if self.reply.kind != "chat":
+            return b""
+        return (
+            self._head
+            + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+            + '"logprobs":null,"finish_reason":null}]'
+            + self._tail
+        ).encode()
+
+    def token(self, text: str) -> bytes:
+        return (self._open + _dumps(text) + self._close).encode()
+
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.reply.id,
+            "object": "chat.completion.chunk" if self.reply.kind == "chat" else "text_completion",
+            "created": self.reply.created,
+            "model": self.reply.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            data["usage"] = None
+        data.update(extra)
+        return data
+
+    def finish(self, done: Finished) -> bytes:
+        """The finish_reason chunk, the usage chunk when asked for, then ``[DONE]``."""
+        m = done.metrics
+        choice: dict[str, Any] = {"index": 0}
+        if self.reply.kind == "chat":
+            choice["delta"] = {}
+        else:
+            choice["text"] = ""
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason(m.stop_reason)
+        if m.stop_reason == "cancelled":
+            choice["stop_reason"] = "cancelled"
+        events = [self.chunk([choice], timings=timings(m))]
+        if self.include_usage:
+            events.append(self.chunk([], usage=usage(m), timings=timings(m)))
+        return b"".join(b"data: " + _dumps(e).encode() + b"\n\n" for e in events) + DONE

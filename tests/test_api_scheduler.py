@@ -1,0 +1,265 @@
+"""ApiScheduler: FIFO, one job at a time into the gateway, one terminal event per job (fast)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app.api.gateway import ApiEvent, ApiFailure, ApiJob
+from app.api.scheduler import ApiScheduler, QueueFull
+from app.config.params import SamplingParams
+from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import ChatMessage
+from tests.fakes import FakeGateway
+
+
+class ManualGateway:
+    """Records submissions; the test emits each job's events itself."""
+
+    def __init__(self) -> None:
+        self.submitted: list[ApiJob] = []
+        self.refuse = False
+
+    def model(self) -> ModelInfo | None:
+        return None
+
+    def loading(self) -> bool:
+        return False
+
+    def submit(self, job: ApiJob) -> None:
+        if self.refuse:
+            raise RuntimeError("worker gone")
+        self.submitted.append(job)
+
+
+def make_job(n: int, seen: list[tuple[str, ApiEvent]] | None = None) -> ApiJob:
+    job = ApiJob(
+        id=f"chatcmpl-{n}",
+        kind="chat",
+        model_id="m",
+        messages=[ChatMessage("user", "hi")],
+        params=SamplingParams.greedy(4),
+        client=f"client-{n}",
+    )
+    if seen is not None:
+        job.emit = lambda event: seen.append((job.id, event))
+    return job
+
+
+def done(stop_reason: str = "eos", tokens: int = 2) -> Finished:
+    return Finished(
+        "ab",
+        MessageMetrics(
+            prompt_tokens=9, cached_tokens=4, generated_tokens=tokens, stop_reason=stop_reason
+        ),
+    )
+
+
+def test_fifo_one_job_outstanding_and_positions() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw, max_queue=8)
+    seen: list[tuple[str, ApiEvent]] = []
+    jobs = [make_job(i, seen) for i in range(4)]
+    assert [s.enqueue(j) for j in jobs] == [0, 1, 2, 3]
+    assert gw.submitted == [jobs[0]]
+    running = s.running()
+    assert running is not None and (running.id, running.client, running.tokens) == (
+        "chatcmpl-0",
+        "client-0",
+        0,
+    )
+    assert [v.id for v in s.queued()] == ["chatcmpl-1", "chatcmpl-2", "chatcmpl-3"]
+    for i, job in enumerate(jobs):
+        assert gw.submitted == jobs[: i + 1]  # the next only after the terminal event
+        job.emit(Token("a"))
+        job.emit(Token("b"))
+        view = s.running()
+        assert view is not None and view.tokens == 2
+        job.emit(done())
+    assert s.running() is None and s.queued() == []
+    assert [e for _, e in seen if isinstance(e, Finished)] == [done()] * 4
+    outcomes = s.recent()
+    assert [o.id for o in outcomes] == [j.id for j in jobs]
+    assert {(o.finish, o.tokens, o.prompt_tokens, o.cached_tokens) for o in outcomes} == {
+        ("stop", 2, 9, 4)
+    }
+
+
+def test_queue_full_counts_the_running_job() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw, max_queue=2)
+    a, b, c = make_job(1), make_job(2), make_job(3)
+    assert (s.enqueue(a), s.enqueue(b)) == (0, 1)
+    with pytest.raises(QueueFull, match="limit is 2"):
+        s.enqueue(c)
+    assert c not in gw.submitted
+    a.emit(done())
+    assert s.enqueue(c) == 1
+
+
+def test_a_job_cancelled_while_queued_never_reaches_the_gateway() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw)
+    seen: list[tuple[str, ApiEvent]] = []
+    a, b, c, d = (make_job(i, seen) for i in range(4))
+    for j in (a, b, c, d):
+        s.enqueue(j)
+    s.abandon(b)  # the client went away while waiting
+    assert b.stop.is_set() and seen == [
+        (b.id, Finished("", MessageMetrics(stop_reason="cancelled")))
+    ]
+    c.stop.set()  # stopped without abandon: skipped when its turn comes
+    a.emit(done())
+    assert gw.submitted == [a, d]
+    assert [(i, type(e).__name__) for i, e in seen] == [
+        (b.id, "Finished"),
+        (a.id, "Finished"),
+        (c.id, "Finished"),
+    ]
+    assert [o.finish for o in s.recent()] == ["cancelled", "stop", "cancelled"]
+    s.abandon(d)  # the running one: stopped; it ends with the worker's terminal event
+    assert d.stop.is_set() and s.running() is not None
+    d.emit(done("cancelled"))
+    assert s.recent()[-1].finish == "cancelled" and s.running() is None
+    s.abandon(make_job(9))  # unknown: harmless
+
+
+def test_one_terminal_event_per_job() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw)
+    seen: list[tuple[str, ApiEvent]] = []
+    a, b = make_job(1, seen), make_job(2, seen)
+    s.enqueue(a)
+    s.enqueue(b)
+    a.emit(Token("x"))
+    a.emit(ApiFailure(500, "server_error", "engine_error", "boom"))
+    a.emit(done())  # a second terminal: dropped
+    a.emit(Token("late"))  # after the end: dropped
+    assert [e for i, e in seen if i == a.id] == [
+        Token("x"),
+        ApiFailure(500, "server_error", "engine_error", "boom"),
+    ]
+    assert gw.submitted == [a, b]  # the failure moved the queue on, once
+    assert s.recent()[0].finish == "error" and s.recent()[0].tokens == 1
+
+
+def test_stop_running_and_cancel_all() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw)
+    assert s.stop_running() is False
+    seen: list[tuple[str, ApiEvent]] = []
+    a, b, c = (make_job(i, seen) for i in range(3))
+    for j in (a, b, c):
+        s.enqueue(j)
+    assert s.stop_running() is True and a.stop.is_set() and not b.stop.is_set()
+    s.cancel_all()
+    assert all(j.stop.is_set() for j in (a, b, c))
+    assert [i for i, _ in seen] == [b.id, c.id] and s.queued() == []
+    a.emit(done("cancelled"))
+    assert gw.submitted == [a] and s.running() is None
+    assert [o.finish for o in s.recent()] == ["cancelled", "cancelled", "cancelled"]
+
+
+def test_length_and_recent_keeps_sixteen() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw)
+    for i in range(20):
+        job = make_job(i)
+        s.enqueue(job)
+        job.emit(done("max_tokens" if i % 2 else "context_full"))
+    recent = s.recent()
+    assert len(recent) == 16 and recent[0].id == "chatcmpl-4"
+    assert {o.finish for o in recent} == {"length"}
+
+
+def test_a_gateway_that_refuses_fails_the_job_and_the_queue_moves() -> None:
+    gw = ManualGateway()
+    gw.refuse = True
+    s = ApiScheduler(gw)
+    seen: list[tuple[str, ApiEvent]] = []
+    assert s.enqueue(make_job(1, seen)) == 0
+    [(_, event)] = seen
+    assert isinstance(event, ApiFailure) and event.status == 500
+    assert s.running() is None
+
+
+class CheckingGateway(FakeGateway):
+    """A FakeGateway that fails the test if two jobs are ever outstanding at once."""
+
+    def __init__(self) -> None:
+        super().__init__(tokens=["a", "b"], delay=0.0005)  # slow enough to fill the queue
+        self.outstanding = 0
+        self.max_outstanding = 0
+        self.lock = threading.Lock()
+
+    def submit(self, job: ApiJob) -> None:
+        inner = job.emit
+
+        def emit(event: ApiEvent) -> None:
+            if isinstance(event, Finished | ApiFailure):
+                with self.lock:
+                    self.outstanding -= 1
+            inner(event)
+
+        job.emit = emit
+        with self.lock:
+            self.outstanding += 1
+            self.max_outstanding = max(self.max_outstanding, self.outstanding)
+        super().submit(job)
+
+
+def test_eight_threads_hammering() -> None:
+    gw = CheckingGateway()
+    s = ApiScheduler(gw, max_queue=4)
+    terminals: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    lock = threading.Lock()
+    full = 0
+    per_thread = 30
+
+    def client(t: int) -> None:
+        nonlocal full
+        for i in range(per_thread):
+            job = make_job(t * 1000 + i)
+
+            def emit(event: ApiEvent, job: ApiJob = job) -> None:
+                with lock:
+                    if isinstance(event, Token):
+                        tokens[job.id] = tokens.get(job.id, 0) + 1
+                    else:
+                        terminals[job.id] = terminals.get(job.id, 0) + 1
+
+            job.emit = emit
+            while True:
+                try:
+                    s.enqueue(job)
+                    break
+                except QueueFull:
+                    with lock:
+                        full += 1
+                    time.sleep(0.001)
+            if i % 5 == 0:
+                s.abandon(job)
+            if i % 7 == 0:
+                s.stop_running()
+
+    threads = [threading.Thread(target=client, args=(t,)) for t in range(8)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        deadline = time.monotonic() + 10
+        while len(terminals) < 8 * per_thread and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        gw.close()
+    assert len(terminals) == 8 * per_thread and set(terminals.values()) == {1}
+    assert gw.max_outstanding == 1
+    assert s.running() is None and s.queued() == []
+    # Jobs reached the worker in the order they were submitted, each at most once.
+    assert gw.started == gw.submitted and len({id(j) for j in gw.submitted}) == len(gw.submitted)
+    assert full > 0  # the queue limit was reached and enforced
