@@ -8,8 +8,9 @@ Uses the current environment (``pip install -e .[dev]`` brings PyInstaller) and
 ``dist/Lamplight.app`` on macOS). ``--smoke`` then runs the frozen app twice with a
 fresh temporary data dir, offscreen, and without a network where the OS allows
 (Linux ``unshare``): ``--smoke-test`` must assemble the embedded model, generate
-tokens and print them as JSON; a normal start must open the window and load the
-model with no traceback. Exits 0 when everything passed.
+tokens and print them as JSON; ``serve --smoke-test`` must answer a chat request
+on 127.0.0.1; a normal start must open the window and load the model with no
+traceback. Exits 0 when everything passed.
 """
 
 from __future__ import annotations
@@ -156,6 +157,33 @@ def smoke(cli: Path, data: Path, env: dict[str, str], prefix: list[str]) -> dict
     return {"seconds": round(seconds, 1), "generated_tokens": tokens, "model": result["model"]}
 
 
+def serve_smoke(cli: Path, data: Path, env: dict[str, str]) -> dict[str, object]:
+    """``serve --smoke-test`` on port 0: uvicorn, Starlette and the worker in the frozen app
+    answer one chat request on 127.0.0.1. Run on the host's network: a fresh network
+    namespace (``unshare -n``) has its loopback interface down."""
+    cmd = [str(cli), "serve", "--smoke-test", "--port", "0", "--data-dir", str(data)]
+    say("serve: " + " ".join(cmd))
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=SMOKE_TIMEOUT_S, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise Failed(f"serve --smoke-test did not finish in {SMOKE_TIMEOUT_S} s") from exc
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        result = {}
+    tokens = (result.get("usage") or {}).get("completion_tokens", 0)
+    if proc.returncode != 0 or not result.get("ok") or not tokens:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise Failed(f"serve --smoke-test exited {proc.returncode} with {result or 'no JSON'}")
+    seconds = time.monotonic() - start
+    say(f"serve: ok in {seconds:.1f} s, {tokens} tokens through {result.get('url')}")
+    return {"seconds": round(seconds, 1), "completion_tokens": tokens}
+
+
 def gui_start(app: Path, data: Path, env: dict[str, str], prefix: list[str]) -> float:
     """A normal start (window, panels, engine): it must load the model and keep running."""
     log = data / "logs" / "lamplight.log"
@@ -230,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="lamplight-smoke-") as tmp:
                 env = frozen_env(Path(tmp))
                 summary["smoke"] = smoke(cli, Path(tmp) / "data", env, prefix)
+                summary["serve"] = serve_smoke(cli, Path(tmp) / "data", env)
                 summary["window_s"] = round(gui_start(app, Path(tmp) / "data", env, prefix), 1)
         summary["ok"] = True
     except Failed as exc:

@@ -98,3 +98,37 @@ def test_signal_emit_keeps_reference_counts() -> None:
     for _ in range(500):
         emitter.text.emit(1, "token")
     assert sys.getrefcount(True) >= before - 5
+
+
+def test_the_window_and_serve_load_no_asgi_stack_until_a_server_starts() -> None:
+    """Starlette and uvicorn are imported when a server starts, not with the GUI."""
+    code = (
+        "import sys\n"
+        "import ui.main, ui.main_window, ui.serve, ui.api_status, ui.api_dialog\n"
+        "import app.api.runner, app.api.scheduler\n"
+        "print(','.join(sorted(m for m in sys.modules\n"
+        "                      if m.split('.')[0] in ('starlette', 'uvicorn', 'openai'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
+    )
+    assert out.stdout.strip() == "", f"imported at start-up: {out.stdout}"
+
+
+def test_serve_help_lists_its_options() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "ui", "serve", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    for option in ("--host", "--port", "--model", "--api-key", "--data-dir", "--smoke-test"):
+        assert option in out.stdout

@@ -235,3 +235,4 @@ def test_frozen_app_builds_and_passes_its_smoke_test(tmp_path: Path) -> None:
     assert summary["ok"]
     assert summary["smoke"]["generated_tokens"] > 0
     assert summary["smoke"]["model"]["backend"]
+    assert summary["serve"]["completion_tokens"] > 0  # `serve --smoke-test` on 127.0.0.1

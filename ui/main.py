@@ -1,4 +1,5 @@
-"""Entry point: ``lamplight [--data-dir PATH] [--model PATH] [--smoke-test]``."""
+"""Entry point: ``lamplight [--data-dir PATH] [--model PATH] [--smoke-test]``, and
+``lamplight serve [...]`` for the API server without a window (``ui/serve.py``)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ MAX_NOTES = 10  # startup notes shown in the window; the log has them all
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="lamplight", description="Chat with local language models, llama.cpp in-process."
+        prog="lamplight",
+        description="Chat with local language models, llama.cpp in-process. "
+        "'lamplight serve --help': the OpenAI-compatible API without a window.",
     )
     parser.add_argument(
         "--data-dir",
@@ -129,7 +132,12 @@ def hub_services(dirs: DataDirs) -> HubServices:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "serve":
+        from ui.serve import main as serve
+
+        return serve(argv[1:])
+    args = parse_args(argv)
     notes: list[str] = []  # damaged files set aside or repaired, for the user
     dirs = data_dirs(args.data_dir, notes)
     notes += filter(None, [setup_logging(dirs)])
@@ -158,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clients: list[EngineClient] = []
 
     def make_client(store: ConversationStore) -> EngineClient:
-        clients.append(EngineClient(dirs.models, store=store))
+        clients.append(EngineClient(dirs.models, store=store, pool_mb=settings.api.pool_mb))
         return clients[0]
 
     window = open_window(dirs, settings, notes, make_client, hub_services(dirs), note)

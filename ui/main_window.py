@@ -25,7 +25,7 @@ from app.chat.conversation import Conversation
 from app.chat.session import ChatSession
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
+from app.config.params import ApiSettings, LoadConfig, SamplingParams
 from app.config.paths import DataDirs
 from app.config.presets import PresetStore
 from app.config.settings import AppSettings
@@ -43,6 +43,7 @@ from ui import (
     window_actions,
     window_state,
 )
+from ui.api_status import ApiControl
 from ui.chat_pane import ChatPane
 from ui.conversation_list import ConversationList
 from ui.hub_workers import HubServices
@@ -83,6 +84,7 @@ class MainWindow(QMainWindow):
     manager_action: QAction
     compact_cache_action: QAction
     connect_action: QAction
+    api_action: QAction
     new_chat_button: QWidget
     chat_menu: QMenu
     view_menu: QMenu
@@ -171,6 +173,7 @@ class MainWindow(QMainWindow):
         bar = self.statusBar()
         self.model_status = ModelStatus(self, bar, self._client.cancel_load)
         self.remote = RemoteControl(self, bar)
+        self.api = ApiControl(self._client, bar, self)
         self.status_model = self.model_status.label
         self.status_backend = self.model_status.backend
         self.status_speed = self._label("", "statusSpeed")
@@ -299,7 +302,12 @@ class MainWindow(QMainWindow):
     def send(self) -> None:
         if not self.chat.has_text() or self.busy or self._model is None or self._loading:
             return
+        waiting = self.api.waiting_note()
+        if waiting:
+            self.transcript.add_notice(waiting)
         self.session.send(self.chat.take_text(), self._settings.sampling)
+        if waiting:  # until the reply's first words replace it
+            self.status_speed.setText("waiting for the API request…")
 
     def send_dropping_older(self) -> None:
         """Send what is in the input box once with older messages dropped to make room."""
@@ -372,9 +380,19 @@ class MainWindow(QMainWindow):
     # -- model -----------------------------------------------------------------------
 
     def start_engine(self, model: str | Path | None) -> None:
-        """At start: reconnect to the server in use at the last quit, else load ``model``."""
+        """At start: reconnect to the server in use at the last quit, else load ``model``;
+        then the local API server, if it is switched on."""
         if not self.remote.start():
             self.load_model(model)
+        if self._settings.api.enabled:
+            problem = self.api.start(self._settings.api)
+            if problem:
+                self.session_view.notice(f"The local API server did not start: {problem}")
+
+    def set_api_settings(self, api: ApiSettings) -> None:
+        """The API server's settings, as the dialog applied them."""
+        self._settings.api = api
+        self._save_settings()
 
     def load_model(self, path: str | Path | None) -> None:
         """Load ``path``, or the embedded default model when None."""
@@ -517,6 +535,8 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self._closing = True
+        # First: API requests end and none reaches the worker while the chat is saved.
+        self.api.stop()
         if self.busy:
             # Stop the reply and let it be recorded and saved like any stopped reply.
             loop = QEventLoop()

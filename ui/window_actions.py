@@ -19,6 +19,7 @@ from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
 
 if TYPE_CHECKING:
+    from ui.api_dialog import ApiDialog
     from ui.main_window import MainWindow
 
 Shortcut = QKeySequence | QKeySequence.StandardKey | str | None
@@ -112,11 +113,17 @@ def build(win: MainWindow) -> None:
         "Chat with a model on llama-server, vLLM, Ollama or another OpenAI-compatible "
         "server (Ctrl+Shift+K)",
     )
+    win.api_action = _action(
+        win,
+        "Local API server…",
+        lambda: show_api_dialog(win),
+        tip="Let other programs use the loaded model through an OpenAI-compatible API",
+    )
     model_menu = win.model_menu = menu.addMenu("&Model")
     for a in (win.manager_action, win.open_model_action):
         model_menu.addAction(a)
     win.recent_models = recent_models.install(win, model_menu)
-    for a in (win.connect_action, win.compact_cache_action):
+    for a in (win.connect_action, win.api_action, win.compact_cache_action):
         model_menu.addAction(a)
     menu.addMenu("&Help").addAction(
         _action(win, "Hardware and backends…", lambda: show_backend_page(win))
@@ -171,6 +178,20 @@ def ask_open_model(win: MainWindow) -> None:
     )
     if path:
         win.session.when_idle(lambda: win.load_model(path))
+
+
+def show_api_dialog(win: MainWindow) -> ApiDialog:
+    """Model -> Local API server…: one dialog per window, kept until quit."""
+    from ui.api_dialog import ApiDialog
+
+    dialog = win.findChild(ApiDialog, "apiDialog")
+    if dialog is None:
+        dialog = ApiDialog(win.api, win._settings.api, win.set_api_settings, win)
+    else:
+        dialog.refresh(win._settings.api)
+    dialog.show()
+    dialog.raise_()
+    return dialog
 
 
 def show_backend_page(win: MainWindow) -> None:

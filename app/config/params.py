@@ -9,9 +9,11 @@ the same way but have no control in the panel.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -104,7 +106,13 @@ class FieldSpec:
 
     @property
     def default(self) -> Any:
-        source = LoadConfig() if self.target == "load" else SamplingParams()
+        source: object = (
+            LoadConfig()
+            if self.target == "load"
+            else ApiSettings()
+            if self.target == "api"
+            else SamplingParams()
+        )
         return getattr(source, self.name)
 
 
@@ -596,3 +604,164 @@ def sampling_to_dict(params: SamplingParams) -> dict[str, Any]:
     data = {f.name: getattr(params, f.name) for f in fields(SamplingParams)}
     data["stop"] = list(params.stop)
     return data
+
+
+# -- the local API server (issue 17) ---------------------------------------------------------
+
+API_PORT = 1234  # LM Studio's port: tools that know it find Lamplight there
+HOST_CHARS = 253
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]{1,253})(:[0-9]{1,5})?")
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    """The local OpenAI-compatible server: off until the user turns it on.
+
+    The API key is not here: it lives in the keyring (``app.remote.keys``, id ``api-server``).
+    """
+
+    enabled: bool = False
+    host: str = "127.0.0.1"  # loopback; any other address needs an API key
+    port: int = API_PORT  # 0: any free port
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call it (none: CORS off)
+    max_queue: int = 8  # requests waiting or running; more get 429
+    max_body_mb: int = 8  # a larger request body gets 413
+    pool_mb: int = 256  # RAM for KV snapshots of recent API and chat prompts
+
+
+API_SPECS: tuple[FieldSpec, ...] = (
+    FieldSpec(
+        "enabled", "Serve the API", "bool", "api", "Start the server with the app.", target="api"
+    ),
+    FieldSpec(
+        "host",
+        "Address",
+        "text",
+        "api",
+        "The address to listen on: 127.0.0.1 for this computer only.",
+        maximum=HOST_CHARS,
+        target="api",
+    ),
+    FieldSpec("port", "Port", "int", "api", "TCP port (0: any free one).", 0, 65535, target="api"),
+    FieldSpec(
+        "cors_origins",
+        "Allowed web origins",
+        "list",
+        "api",
+        "Web pages (https://host:port) allowed to call the API from a browser.",
+        target="api",
+    ),
+    FieldSpec(
+        "max_queue",
+        "Queue size",
+        "int",
+        "api",
+        "Requests running or waiting; more are refused with 429.",
+        1,
+        64,
+        target="api",
+    ),
+    FieldSpec(
+        "max_body_mb",
+        "Largest request (MB)",
+        "int",
+        "api",
+        "Larger request bodies are refused with 413.",
+        1,
+        256,
+        target="api",
+    ),
+    FieldSpec(
+        "pool_mb",
+        "Prompt cache (MB)",
+        "int",
+        "api",
+        "RAM for KV snapshots of recent prompts (0: off).",
+        0,
+        16384,
+        target="api",
+    ),
+)
+API_SPEC_BY_NAME = {s.name: s for s in API_SPECS}
+
+
+def is_host(value: str) -> bool:
+    """An IP address or a DNS host name (``localhost`` included)."""
+    if not value or len(value) > HOST_CHARS:
+        return False
+    try:
+        ipaddress.ip_address(value)
+        return True
+    except ValueError:
+        pass
+    name = value[:-1] if value.endswith(".") else value
+    return all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback address: reachable from this computer only."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_origin(value: str) -> bool:
+    """``*`` or a web origin: ``http(s)://host[:port]``, no path."""
+    if value == "*":
+        return True
+    m = _ORIGIN.fullmatch(value)
+    return m is not None and (m.group(2) is None or 0 < int(m.group(2)[1:]) <= 65535)
+
+
+def check_api(spec: FieldSpec, value: Any) -> Any:
+    """``check`` plus the address and origin syntax."""
+    value = check(spec, value)
+    if spec.name == "host" and not is_host(value):
+        raise SettingError(
+            "host", f"Address must be an IP address or a host name (got {short_repr(value)})."
+        )
+    if spec.name == "cors_origins":
+        bad = [o for o in value if not is_origin(o)]
+        if bad:
+            raise SettingError(
+                "cors_origins",
+                f"Allowed web origins must look like https://host:port (got {short_repr(bad[0])}).",
+            )
+    return value
+
+
+def validate_api(values: dict[str, Any], base: ApiSettings | None = None) -> ApiSettings:
+    """ApiSettings from ``values`` (missing fields from ``base``); every field checked.
+
+    Raises:
+        SettingError: the first bad field, by name, with what it must be.
+    """
+    out = {}
+    for name, value in values.items():
+        spec = API_SPEC_BY_NAME.get(name)
+        if spec is None:
+            raise SettingError(name, f"Unknown server setting {name!r}.")
+        out[name] = check_api(spec, value)
+    return replace(base or ApiSettings(), **out)
+
+
+def repair_api(values: Any) -> tuple[ApiSettings, list[str]]:
+    """ApiSettings from stored values: a bad field takes its default, with a note."""
+    if not isinstance(values, dict):
+        return ApiSettings(), []
+    out: dict[str, Any] = {}
+    notes = []
+    for f in fields(ApiSettings):
+        if f.name not in values:
+            continue
+        spec = API_SPEC_BY_NAME[f.name]
+        try:
+            out[f.name] = check_api(spec, values[f.name])
+        except SettingError as exc:
+            out[f.name] = spec.default
+            notes.append(f"{str(exc)[:-1]}; using the default ({short_repr(spec.default)}).")
+    return ApiSettings(**out), notes

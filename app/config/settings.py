@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from app.config.params import (
+    ApiSettings,
     LoadConfig,
     SamplingParams,
+    repair_api,
     repair_load,
     repair_sampling,
     short_repr,
@@ -62,6 +64,7 @@ class AppSettings:
     theme: str = "system"  # follow the OS, or force "light" / "dark"
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    api: ApiSettings = field(default_factory=ApiSettings)  # the local API server (off)
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"version": SETTINGS_VERSION, **asdict(self)}
@@ -71,12 +74,13 @@ class AppSettings:
     def from_dict(cls, data: dict[str, Any], notes: list[str] | None = None) -> AppSettings:
         """Settings from stored values; every invalid one is repaired and noted in ``notes``."""
         notes = [] if notes is None else notes
-        for key in ("load", "sampling"):
+        for key in ("load", "sampling", "api"):
             if key in data and not isinstance(data[key], dict):
                 notes.append(f"the {key} settings were not an object; using the defaults.")
         load, load_notes = repair_load(data.get("load"))
         sampling, sampling_notes = repair_sampling(data.get("sampling"))
-        notes += load_notes + sampling_notes
+        api, api_notes = repair_api(data.get("api"))
+        notes += load_notes + sampling_notes + api_notes
 
         def take(key: str, ok: bool, default: Any) -> Any:
             if ok:
@@ -111,6 +115,7 @@ class AppSettings:
             theme=take("theme", theme in THEMES, "system"),
             load=load,
             sampling=sampling,
+            api=api,
         )
 
     def remember_model(self, path: str) -> None:

@@ -1,0 +1,191 @@
+"""The API server's settings group (``ApiSettings``): declared, checked, repaired, fuzzed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.config.params import (
+    API_SPEC_BY_NAME,
+    ApiSettings,
+    SettingError,
+    check_api,
+    is_host,
+    is_loopback,
+    is_origin,
+    validate_api,
+)
+from app.config.settings import AppSettings
+from tests.test_hostile_files import (
+    FUZZ,
+    check_set_aside_or_repaired,
+    mutated,
+    one_line,
+    timed,
+    tree,
+)
+
+CUSTOM = ApiSettings(
+    enabled=True,
+    host="localhost",
+    port=8123,
+    cors_origins=("http://localhost:3000", "https://app.example.org"),
+    max_queue=3,
+    max_body_mb=2,
+    pool_mb=64,
+)
+
+
+def test_defaults_are_off_and_local() -> None:
+    s = AppSettings().api
+    assert (s.enabled, s.host, s.port, s.cors_origins) == (False, "127.0.0.1", 1234, ())
+    assert (s.max_queue, s.max_body_mb) == (8, 8)
+    assert is_loopback(s.host)
+    for f in fields(ApiSettings):  # every field has a declaration that accepts its default
+        check_api(API_SPEC_BY_NAME[f.name], getattr(s, f.name))
+
+
+@pytest.mark.parametrize(
+    ("host", "ok", "loopback"),
+    [
+        ("127.0.0.1", True, True),
+        ("127.8.9.1", True, True),
+        ("::1", True, True),
+        ("localhost", True, True),
+        ("0.0.0.0", True, False),
+        ("192.168.1.20", True, False),
+        ("my-box.local", True, False),
+        ("", False, False),
+        ("a..b", False, False),
+        ("-bad.example", False, False),
+        ("http://127.0.0.1", False, False),
+        ("127.0.0.1 ", False, False),
+        ("x" * 300, False, False),
+    ],
+)
+def test_host_syntax(host: str, ok: bool, loopback: bool) -> None:
+    assert is_host(host) == ok
+    assert is_loopback(host) == loopback
+
+
+@pytest.mark.parametrize(
+    ("origin", "ok"),
+    [
+        ("http://localhost:3000", True),
+        ("https://app.example.org", True),
+        ("http://[::1]:8080", True),
+        ("*", True),
+        ("https://app.example.org/", False),
+        ("ftp://x", False),
+        ("localhost:3000", False),
+        ("http://a:99999", False),
+        ("http://a b", False),
+    ],
+)
+def test_origin_syntax(origin: str, ok: bool) -> None:
+    assert is_origin(origin) == ok
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"host": "not a host"}, "host"),
+        ({"port": 70000}, "port"),
+        ({"port": "1234"}, "port"),
+        ({"max_queue": 0}, "max_queue"),
+        ({"cors_origins": ["ftp://x"]}, "cors_origins"),
+        ({"cors_origins": ["http://a"] * 17}, "cors_origins"),
+        ({"enabled": 1}, "enabled"),
+        ({"bogus": 1}, "bogus"),
+    ],
+)
+def test_validate_names_the_bad_field(values: dict[str, object], field: str) -> None:
+    with pytest.raises(SettingError) as caught:
+        validate_api(values)
+    assert caught.value.field == field
+    one_line(str(caught.value))
+
+
+def test_round_trip_through_the_settings_file(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    AppSettings(api=CUSTOM).save(path)
+    assert json.loads(path.read_text())["api"]["cors_origins"] == list(CUSTOM.cors_origins)
+    assert AppSettings.load_with_notes(path) == (AppSettings(api=CUSTOM), [])
+
+
+def test_bad_values_are_repaired_one_by_one(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    doc = json.loads(AppSettings(api=CUSTOM).to_json())
+    doc["api"].update(host="0.0.0.0 ; rm", port=-1, max_queue=10**40, enabled="yes")
+    path.write_text(json.dumps(doc))
+    loaded, notes = AppSettings.load_with_notes(path)
+    assert loaded.api == ApiSettings(
+        enabled=False,  # never switched on by a damaged file
+        host="127.0.0.1",
+        port=1234,
+        cors_origins=CUSTOM.cors_origins,
+        max_queue=8,
+        max_body_mb=2,
+        pool_mb=64,
+    )
+    assert len(notes) == 5 and notes[-1].startswith("settings.json was repaired")
+    for note in notes:
+        one_line(note)
+    assert AppSettings.load_with_notes(path) == (loaded, [])
+
+
+@pytest.mark.parametrize("value", [[], "on", 5, None])
+def test_an_api_group_that_is_not_an_object_gives_the_defaults(
+    tmp_path: Path, value: object
+) -> None:
+    path = tmp_path / "settings.json"
+    doc = json.loads(AppSettings(api=CUSTOM).to_json())
+    doc["api"] = value
+    path.write_text(json.dumps(doc))
+    loaded, notes = AppSettings.load_with_notes(path)
+    assert loaded.api == ApiSettings()
+    assert notes and "api settings were not an object" in notes[0]
+
+
+@pytest.fixture()
+def api_dir(tmp_path: Path) -> Path:
+    data = tmp_path / "base" / "data"
+    data.mkdir(parents=True)
+    return data
+
+
+def api_file(api_json: bytes) -> bytes:
+    """A settings file whose ``api`` group is ``api_json`` (which may not be JSON at all)."""
+    rest = json.loads(AppSettings(system_prompt="Be kind.").to_json())
+    del rest["api"]
+    return json.dumps(rest).encode()[:-1] + b', "api": ' + api_json + b"}"
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_api_settings(api_dir: Path, data: st.DataObject) -> None:
+    """A damaged ``api`` group never yields a setting out of its declaration, never turns
+    the server on by itself, and a repaired file reads back clean."""
+    path = api_dir / "settings.json"
+    for stray in api_dir.glob("*.bad"):
+        stray.unlink()
+    path.write_bytes(api_file(json.dumps(asdict(CUSTOM)).encode()))
+    content = api_file(data.draw(mutated(json.dumps(asdict(CUSTOM)).encode())))
+    path.write_bytes(content)
+    before = tree(api_dir.parent)
+    loaded, notes = timed(lambda: AppSettings.load_with_notes(path))
+    for f in fields(ApiSettings):
+        check_api(API_SPEC_BY_NAME[f.name], getattr(loaded.api, f.name))
+    if loaded.api.enabled:
+        assert json.loads(content)["api"]["enabled"] is True
+    outcome = check_set_aside_or_repaired(api_dir, "settings.json", notes, content, before)
+    if outcome == "set aside":
+        assert loaded == AppSettings()
+    elif outcome == "repaired":
+        assert AppSettings.load_with_notes(path) == (loaded, [])
+    assert AppSettings.from_dict(json.loads(loaded.to_json())) == loaded
