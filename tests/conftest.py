@@ -45,6 +45,15 @@ def model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def draft_path(model_path: Path) -> Path:
+    """A real draft model for the default model: its first 4 blocks with the same
+    vocabulary and head (``tests/draft_model.py``), built once per checkout (~12 s)."""
+    from tests.draft_model import draft_model_path
+
+    return draft_model_path()
+
+
+@pytest.fixture(scope="session")
 def loaded_engine(model_path: Path) -> Iterator[Engine]:
     engine = Engine()
     engine.load(model_path, TEST_LOAD)

@@ -15,6 +15,7 @@ from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
     Backend,
     Capabilities,
+    DraftInfo,
     EngineEvent,
     Finished,
     KvState,
@@ -27,11 +28,18 @@ from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import AUTO, ChatMessage, TemplateOverride
 from app.gguf.lora import LoraError, LoraStack
-from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
+from app.util.errors import (
+    ContextOverflowError,
+    DraftError,
+    ModelFileError,
+    ModelLoadError,
+    NoModelLoaded,
+)
 
 FAKE_CAPABILITIES = Capabilities(
     snapshots=True,
     template_override=True,
+    draft_model=True,
     why_not={
         "lora": "the fake engine takes no adapters",
         "grammar": "the fake engine has no grammar sampler",
@@ -45,7 +53,9 @@ FAKE_CAPABILITIES = Capabilities(
 class FakeEngine:
     """Streams ``reply`` word by word, ``delay`` seconds apart, after ``prefill_delay``.
 
-    A token list stands in for the KV cache, so snapshots round-trip.
+    A token list stands in for the KV cache, so snapshots round-trip. A draft model is
+    any existing file whose name has no "incompatible" in it; with ``draft_model`` on,
+    every second word counts as an accepted guess (drafts are made up, like the words).
     """
 
     def __init__(
@@ -65,6 +75,9 @@ class FakeEngine:
         self.kv_tokens: list[int] = []
         self.template = AUTO  # the last set_template (the fake renders nothing)
         self.base_model = False  # what the next load reports as ModelInfo.base_model
+        self._draft: DraftInfo | None = None
+        self.caps = FAKE_CAPABILITIES  # what it reports (a test may play a server's part)
+        self.draft_loads: list[Path | None] = []  # every set_draft, in order
 
     @property
     def model(self) -> ModelInfo | None:
@@ -76,7 +89,7 @@ class FakeEngine:
 
     @property
     def capabilities(self) -> Capabilities:
-        return FAKE_CAPABILITIES
+        return self.caps
 
     def hardware(self) -> HardwareInfo:
         return HardwareInfo(False, ())
@@ -97,6 +110,7 @@ class FakeEngine:
                 raise LoadCancelled("cancelled")
         self.loads += 1
         self.kv_tokens = []
+        self._draft = None  # like the engine: a new model drops the draft
         self._model = ModelInfo(
             path=Path(path),
             name="Fake model",
@@ -110,7 +124,7 @@ class FakeEngine:
             template="fake",
             backend="CPU",
             load_ms=1.0,
-            capabilities=FAKE_CAPABILITIES,
+            capabilities=self.caps,
             base_model=self.base_model,
         )
         self.template = AUTO
@@ -118,7 +132,37 @@ class FakeEngine:
 
     def unload(self) -> None:
         self._model = None
+        self._draft = None
         self.kv_tokens = []
+
+    @property
+    def draft_info(self) -> DraftInfo | None:
+        return self._draft
+
+    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+        self.draft_loads.append(Path(path) if path else None)
+        if not path:
+            self._draft = None
+            return None
+        if self._model is None:
+            raise NoModelLoaded("No model is loaded. Open a model first.")
+        if not self.caps.draft_model:
+            raise DraftError(f"Cannot use a draft model here: {self.caps.why_not['draft_model']}.")
+        draft = Path(path)
+        if "incompatible" in draft.name:
+            raise DraftError(
+                f"{draft.name} cannot draft for {self._model.name}: "
+                "its vocabulary has 32,000 tokens; the model's has 262,144."
+            )
+        if not draft.is_file():
+            raise DraftError(f"The draft model file is not there: {draft}")
+        self._draft = DraftInfo(
+            path=draft,
+            name=draft.stem,
+            n_params=100_000,
+            n_ctx=n_ctx or min(self._model.n_ctx, 4096),
+        )
+        return self._draft
 
     def reset(self) -> None:
         self.resets += 1
@@ -162,6 +206,15 @@ class FakeEngine:
             return
         parts: list[str] = []
         words = self.reply.split(" ")
+        metrics.draft_kind = (
+            "model"
+            if params.draft_model and self._draft is not None
+            else "lookup"
+            if params.speculative
+            else ""
+        )
+        if metrics.draft_kind:
+            metrics.draft_len_final = params.draft_len
         for i, word in enumerate(words[: params.max_tokens]):
             if stop.is_set():
                 metrics.stop_reason = "cancelled"
@@ -172,6 +225,11 @@ class FakeEngine:
             text = word if i == 0 else " " + word
             parts.append(text)
             metrics.generated_tokens += 1
+            if metrics.draft_kind and i:
+                # A guess for every word after the first, every second one right.
+                metrics.drafted_tokens += 1
+                metrics.accepted_tokens += i % 2
+                metrics.draft_ms += 0.1
             metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
             yield Token(text)
         metrics.stop_reason = "eos"

@@ -46,6 +46,8 @@ from ui import (
 from ui.api_status import ApiControl
 from ui.chat_pane import ChatPane
 from ui.conversation_list import ConversationList
+from ui.draft_control import DraftControl
+from ui.draft_control import install as install_draft_control
 from ui.hub_workers import HubServices
 from ui.model_manager import ModelManager
 from ui.model_status import ModelStatus
@@ -91,6 +93,7 @@ class MainWindow(QMainWindow):
     model_menu: QMenu
     recent_models: RecentModels
     backend_page: QDialog
+    draft_control: DraftControl
 
     def __init__(
         self,
@@ -124,6 +127,7 @@ class MainWindow(QMainWindow):
         window_actions.build(self)
         self.onboarding = install_onboarding(self)
         self.prompt_controls = install_prompt_controls(self)
+        self.draft_control = install_draft_control(self)
         self._connect_engine()
         self.refresh_sidebar()
         self._update_buttons()

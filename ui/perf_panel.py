@@ -28,13 +28,14 @@ from PySide6.QtWidgets import (
 
 from app.engine.metrics import MessageMetrics
 from app.util.sysinfo import rss_bytes
+from ui.draft_stats import draft_text, drafted, tokens_per_pass
 
 REDRAW_MS = 250
 RSS_SAMPLE_MS = 2000
 LIVE_WINDOW_S = 1.0  # moving average window
 RSS_POINTS = 600
 
-BLUE, ORANGE, GREEN, PURPLE = "#3b82f6", "#f59e0b", "#10b981", "#a855f7"
+BLUE, ORANGE, GREEN, PURPLE, RED = "#3b82f6", "#f59e0b", "#10b981", "#a855f7", "#ef4444"
 
 
 class PerfPanel(QDockWidget):
@@ -66,6 +67,26 @@ class PerfPanel(QDockWidget):
         self.ttft_curve = self.ttft.plot(
             pen=pg.mkPen(PURPLE, width=2), symbol="o", symbolSize=5, symbolBrush=PURPLE
         )
+        # Speculative decoding: guesses kept, and reply tokens per forward pass of the model
+        # (1.0 is plain decoding); replies without drafting leave a gap.
+        self.drafts = self._plot("Drafting per reply", ("reply", ""), ("ratio", ""))
+        self.drafts.addLegend(offset=(2, 2), labelTextSize="7pt")
+        self.drafts_speedup = self.drafts.plot(
+            pen=pg.mkPen(RED, width=2),
+            symbol="o",
+            symbolSize=5,
+            symbolBrush=RED,
+            name="tokens per pass",
+            connect="finite",
+        )
+        self.drafts_acceptance = self.drafts.plot(
+            pen=pg.mkPen(GREEN, width=2),
+            symbol="t",
+            symbolSize=5,
+            symbolBrush=GREEN,
+            name="guesses kept",
+            connect="finite",
+        )
         self.itl = self._plot("Token latency, last reply", ("latency", "ms"), ("tokens", ""))
         self.itl_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=BLUE)
         self.itl.addItem(self.itl_bars)
@@ -76,7 +97,14 @@ class PerfPanel(QDockWidget):
         self.memory.getViewBox().setLimits(minYRange=16 * 1024 * 1024, minXRange=1.0, xMin=0.0)
         # One row of small charts: the panel sits under the chat without crowding it.
         for col, (plot, stretch) in enumerate(
-            ((self.live, 3), (self.history, 2), (self.ttft, 2), (self.itl, 2), (self.memory, 2))
+            (
+                (self.live, 3),
+                (self.history, 2),
+                (self.ttft, 2),
+                (self.drafts, 2),
+                (self.itl, 2),
+                (self.memory, 2),
+            )
         ):
             grid.addWidget(plot, 0, col)
             grid.setColumnStretch(col, stretch)
@@ -155,7 +183,7 @@ class PerfPanel(QDockWidget):
         pal = self.palette()
         bg = pal.color(QPalette.ColorRole.Base)
         fg = pal.color(QPalette.ColorRole.Text)
-        for w in (self.live, self.history, self.ttft, self.itl, self.memory):
+        for w in (self.live, self.history, self.ttft, self.drafts, self.itl, self.memory):
             w.setBackground(bg)
             for axis in ("left", "bottom"):
                 a = w.getAxis(axis)
@@ -252,6 +280,12 @@ class PerfPanel(QDockWidget):
         self.history_decode.setData(n, [m.decode_tok_s for m in self._history])
         self.history_prefill.setData(n, [m.prefill_tok_s for m in self._history])
         self.ttft_curve.setData(n, [m.ttft_ms for m in self._history])
+        speedup, acceptance = self.draft_points()
+        for curve, ys in ((self.drafts_speedup, speedup), (self.drafts_acceptance, acceptance)):
+            if np.isnan(ys).all():  # no reply drafted: nothing to draw (and no NaN bounds)
+                curve.setData([], [])
+            else:
+                curve.setData(n, ys)
         if not self._history:
             self.itl_bars.setOpts(x=[], height=[], width=1.0)
             self.summary.setText("")
@@ -269,8 +303,15 @@ class PerfPanel(QDockWidget):
             f"{last.prefill_tok_s:.0f} tok/s (llama.cpp: {last.native_prefill_tok_s:.0f}), "
             f"TTFT {last.ttft_ms:.0f} ms, ITL p50 {last.itl_p50_ms:.1f} / p95 "
             f"{last.itl_p95_ms:.1f} / max {last.itl_max_ms:.1f} ms"
-            + (f", drafts {last.acceptance:.0%} accepted" if last.drafted_tokens else "")
+            + (f"; {draft_text(last)}" if drafted(last) else "")
         )
+
+    def draft_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per reply: tokens per forward pass and the fraction of guesses kept (NaN for a
+        reply made without drafting, so the curves show a gap there)."""
+        speedup = [tokens_per_pass(m) if drafted(m) else np.nan for m in self._history]
+        kept = [m.acceptance if m.drafted_tokens else np.nan for m in self._history]
+        return np.asarray(speedup, dtype=float), np.asarray(kept, dtype=float)
 
     def _on_rss_sample(self) -> None:
         self._rss.append((time.monotonic() - self._t0, float(rss_bytes())))

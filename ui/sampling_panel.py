@@ -60,6 +60,8 @@ class SamplingPanel(QDockWidget):
         self._load = load  # last valid edited config
         self._errors: dict[str, str] = {}  # field -> message, sampling fields
         self._load_errors: dict[str, str] = {}
+        self._unavailable: dict[str, str] = {}  # from the engine's capabilities (window)
+        self._draft_unavailable: dict[str, str] = {}  # from the draft model chooser
         self._build()
         self._form.show_config(params, "sampling")
         self._form.show_config(load, "load")
@@ -110,7 +112,19 @@ class SamplingPanel(QDockWidget):
 
     def set_unavailable(self, reasons: Mapping[str, str]) -> None:
         """Disable settings the engine in use cannot honour, saying why in each tooltip."""
-        self._form.set_unavailable(reasons)
+        self._unavailable = dict(reasons)
+        self._form.set_unavailable({**self._draft_unavailable, **self._unavailable})
+
+    def set_draft_unavailable(self, reasons: Mapping[str, str]) -> None:
+        """As ``set_unavailable``, for the draft model's settings (kept apart, so that
+        either caller may update its own reasons without clearing the other's)."""
+        self._draft_unavailable = dict(reasons)
+        self._form.set_unavailable({**self._draft_unavailable, **self._unavailable})
+
+    def slot(self, name: str) -> QWidget:
+        """An empty row in the form for controls that are not settings fields (see
+        ``ui.settings_form.SLOTS``)."""
+        return self._form.slot(name)
 
     def params(self) -> SamplingParams:
         """The sampling settings in force: the last valid ones."""

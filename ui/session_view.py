@@ -14,6 +14,7 @@ from app.chat.session_cache import RestoreResult
 from app.config.params import SettingError, validate_sampling
 from app.engine.metrics import MessageMetrics
 from app.util.errors import ContextOverflowError
+from ui.draft_stats import reply_footer, tokens_per_pass
 
 if TYPE_CHECKING:
     from ui.main_window import MainWindow
@@ -72,15 +73,16 @@ class WindowView:
     def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
         w = self._win
         w.chat.end_stream()
-        footer = metrics.short_text() if metrics is not None else ""
+        footer = reply_footer(metrics) if metrics is not None else ""
         w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
         if metrics is not None and metrics.dropped_count:
             w.transcript.mark_forgotten(w.conversation.messages)
         w.perf_panel.set_history(w.reply_metrics)
         if metrics is not None:
-            w.status_speed.setText(
-                f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
-            )
+            speed = f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
+            if metrics.drafted_tokens:
+                speed += f" · {tokens_per_pass(metrics):.2f} tokens/pass"
+            w.status_speed.setText(speed)
             if metrics.cache_note:
                 w.transcript.add_notice(f"Cache rebuilt: {metrics.cache_note}.")
             for note in metrics.notes:

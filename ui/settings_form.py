@@ -41,6 +41,9 @@ GROUP_TITLES = {
     "model": "Model (applied on reload)",
 }
 OPEN_GROUPS = ("basic", "model")  # sections open at start; the others start collapsed
+# An empty row for controls that are not a FieldSpec, placed before the named field (or at
+# the end of its group): the draft model chooser sits above "Use draft model".
+SLOTS = {"draft_model": "speculative"}
 ERROR_STYLE = "color: #c62828;"
 
 Config = TypeVar("Config", SamplingParams, LoadConfig)
@@ -151,6 +154,7 @@ class SettingsForm(QWidget):
         self._values: dict[str, Any] = {}  # what the controls show, valid or not
         self._fields: dict[str, FieldRow] = {}
         self._sections: dict[str, Section] = {}
+        self.slots: dict[str, QWidget] = {}  # see ``SLOTS``; fill with ``slot(name).layout()``
         self._guard = WheelGuard(self)
 
         content = QWidget()
@@ -164,9 +168,14 @@ class SettingsForm(QWidget):
                 continue
             section = Section(group, GROUP_TITLES.get(group, group.capitalize()), content)
             for spec in specs:
+                if spec.name in SLOTS:
+                    self._add_slot(spec.name, section)
                 field = FieldRow(spec, section.body, self._on_field_edited, self._guard)
                 self._fields[spec.name] = field
                 section.add(field)
+            for name, slot_group in SLOTS.items():
+                if slot_group == group and name not in self.slots:
+                    self._add_slot(name, section)
             section.toggle.setChecked(group in OPEN_GROUPS)
             self._sections[group] = section
             column.addWidget(section)
@@ -191,6 +200,19 @@ class SettingsForm(QWidget):
         layout.setSpacing(6)
         layout.addWidget(scroll, 1)
         layout.addWidget(self.error_label)
+
+    def _add_slot(self, name: str, section: Section) -> None:
+        slot = QWidget(section.body)
+        slot.setObjectName(f"slot_{name}")
+        box = QVBoxLayout(slot)
+        box.setContentsMargins(0, 0, 0, 0)
+        box.setSpacing(2)
+        section.grid.addWidget(slot, section.grid.rowCount(), 0, 1, 4)
+        self.slots[name] = slot
+
+    def slot(self, name: str) -> QWidget:
+        """The empty row kept for extra controls before field ``name`` (see ``SLOTS``)."""
+        return self.slots[name]
 
     def set_unavailable(self, reasons: Mapping[str, str]) -> None:
         """Disable the named fields, each with its reason as the tooltip; enable the rest."""

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import QApplication, QTextBrowser, QWidget
 
 from app.chat.conversation import Message
 from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
+from ui.draft_stats import reply_footer
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 ACTION_SCHEME = "lamplight"
@@ -159,7 +160,7 @@ class TranscriptView(QTextBrowser):
                 self._times[i] = m.created
                 frame = self._new_frame("assistant", i, ("fork",), note)
                 self._texts[i] = m.content
-                self._fill(frame, m.content, metrics.short_text() if metrics else "", "", i)
+                self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
         self._set_last_reply(last_reply)
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())

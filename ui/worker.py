@@ -17,7 +17,14 @@ from app.api.gateway import ApiEvent, ApiFailure, ApiJob, failure_for, model_id
 from app.chat.session_cache import RestoreResult, SessionCache
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
-from app.engine.backend import Backend, EngineEvent, Finished, PrefillProgress, Token
+from app.engine.backend import (
+    Backend,
+    DraftInfo,
+    EngineEvent,
+    Finished,
+    PrefillProgress,
+    Token,
+)
 from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.engine.llama import Engine
 from app.engine.metrics import MessageMetrics
@@ -28,12 +35,15 @@ from app.models.default_model import ensure_default_model
 from app.remote.http import ServerUnreachable
 from app.util.errors import LamplightError
 from app.util.hashing import FingerprintCache
+from app.util.sysinfo import size_text
 
 log = logging.getLogger(__name__)
 
 # A load request with this path prepares and loads the embedded default model.
 DEFAULT_MODEL = ""
 API_PROGRESS_S = 0.25  # apiProgress at most this often
+MAX_DRAFT_CANDIDATES = 64  # library models checked as drafts, smallest first
+DRAFT_CHECKS_KEPT = 256  # remembered answers of draft_problem, by both files' versions
 
 _THREADS: weakref.WeakSet[QThread] = weakref.WeakSet()
 
@@ -74,9 +84,15 @@ class EngineWorker(QObject):
         apiStarted(str, str): an API job's id and client, as it starts running.
         apiProgress(str, int): an API job's id and reply tokens so far (at most 4 per second).
         apiEnded(str): an API job's id, after its terminal event went to ``job.emit``.
+        draftLoaded(object): the ``DraftInfo`` of the draft model now loaded, or None.
+        draftFailed(str): why a draft model was not loaded (the one before stays, if any).
+        draftCandidates(str, object): a target model's path and its ``DraftCandidate`` list.
 
     Exactly one of finished, cancelled, failed ends every request; one of loraApplied,
-    loraFailed answers every ``set_lora_stack``. After a reply that got going, the
+    loraFailed answers every ``set_lora_stack``. One of draftLoaded, draftFailed answers
+    every ``set_draft`` made while a model is loaded; without one, the choice is kept
+    and answered after the next load (a failure that also lost the previous draft is
+    followed by ``draftLoaded(None)``). After a reply that got going, the
     conversation's snapshot is written on this thread, so any request queued after
     the reply (a reload, a delete) sees it written.
 
@@ -105,6 +121,9 @@ class EngineWorker(QObject):
     apiStarted = Signal(str, str)
     apiProgress = Signal(str, int)
     apiEnded = Signal(str)
+    draftLoaded = Signal(object)
+    draftFailed = Signal(str)
+    draftCandidates = Signal(str, object)
 
     def __init__(
         self,
@@ -132,6 +151,10 @@ class EngineWorker(QObject):
         # The window's template choice (the engine's own until it sets one); API jobs
         # use theirs and put this one back.
         self._template_choice: TemplateOverride = AUTO
+        # The draft model the user chose; loaded again after each load of a model, like
+        # the LoRA stack (a new model drops the old one's draft).
+        self._draft_wanted: Path | None = None
+        self._draft_checks: dict[tuple[object, ...], str] = {}
 
     @Slot(str, object)
     def save_snapshot(self, conv_id: str, keep: frozenset[str]) -> None:
@@ -232,6 +255,106 @@ class EngineWorker(QObject):
         self._template_choice = override
         self.templateApplied.emit(info)
 
+    @Slot(str)
+    def set_draft(self, path: str) -> None:
+        """Load ``path`` as the draft model ("" for none), after the vocabulary check."""
+        self._draft_wanted = Path(path) if path else None
+        if self._engine.model is None:
+            return  # loaded with the next model (``load_model``)
+        self._apply_draft(answer=True)
+
+    def _apply_draft(self, answer: bool = False) -> None:
+        """Make the engine's draft the wanted one; ``answer``: say so even if unchanged."""
+        engine, wanted = self._engine, self._draft_wanted
+        if engine.model is None:
+            return
+        if not engine.capabilities.draft_model:
+            if wanted is not None and answer:
+                why = engine.capabilities.why_not.get("draft_model", "this engine takes none")
+                self.draftFailed.emit(f"A draft model cannot be used: {why}.")
+            return
+        current = engine.draft_info
+        if wanted is None and current is None:
+            if answer:
+                self.draftLoaded.emit(None)
+            return
+        if wanted is not None and current is not None and _same_file(current.path, wanted):
+            self.draftLoaded.emit(current)
+            return
+        try:
+            info = engine.set_draft(wanted)
+        except LamplightError as exc:
+            self._draft_failed(str(exc), current)
+        except Exception as exc:  # a bad draft file must not take the app down
+            log.exception("loading the draft model failed")
+            self._draft_failed(f"The draft model was not loaded: {exc}", current)
+        else:
+            self.draftLoaded.emit(info)
+
+    def _draft_failed(self, message: str, before: DraftInfo | None) -> None:
+        now = self._engine.draft_info
+        self._draft_wanted = now.path if now is not None else None
+        self.draftFailed.emit(message)
+        if now != before:
+            self.draftLoaded.emit(now)
+
+    @Slot(str, object)
+    def list_drafts(self, target: str, extra: list[str]) -> None:
+        """Check the library's models as drafts for ``target``; ``draftCandidates`` answers.
+
+        Only header metadata is read (``app.gguf.vocab_compat``); answers are kept per
+        file version, so a second look costs a directory scan.
+        """
+        try:
+            found = self._draft_candidates(Path(target), [Path(p) for p in extra])
+        except Exception:  # listing must never take the app down; an empty list says it
+            log.exception("listing draft models failed")
+            found = []
+        self.draftCandidates.emit(target, found)
+
+    def _draft_candidates(self, target: Path, extra: list[Path]) -> list[DraftCandidate]:
+        from app.gguf.vocab_compat import draft_problem
+        from app.models.library import Library
+
+        root = self._store.conversations_dir.parent if self._store else self._models_dir.parent
+        library = Library(self._models_dir, root / "library.json")
+        library.imported = extra
+        try:
+            target_st = target.stat()
+            target_key = (str(target.resolve()), target_st.st_size, target_st.st_mtime_ns)
+        except OSError:
+            return []
+        entries = sorted(
+            (
+                e
+                for e in library.scan()
+                if e.valid and not e.is_adapter and str(e.path.resolve()) != target_key[0]
+            ),
+            key=lambda e: e.size,
+        )[:MAX_DRAFT_CANDIDATES]
+        out: list[DraftCandidate] = []
+        for e in entries:
+            if e.size >= target_st.st_size:
+                problem = (
+                    f"It is not smaller than the model ({size_text(e.size)} vs "
+                    f"{size_text(target_st.st_size)}), so drafting with it would be slower."
+                )
+            else:
+                try:
+                    st = e.path.stat()
+                except OSError as exc:
+                    problem = f"It cannot be read ({exc.strerror or exc})."
+                else:
+                    key = (*target_key, str(e.path), st.st_size, st.st_mtime_ns)
+                    if key not in self._draft_checks:
+                        if len(self._draft_checks) >= DRAFT_CHECKS_KEPT:
+                            self._draft_checks.clear()
+                        self._draft_checks[key] = draft_problem(target, e.path)
+                    problem = self._draft_checks[key]
+            out.append(DraftCandidate(e.path, e.name, e.size, problem))
+        out.sort(key=lambda c: (bool(c.problem), c.size))
+        return out
+
     @Slot(str, object, object)
     def load_model(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
         last = [-1.0]
@@ -267,6 +390,7 @@ class EngineWorker(QObject):
                 self._apply_lora()
             self.modelLoaded.emit(info)
             self.connectionState.emit("local", "")
+            self._apply_draft()
 
     @Slot(object, object)
     def connect_remote(self, backend: Backend, cancel: threading.Event) -> None:
@@ -297,6 +421,7 @@ class EngineWorker(QObject):
         self._lora_wanted = LoraStack()  # local adapter files mean nothing to a server
         self.modelLoaded.emit(info)
         self.connectionState.emit("connected", info.backend)
+        self.draftLoaded.emit(None)  # the local engine let go of its draft; the wish stays
 
     def _switch(self, engine: Backend) -> None:
         """Make ``engine`` the one in use; the previous one lets go of its model or server."""
@@ -534,6 +659,13 @@ class EngineWorker(QObject):
             self._local.unload()
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a == b or a.resolve() == b.resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
 def _gui_key(conv_id: str) -> str:
     """The ``KvPool`` key of a GUI conversation."""
     return f"gui:{conv_id}"
@@ -556,6 +688,17 @@ class _ApiRelay:
             self._job.emit(event)
         except Exception:
             log.exception("an API job's emit failed")
+
+
+@dataclass(frozen=True)
+class DraftCandidate:
+    """A library model as a draft for the loaded one: ``problem`` says why it cannot be
+    one ("" when it can)."""
+
+    path: Path
+    name: str
+    size: int
+    problem: str
 
 
 @dataclass(frozen=True)
@@ -588,6 +731,8 @@ class EngineClient(QObject):
     _checkRequested = Signal()
     _templateRequested = Signal(object)
     _apiRequested = Signal(object)
+    _draftRequested = Signal(str)
+    _draftListRequested = Signal(str, object)
 
     def __init__(
         self,
@@ -614,6 +759,8 @@ class EngineClient(QObject):
         self._connectRequested.connect(self.worker.connect_remote)
         self._checkRequested.connect(self.worker.check_connection)
         self._templateRequested.connect(self.worker.set_template)
+        self._draftRequested.connect(self.worker.set_draft)
+        self._draftListRequested.connect(self.worker.list_drafts)
         # Queued explicitly: generate_api may be called from the server's thread.
         self._apiRequested.connect(self.worker.generate_api, Qt.ConnectionType.QueuedConnection)
         self._drainRequested.connect(self.worker.drain, Qt.ConnectionType.BlockingQueuedConnection)
@@ -693,6 +840,17 @@ class EngineClient(QObject):
     def set_template(self, override: TemplateOverride) -> None:
         """Use ``override`` from the next reply on; ``templateApplied`` answers."""
         self._templateRequested.emit(override)
+
+    def set_draft(self, path: str | Path | None) -> None:
+        """Load ``path`` as the draft model (None: none) on the worker, after the vocabulary
+        check; ``draftLoaded`` or ``draftFailed`` answers (after the next load, without a
+        model)."""
+        self._draftRequested.emit(str(path) if path else "")
+
+    def list_drafts(self, target: str | Path, extra: Sequence[str | Path] = ()) -> None:
+        """Check the library's models (and ``extra`` files) as drafts for ``target``;
+        ``draftCandidates`` answers."""
+        self._draftListRequested.emit(str(target), [str(p) for p in extra])
 
     def drain(self) -> None:
         """Wait until the worker has run every request queued before this call."""

@@ -73,6 +73,10 @@ class Conversation:
     forked_from: str | None = None
     n_tokens: int = 0
     sampling: dict[str, Any] | None = None  # the settings its last reply used
+    # The draft model its last reply drafted with ("" for none): chosen again on open. A
+    # draft changes only how fast a reply comes, so it is never a reason to refuse the
+    # conversation's saved cache (see ``app.chat.snapshot``).
+    draft_path: str = ""
     messages: list[Message] = field(default_factory=list)
 
     def chat(self) -> list[ChatMessage]:
@@ -152,6 +156,7 @@ class Conversation:
             forked_from=forked if is_valid_id(forked) else None,
             n_tokens=n_tokens if _is_count(n_tokens) else 0,
             sampling=sampling if _is_flat(sampling) else None,
+            draft_path=_path(data.get("draft_path")),
             messages=messages,
         )
 
@@ -210,6 +215,13 @@ def _text(value: Any, limit: int | None) -> str:
     if not isinstance(value, str):
         return ""
     return value if limit is None else value[:limit]
+
+
+def _path(value: Any) -> str:
+    """A file path as stored, or "" (not text, too long, or with a NUL: never a file)."""
+    if not isinstance(value, str) or len(value) > PATH_MAX or "\0" in value:
+        return ""
+    return value
 
 
 def _is_flat(value: Any) -> bool:

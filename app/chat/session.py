@@ -121,6 +121,9 @@ class ChatSession:
         self._view = view
         self.system_prompt = system_prompt
         self.model: ModelInfo | None = None
+        # The draft model loaded beside it ("" for none); a reply that drafts with it
+        # records it in the conversation.
+        self.draft_path = ""
         self.conversation = self._fresh()
         self.edit_index: int | None = None
         self.unsaved = False  # the last write failed; retried at the next action
@@ -357,6 +360,7 @@ class ChatSession:
     ) -> None:
         conv = self.conversation
         conv.sampling = sampling_to_dict(params)
+        conv.draft_path = self.draft_path if params.draft_model else ""
         shown = Conversation(system_prompt=conv.system_prompt, messages=prompt)
         request = self._link.generate(conv.id, shown.chat(), params)
         self._request = _Request(

@@ -19,6 +19,7 @@ from typing import Any
 from app.chat.snapshot import (
     SnapshotError,
     SnapshotHeader,
+    draft_record,
     read_header,
     read_snapshot,
     runtime_info,
@@ -71,6 +72,8 @@ class SessionCache:
             runtime=dict(model.runtime) or runtime_info(),
             cache=cache,
             lora=list(lora),
+            # A record only: another draft, or none, never refuses the cache.
+            draft=draft_record(self.engine.draft_info),
         )
 
     def save(self, conv_id: str, keep: frozenset[str] = frozenset()) -> tuple[int, list[str]]:

@@ -7,7 +7,8 @@ Layout (little-endian)::
 The payload is the sequence state, then the token ids (int32), the text
 (UTF-8) and the token/text marks (int32 pairs); the header gives each part's
 length, what the state depends on (model fingerprint, llama.cpp version,
-context settings, LoRA stack) and a CRC-32 of the payload. No logits are
+context settings, LoRA stack), the draft model loaded when it was made (a record
+only: see ``SnapshotHeader.mismatch``) and a CRC-32 of the payload. No logits are
 stored, so the size follows the KV cache. Files are written atomically.
 """
 
@@ -22,12 +23,12 @@ import struct
 import zlib
 from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
 from app.config.params import short_repr
-from app.engine.backend import KvState
+from app.engine.backend import DraftInfo, KvState
 from app.util.atomic import atomic_write_bytes
 from app.util.datafiles import DataFileError, open_regular, os_reason, parse_json
 from app.util.errors import LamplightError
@@ -55,9 +56,17 @@ class SnapshotHeader:
     cache: dict[str, Any]  # Engine.cache_config()
     lora: list[dict[str, Any]]
     n_tokens: int = 0
+    draft: dict[str, Any] = field(default_factory=dict)  # ``draft_record``; {} for none
 
     def mismatch(self, current: SnapshotHeader) -> str:
-        """Why this snapshot does not fit ``current`` (empty when it does)."""
+        """Why this snapshot does not fit ``current`` (empty when it does).
+
+        ``draft`` is not compared: the target's cache holds the target's own keys and
+        values for the accepted tokens whatever proposed them (a draft only changes how
+        many tokens each batch verifies), and the draft model keeps its own small cache,
+        which it rebuilds from the target's tokens. A cache saved with one draft, or
+        none, continues exactly under another.
+        """
         if self.model.get("sha256") != current.model.get("sha256"):
             return f"it was saved with another model ({self.model.get('name', 'unknown')})"
         if self.runtime != current.runtime:
@@ -75,6 +84,13 @@ class SnapshotHeader:
         if self.lora != current.lora:
             return "the LoRA adapters changed"
         return ""
+
+
+def draft_record(info: DraftInfo | None) -> dict[str, Any]:
+    """What a snapshot header records of the draft model loaded beside the target."""
+    if info is None:
+        return {}
+    return {"name": info.name, "path": str(info.path), "n_params": info.n_params}
 
 
 def runtime_info() -> dict[str, Any]:
@@ -100,6 +116,7 @@ def write_snapshot(path: Path, header: SnapshotHeader, kv: KvState) -> int:
         "runtime": header.runtime,
         "cache": header.cache,
         "lora": header.lora,
+        "draft": header.draft,
         "n_tokens": len(kv.tokens),
         "lengths": [len(p) for p in parts],
         "crc32": crc,
@@ -168,12 +185,16 @@ def _checked_header(head: Any) -> SnapshotHeader:
         raise _damaged("lengths")
     if not (_is_int(head.get("crc32")) and 0 <= head["crc32"] < 2**32):
         raise _damaged("crc32")
+    draft = head.get("draft", {})  # absent in files from before drafting with a model
+    if not _is_flat(draft):
+        raise _damaged("draft")
     return SnapshotHeader(
         model=dict(head["model"]),
         runtime=dict(head["runtime"]),
         cache=dict(head["cache"]),
         lora=[dict(entry) for entry in lora],
         n_tokens=n_tokens,
+        draft=dict(draft),
     )
 
 

@@ -65,7 +65,9 @@ class SamplingParams:
     json_schema: str = ""
     grammar: str = ""
     speculative: bool = False  # prompt-lookup (n-gram) drafting
-    draft_len: int = 8
+    draft_len: int = 16  # the most tokens drafted at a time (the adaptive length drafts fewer)
+    draft_model: bool = False  # draft with the loaded draft model (before prompt lookup)
+    adaptive_draft: bool = True  # draft fewer (down to none) when drafts are not kept
     # When the conversation outgrows the context: "stop", "truncate_middle" or "rolling".
     overflow: str = "truncate_middle"
 
@@ -310,16 +312,38 @@ SPECS: tuple[FieldSpec, ...] = (
         "Prompt-lookup drafting",
         "bool",
         "speculative",
-        "Guess the next tokens from text already in the conversation and check them "
-        "in one batch: faster on replies that repeat their context; never changes "
-        "what a greedy reply says.",
+        "Guess the next tokens from text already in the conversation and have the model "
+        "check them in one batch: faster on replies that repeat their context. Sampled "
+        "replies keep the model's distribution exactly. A greedy reply is the same as "
+        "without drafting up to floating-point rounding: batched and one-token evaluation "
+        "round differently, which can flip a near-tie and change the rest of the reply.",
+    ),
+    FieldSpec(
+        "draft_model",
+        "Use draft model",
+        "bool",
+        "speculative",
+        "Draft with the draft model chosen above (before prompt lookup): it guesses the next "
+        "tokens and the model checks them in one batch. Sampled replies keep the model's "
+        "distribution exactly; a greedy reply is the same as without drafting up to "
+        "floating-point rounding, which can flip a near-tie.",
+    ),
+    FieldSpec(
+        "adaptive_draft",
+        "Adaptive draft length",
+        "bool",
+        "speculative",
+        "Guess more tokens at a time while guesses are kept and fewer, down to none (plain "
+        "decoding, trying again now and then), while they fail, so drafting does not make "
+        "a reply slower.",
     ),
     FieldSpec(
         "draft_len",
-        "Draft length",
+        "Maximum draft length",
         "int",
         "speculative",
-        "How many tokens to guess at a time.",
+        "The most tokens to guess at a time (the adaptive length guesses fewer, or none, "
+        "while recent guesses fail).",
         1,
         16,
     ),
@@ -363,8 +387,8 @@ SPECS: tuple[FieldSpec, ...] = (
         "Flash attention",
         "bool",
         "model",
-        "Faster prompt reading (about 20% here); prompt-lookup drafting is then off, "
-        "because batched evaluation rounds differently.",
+        "Faster prompt reading (about 20% here); drafting (prompt lookup and the draft "
+        "model) is then off, because its batched evaluation rounds differently.",
         reload=True,
         target="load",
     ),

@@ -44,6 +44,7 @@ class Capabilities:
     token_latency: bool = False  # per-token arrival times are the engine's own
     gpu_offload: bool = False
     template_override: bool = False  # set_template: this app renders the prompt
+    draft_model: bool = False  # set_draft: speculative decoding with a draft model
     why_not: dict[str, str] = field(default_factory=dict)
 
 
@@ -75,6 +76,16 @@ class ModelInfo:
     # it looks like a base model: no chat template, no "instruct"/"chat"/"-it" in its names.
     template_inputs: TemplateInputs | None = None
     base_model: bool = False
+
+
+@dataclass(frozen=True)
+class DraftInfo:
+    """A loaded draft model (speculative decoding), as the UI shows it."""
+
+    path: Path
+    name: str
+    n_params: int
+    n_ctx: int
 
 
 @dataclass(frozen=True)
@@ -205,4 +216,20 @@ class Backend(Protocol):
 
         Raises:
             LamplightError: the state was refused.
+        """
+
+    @property
+    def draft_info(self) -> DraftInfo | None:
+        """The loaded draft model, or None."""
+
+    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+        """Load ``path`` as the draft model for speculative decoding (None: drop it).
+
+        The draft's vocabulary is checked against the loaded model's before it is
+        loaded. ``n_ctx`` 0 picks the draft's context size. On any error the previous
+        draft stays. Loading another model drops the draft.
+
+        Raises:
+            NoModelLoaded; DraftError (incompatible, unreadable or refused draft, or
+            ``capabilities.draft_model`` is off).
         """

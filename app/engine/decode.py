@@ -17,8 +17,9 @@ from typing import Any
 from app.config.params import SamplingParams
 from app.engine.backend import EngineEvent, Finished, Token
 from app.engine.context_map import ContextMap
+from app.engine.draft_length import DraftLength
+from app.engine.drafting import Drafter
 from app.engine.metrics import MessageMetrics
-from app.engine.ngram import NgramIndex
 from app.engine.sampler import build_sampler
 from app.engine.stopping import StopStringFilter
 from app.util.errors import DecodeError
@@ -111,7 +112,8 @@ def decode(
     stop: threading.Event,
     *,
     template_stops: tuple[str, ...],
-    lookup: bool,
+    drafter: Drafter | None,
+    length: DraftLength | None = None,
     one: Any,
     token_bytes: Callable[[int], bytes],
     rewind: Callable[[int], str],
@@ -121,9 +123,9 @@ def decode(
     """Sample the reply after the prompt in ``cmap``: ``Token`` events, then ``Finished``.
 
     ``llm`` is the loaded ``llama_cpp.Llama``; ``cmap`` the engine's map of its KV
-    sequence 0, kept up to date as tokens are evaluated. ``lookup`` picks
-    prompt-lookup drafting. ``one`` is a one-token ``llama_token`` array,
-    ``token_bytes`` a token's text, ``rewind`` the engine's cache rewind.
+    sequence 0, kept up to date as tokens are evaluated. ``drafter`` (with the
+    draft length ``length``) picks speculative decoding. ``one`` is a one-token
+    ``llama_token`` array, ``token_bytes`` a token's text, ``rewind`` the engine's cache rewind.
     ``stop_ids`` are stop strings that are single tokens with no text
     (``<start_of_turn>``): sampling one ends the reply like its stop string.
     ``make_room`` frees space when the context is full (dropping older
@@ -134,9 +136,21 @@ def decode(
     sampler = build_sampler(llm, params, seed, cmap.tokens)
     reply = Reply(cmap, token_bytes, params, template_stops, metrics, t0)
     try:
-        if lookup:
-            reason = yield from loop_lookup(
-                llm, cmap, sampler, reply, params, metrics, stop, stop_ids, make_room
+        if drafter is not None:
+            length = length or DraftLength(params.draft_len, params.adaptive_draft)
+            reason = yield from loop_draft(
+                llm,
+                cmap,
+                sampler,
+                reply,
+                params,
+                metrics,
+                stop,
+                drafter,
+                length,
+                one,
+                stop_ids,
+                make_room,
             )
         else:
             reason = yield from loop_plain(
@@ -210,7 +224,7 @@ def loop_plain(
     return "max_tokens"
 
 
-def loop_lookup(
+def loop_draft(
     llm: Any,
     cmap: ContextMap,
     sampler: Any,
@@ -218,17 +232,28 @@ def loop_lookup(
     params: SamplingParams,
     metrics: MessageMetrics,
     stop: threading.Event,
+    drafter: Drafter,
+    length: DraftLength,
+    one: Any,
     stop_ids: frozenset[int] = frozenset(),
     make_room: Callable[[], bool] = lambda: False,
 ) -> Generator[Token, None, str]:
-    """Prompt-lookup speculative decoding.
+    """Speculative decoding: ``drafter`` guesses, the target checks the guesses in one batch.
 
-    The sampled token and up to ``draft_len`` tokens guessed from an earlier
-    occurrence of the latest n-gram are evaluated in one batch, with logits
-    for just those positions. Each position is then sampled in order; a
-    guess is kept while it equals what was sampled, so the reply is exactly
-    what plain decoding with the same sampler gives. Rejected guesses are
-    removed from the KV cache.
+    The sampled token and up to ``length.next()`` guesses are evaluated in one
+    batch, with logits for each position. Each position is then sampled with the
+    target's own sampler chain, in order, and a guess is kept while it equals what
+    was sampled; the first sample that differs is the next token. So every token
+    of the reply is drawn from the target's distribution by the same sampler with
+    the same random draws as plain decoding (greedy or sampled, penalties and
+    grammars included): the drafter only decides how much is evaluated at once.
+    What can differ is arithmetic: llama.cpp's CPU kernels round a batch of
+    positions slightly differently from one token at a time, so logits differ in
+    the last bits and a greedy choice between two near-equal tokens can flip (see
+    docs/NOTES.md). Rejected guesses are removed from the KV cache.
+
+    A step with no guesses (``length`` says 0, or the drafter has none) is a plain
+    one-token step, as in :func:`loop_plain`.
     """
     import llama_cpp
 
@@ -236,18 +261,24 @@ def loop_lookup(
     vocab = llm._model.vocab
     n_ctx = llm.n_ctx()
     mem = llama_cpp.llama_get_memory(ctx)
-    index = NgramIndex(cmap.tokens)
-    k_max = params.draft_len
+    k_max = max(1, length.k_max)
     batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
+    is_eog = llama_cpp.llama_vocab_is_eog
+    sample = llama_cpp.llama_sampler_sample
+    perf = time.perf_counter
+    metrics.draft_kind = drafter.kind
     try:
-        pending = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
+        drafter.sync(cmap.tokens, stop)
+        pending = sample(sampler, ctx, -1)
         while True:
             if stop.is_set():
                 return "cancelled"
-            if len(cmap.tokens) >= n_ctx and not make_room():
-                return "context_full"
+            if len(cmap.tokens) >= n_ctx:
+                if not make_room():
+                    return "context_full"
+                drafter.sync(cmap.tokens, stop)
             n_past = len(cmap.tokens)
-            if llama_cpp.llama_vocab_is_eog(vocab, pending):
+            if is_eog(vocab, pending):
                 return "eos"
             if pending in stop_ids:
                 return "stop_string"
@@ -259,11 +290,24 @@ def loop_lookup(
                 return ended
             if stop.is_set():
                 return "cancelled"
-            index.append(pending)
-            room = min(k_max, params.max_tokens - reply.count, n_ctx - n_past - 2)
-            draft = index.draft(room) if room > 0 else []
+            drafter.observe((pending,))
+            room = min(length.next(), params.max_tokens - reply.count, n_ctx - n_past - 2, k_max)
+            t0 = perf()
+            draft = drafter.propose(room) if room > 0 else []
+            t1 = perf()
+            metrics.draft_ms += (t1 - t0) * 1000
+            if not draft:
+                one[0] = pending
+                rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
+                if rc != 0:
+                    llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
+                    raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+                reply.commit(pending)
+                pending = sample(sampler, ctx, -1)
+                length.plain((perf() - t1) * 1000, drafter.round_ms if room > 0 else 0.0)
+                continue
             batch.n_tokens = 1 + len(draft)
-            for i, tok in enumerate([pending, *draft]):
+            for i, tok in enumerate((pending, *draft)):
                 batch.token[i] = tok
                 batch.pos[i] = n_past + i
                 batch.n_seq_id[i] = 1
@@ -274,28 +318,35 @@ def loop_lookup(
                 llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
                 raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
             reply.commit(pending)
-            metrics.drafted_tokens += len(draft)
             # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
             kept = 0
-            nxt = llama_cpp.llama_sampler_sample(sampler, ctx, 0)
+            nxt = sample(sampler, ctx, 0)
             for i, guess in enumerate(draft):
-                if nxt != guess or nxt in stop_ids or llama_cpp.llama_vocab_is_eog(vocab, nxt):
+                if nxt != guess or nxt in stop_ids or is_eog(vocab, nxt):
                     break
+                kept += 1
+                if reply.count + kept >= params.max_tokens:
+                    break  # the reply ends with this guess: nothing to sample after it
+                nxt = sample(sampler, ctx, i + 1)
+            length.round(len(draft), kept, (perf() - t1) * 1000, drafter.round_ms)
+            used = 0
+            for guess in draft[:kept]:
                 text = reply.emit(guess)
                 if text:
                     yield Token(text)
                 reply.commit(guess)
-                index.append(guess)
-                kept += 1
-                if reply.hit or reply.count >= params.max_tokens or stop.is_set():
+                used += 1
+                if reply.hit or stop.is_set():
                     break
-                nxt = llama_cpp.llama_sampler_sample(sampler, ctx, i + 1)
-            metrics.accepted_tokens += kept
-            if kept < len(draft):
-                llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1 + kept, -1)
+            metrics.drafted_tokens += len(draft)
+            metrics.accepted_tokens += used
+            drafter.rewind(used)
+            if used < len(draft):
+                llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1 + used, -1)
             ended = reply.ended(params.max_tokens)
             if ended:
                 return ended
             pending = nxt
     finally:
         llama_cpp.llama_batch_free(batch)
+        metrics.draft_len_final = length.k

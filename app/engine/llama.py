@@ -30,6 +30,7 @@ from app.config.params import LoadConfig, SamplingParams
 from app.engine.adapters import AdapterSet
 from app.engine.backend import (
     Capabilities,
+    DraftInfo,
     EngineEvent,
     Finished,
     KvState,
@@ -39,6 +40,8 @@ from app.engine.backend import (
 )
 from app.engine.context_map import ContextMap, common_prefix
 from app.engine.decode import decode
+from app.engine.draft_length import DraftCosts, DraftLength
+from app.engine.drafting import Drafter, ModelDrafter, NgramDrafter
 from app.engine.hardware import HardwareInfo, detect_hardware
 from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.llama_log import install_log_route
@@ -60,13 +63,17 @@ from app.engine.templates import (
     render_or_fall_back,
     template_for_architecture,
 )
+from app.engine.threadpool import SharedThreadPool, ThreadPoolUnavailable
 from app.engine.vocab import Vocab
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
 from app.util.errors import (
     ContextOverflowError,
     DecodeError,
+    DraftError,
     LamplightError,
+    ModelFileError,
+    ModelLoadError,
     NoModelLoaded,
 )
 
@@ -82,6 +89,7 @@ _CAPABILITIES = Capabilities(
     prewarm=True,
     token_latency=True,
     template_override=True,
+    draft_model=True,
     why_not={
         "gpu_offload": "this llama.cpp build runs on the CPU only; Hardware and backends "
         "says how to get a GPU build"
@@ -121,6 +129,12 @@ class Engine:
         # Templates built for the loaded model, by choice: the API server swaps between
         # the window's choice and its own per request, so each is built once per load.
         self._built: dict[TemplateOverride, tuple[ChatTemplate, frozenset[int]]] = {}
+        # Speculative decoding: the draft model (dropped with the target model), and
+        # the measured costs the adaptive draft length weighs, per kind of drafter.
+        self._drafter: ModelDrafter | None = None
+        self._pool: SharedThreadPool | None = None  # one CPU thread pool for model and draft
+        self._draft_info: DraftInfo | None = None
+        self._draft_costs: dict[str, DraftCosts] = {}
 
     # -- model -----------------------------------------------------------------
 
@@ -243,6 +257,8 @@ class Engine:
         # handles are only dropped here: freeing one after the model would be a double free.
         self._adapters = AdapterSet()
         self._kv_lora_sig = []
+        self._drop_draft()
+        self._draft_costs = {}
         if self._llm is not None:
             self._llm.close()
         self._llm = None
@@ -254,6 +270,69 @@ class Engine:
         self._notes = ()
         self._built = {}
         self._map.clear()
+
+    # -- draft model -----------------------------------------------------------------------
+
+    @property
+    def draft_info(self) -> DraftInfo | None:
+        """The loaded draft model, or None."""
+        return self._draft_info
+
+    @property
+    def draft_tokens(self) -> list[int]:
+        """A copy of the token ids in the draft model's KV cache (for tests)."""
+        return self._drafter.cached_tokens if self._drafter is not None else []
+
+    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+        """Load ``path`` as the draft model for speculative decoding; None drops it.
+
+        The draft's vocabulary is compared with the loaded model's before llama.cpp
+        sees the file (``app.gguf.vocab_compat.draft_problem``). It runs on this
+        thread with its own KV cache of ``n_ctx`` tokens (0: the model's context, at
+        most 4096) and the model's thread count. On any error the previous draft
+        stays. Loading or unloading the model drops the draft.
+
+        Raises:
+            NoModelLoaded.
+            DraftError: the draft cannot draft for this model, or cannot be loaded.
+        """
+        llm = self._require()
+        if path is None:
+            self._drop_draft()
+            return None
+        from app.gguf.vocab_compat import draft_problem
+
+        assert self._info is not None and self._config is not None
+        problem = draft_problem(self._info.path, Path(path))
+        if problem:
+            raise DraftError(problem)
+        size = n_ctx if n_ctx > 0 else min(llm.n_ctx(), 4096)
+        config = replace(self._config, n_ctx=size)
+        try:
+            gguf = read_gguf_info(path)
+            draft_llm = open_llama(gguf, config, None)
+        except (ModelFileError, ModelLoadError) as exc:
+            raise DraftError(f"The draft model was not loaded: {exc}") from exc
+        self._drop_draft()
+        self._drafter = ModelDrafter(draft_llm)
+        self._pool = share_threads(config.threads(), (llm._ctx.ctx, draft_llm._ctx.ctx))
+        self._draft_costs.pop("model", None)
+        self._draft_info = DraftInfo(
+            path=gguf.path, name=gguf.display_name, n_params=gguf.n_params, n_ctx=draft_llm.n_ctx()
+        )
+        log.info("draft model loaded: %s (n_ctx %d)", gguf.path, draft_llm.n_ctx())
+        return self._draft_info
+
+    def _drop_draft(self) -> None:
+        if self._pool is not None:  # detached before either context is freed
+            self._pool.close()
+            self._pool = None
+        if self._drafter is not None:
+            self._drafter.close()
+            log.info("draft model unloaded")
+        self._drafter = None
+        self._draft_info = None
+        self._draft_costs.pop("model", None)
 
     # -- chat template -------------------------------------------------------------------
 
@@ -712,11 +791,26 @@ class Engine:
         flash = self._config is not None and (
             self._config.flash_attn or self._config.kv_type != "f16"
         )
-        if params.speculative and flash:
+        drafter: Drafter | None = None
+        if params.draft_model and self._drafter is not None:
+            drafter = self._drafter
+        elif params.speculative:
+            drafter = NgramDrafter()
+        if params.draft_model and self._drafter is None:
             metrics.notes.append(
-                "prompt-lookup drafting is off with flash attention, whose batched "
-                "evaluation rounds differently and could change the reply"
+                "no draft model is loaded"
+                + (": prompt lookup drafted instead" * (params.speculative and not flash))
             )
+        if drafter is not None and flash:
+            metrics.notes.append(
+                "drafting is off with flash attention, whose batched evaluation rounds "
+                "differently and could change the reply"
+            )
+            drafter = None
+        length = None
+        if drafter is not None:
+            costs = self._draft_costs.setdefault(drafter.kind, DraftCosts())
+            length = DraftLength(params.draft_len, params.adaptive_draft, costs)
         return decode(
             self._llm,
             self._map,
@@ -726,7 +820,8 @@ class Engine:
             t0,
             stop,
             template_stops=self._template.stop_strings,
-            lookup=params.speculative and not flash,
+            drafter=drafter,
+            length=length,
             one=self._one_token,
             token_bytes=self._vocab.piece,
             rewind=self._rewind,
@@ -772,3 +867,22 @@ class Engine:
         if self._llm is None:
             raise NoModelLoaded("No model is loaded. Open a model first.")
         return self._llm
+
+
+def share_threads(n_threads: int, contexts: tuple[Any, ...]) -> SharedThreadPool | None:
+    """One ggml thread pool for ``contexts`` (the model's and its draft's), or None.
+
+    Without OpenMP each context brings its own pool, whose threads poll for a while
+    after their work and steal cores from the other model's; with OpenMP (this
+    wheel) both already run on the calling thread's libgomp team and the shared pool
+    changes nothing measurable (``app/engine/threadpool.py``, ``bench/threadpool.py``).
+    Where the pool cannot be made, llama.cpp's own threads are used, as before.
+    """
+    try:
+        pool = SharedThreadPool(n_threads)
+    except ThreadPoolUnavailable as exc:
+        log.info("no shared thread pool for the draft model: %s", exc)
+        return None
+    for ctx in contexts:
+        pool.attach(ctx)
+    return pool

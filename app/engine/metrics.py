@@ -44,6 +44,9 @@ class MessageMetrics:
     notes: list[str] = field(default_factory=list)  # things the user should know
     drafted_tokens: int = 0  # speculative decoding: tokens guessed
     accepted_tokens: int = 0  # ... and kept
+    draft_kind: str = ""  # who guessed: "" (no drafting), "lookup" (n-grams) or "model"
+    draft_ms: float = 0.0  # time spent drafting (in the draft model, for "model")
+    draft_len_final: int = 0  # the adaptive draft length when the reply ended (0: plain)
     # Context overflow: messages [dropped_from, dropped_from + dropped_count) of the
     # ones this request sent left the model's memory, freeing dropped_tokens.
     dropped_from: int = 0

@@ -38,6 +38,7 @@ from typing import Any
 from app.config.params import LoadConfig, SamplingParams, SettingError, grammar_for
 from app.engine.backend import (
     Capabilities,
+    DraftInfo,
     EngineEvent,
     Finished,
     KvState,
@@ -82,6 +83,7 @@ from app.remote.http import (
 from app.util.errors import (
     ApiKeyRefused,
     DecodeError,
+    DraftError,
     LamplightError,
     ModelLoadError,
     NoModelLoaded,
@@ -95,6 +97,10 @@ MAX_CONTINUATIONS = 8  # a reply that fills the context this many times ends the
 LORA_CHANGED_NOTE = "the LoRA stack changed"
 _MIROSTAT = {"off": 0, "v1": 1, "v2": 2}
 _STATE_FORMAT = "lamplight-llama-server-slot"
+DRAFT_WHY_NOT = (
+    "a draft model runs with the in-process engine only; llama-server drafts with the "
+    "model given on its own command line (--model-draft FILE), if any"
+)
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ class LlamaServerBackend:
             "network; the server's own decode rate is shown beside them",
             "gpu_offload": f"the model runs on the server at {where(self.connection.url)}; "
             "its GPU settings are the server's command line",
+            "draft_model": DRAFT_WHY_NOT,
         }
         if not self._adapters:
             why["lora"] = (
@@ -351,6 +358,20 @@ class LlamaServerBackend:
     @property
     def lora_stack(self) -> LoraStack:
         return self._stack.copy()
+
+    @property
+    def draft_info(self) -> DraftInfo | None:
+        return None  # a draft the server was started with is the server's business
+
+    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+        """Only "no draft" is accepted: this app cannot load a model on the server.
+
+        Raises:
+            DraftError.
+        """
+        if path:
+            raise DraftError(f"Cannot use a draft model here: {DRAFT_WHY_NOT}.")
+        return None
 
     def lora_signature(self) -> list[dict[str, Any]]:
         return _signature(self._stack)

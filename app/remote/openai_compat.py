@@ -47,6 +47,7 @@ from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
     Backend,
     Capabilities,
+    DraftInfo,
     EngineEvent,
     Finished,
     KvState,
@@ -78,6 +79,7 @@ from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import (
     ApiKeyRefused,
     DecodeError,
+    DraftError,
     LamplightError,
     ModelLoadError,
     NoModelLoaded,
@@ -109,6 +111,8 @@ WHY_NOT = {
     "gpu_offload": "the model runs on the server; its GPU settings are the server's own",
     "template_override": "an OpenAI-compatible server renders the chat with its own template; "
     "change it on the server (or connect to llama-server as a llama.cpp server)",
+    "draft_model": "a draft model runs with the in-process engine only; an OpenAI-compatible "
+    "server decides on speculative decoding itself",
 }
 CAPABILITIES = Capabilities(why_not=dict(WHY_NOT))
 
@@ -399,6 +403,20 @@ class OpenAIBackend:
     @property
     def lora_stack(self) -> LoraStack:
         return LoraStack()
+
+    @property
+    def draft_info(self) -> DraftInfo | None:
+        return None
+
+    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+        """Only "no draft" is accepted.
+
+        Raises:
+            DraftError.
+        """
+        if path:
+            raise DraftError(f"Cannot use a draft model here: {WHY_NOT['draft_model']}.")
+        return None
 
     def lora_signature(self) -> list[dict[str, Any]]:
         return []

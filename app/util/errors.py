@@ -36,6 +36,10 @@ class DecodeError(LamplightError):
     """llama_decode failed for a reason other than a requested stop."""
 
 
+class DraftError(LamplightError):
+    """A draft model cannot draft for the loaded model (or could not be loaded)."""
+
+
 class ServerOverflowError(ContextOverflowError):
     """``ContextOverflowError`` for a server's context: its size is set on the server, and
     either number may be unknown (0) when the server's message does not give it."""

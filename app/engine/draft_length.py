@@ -1,0 +1,237 @@
+"""How many tokens to draft next: an adaptive draft length from measured acceptance and cost.
+
+Speculative decoding pays for itself only when the tokens it keeps outweigh what
+the drafting and the wider verification batch cost. :class:`DraftLength` keeps
+
+- ``alpha``, the recent per-token acceptance (a guess is kept with probability
+  ``alpha`` if the one before it was): an exponentially weighted count of kept
+  guesses over guesses tried, so a few rounds move it;
+- :class:`DraftCosts`, measured times in ms (kept by the engine across replies,
+  since they are facts about the machine and the models): a target step per
+  number of tokens it evaluates, and the drafter's time per guess.
+
+With ``k`` guesses a round yields ``1 + E[min(run, k)]`` tokens, where ``run`` is how
+many guesses in a row the model keeps. Once a round is seen, that expectation comes
+from the recent rounds themselves (up to ``RUNS`` of them; a probe that keeps all its
+guesses starts them afresh): prompt lookup's runs are all-or-nothing (a copied span is
+kept whole, or its first guess fails), which the geometric ``1 + alpha + ... +
+alpha**k`` of a per-token rate badly underrates. A round that kept every guess counts
+as a run of at least ``k`` (the draft length cut it, not a miss). A round costs
+``batch(k + 1) + draft * k``; the next ``k`` is the one with the best expected tokens
+per ms, raised at most to double the last one (growth is earned), and 0 (plain
+one-token decoding) when no ``k`` beats plain decoding by ``MARGIN``. At 0 it probes
+again with ``PROBE`` guesses after ``probe_after`` plain tokens, waiting twice as long
+after each probe that fails, and after a spell of drafting shorter than
+``SPELL_PAID`` rounds (up to ``PROBE_MAX``).
+
+Pure Python with no llama.cpp: the decode loop calls :meth:`next`, then
+:meth:`plain` or :meth:`round` with what happened.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+DECAY = 0.7  # weight of the past per round for alpha
+COST_DECAY = 0.8  # ... per measurement for the costs
+MARGIN = 0.03  # drafting must promise at least 3% over plain decoding
+PROBE = 2  # guesses in a probe round (one that keeps both lets drafting grow again)
+PROBE_AFTER = 16  # plain tokens before the first probe
+PROBE_MAX = 128  # the longest wait between probes
+SPELL_PAID = 4  # rounds a spell of drafting lasts before the wait between probes resets
+PLAIN_SAMPLES = 2  # plain steps measured before the first draft
+REMEASURE = 64  # rounds between plain steps that re-measure the plain cost
+RUNS = 16  # recent rounds whose kept runs estimate the next round's
+WARMUP = 2  # first measurements of a batch size: llama.cpp builds a graph for a new shape
+PRIOR_ALPHA = 0.6
+PRIOR_EXTRA = 0.1  # an extra batch token's cost as a share of a plain step, until measured
+TINY = 1e-3  # ms: a floor for costs measured as nothing
+OUTLIER = 3.0  # a measurement counts as at most this many times the estimate
+
+
+@dataclass
+class DraftCosts:
+    """Measured costs in ms (exponential moving averages; absent or 0: not measured yet).
+
+    ``batch_ms[n]`` is a target step that evaluates ``n`` tokens and samples them
+    (``n == 1``: a plain step). It is a table, not a line: on a CPU a batch of two
+    can cost several one-token steps (another matrix kernel) while each further
+    token costs little, so the best draft length depends on its shape.
+    """
+
+    batch_ms: dict[int, float] = field(default_factory=dict)
+    batch_n: dict[int, int] = field(default_factory=dict)  # measurements per size
+    draft_ms: float = 0.0  # the drafter's time per guess (per proposal when it guessed none)
+    plain_n: int = 0  # how many plain steps were measured
+
+    @property
+    def plain_ms(self) -> float:
+        return self.batch_ms.get(1, 0.0)
+
+    def add_batch(self, n: int, ms: float) -> None:
+        old = self.batch_ms.get(n, 0.0)
+        seen = self.batch_n.get(n, 0)
+        self.batch_n[n] = seen + 1
+        ms = max(ms, 0.0)
+        if 0 < seen < WARMUP:
+            # The first step of a new batch shape also builds its graph (several times a
+            # step here); the fastest of the first few is what the shape costs.
+            self.batch_ms[n] = min(old, ms)
+        else:
+            if old > 0.0:
+                ms = min(ms, OUTLIER * old)  # one slow step (another process) moves it a little
+            self.batch_ms[n] = _ema(old, ms, old == 0.0)
+        if n == 1:
+            self.plain_n += 1
+
+    def add_draft(self, ms: float) -> None:
+        self.draft_ms = _ema(self.draft_ms, max(ms, 0.0), self.draft_ms == 0.0)
+
+    def batch(self, n: int) -> float:
+        """The estimated cost of a step evaluating ``n`` tokens.
+
+        Between measured sizes: linear. Above the largest measured size: that size's
+        cost (optimistic: a longer draft is tried when acceptance makes it worth it,
+        and the try measures it). With no batch measured: ``PRIOR_EXTRA`` of a plain
+        step per extra token.
+        """
+        known = self.batch_ms
+        if n in known:
+            return known[n]
+        plain = known.get(1, 1.0)
+        sizes = sorted(m for m in known if m > 1)
+        if not sizes:
+            return plain * (1.0 + PRIOR_EXTRA * (n - 1))
+        lower = max((m for m in [1, *sizes] if m < n), default=1)
+        upper = min((m for m in sizes if m > n), default=0)
+        lo = known.get(lower, plain)
+        if upper:
+            return lo + (known[upper] - lo) * (n - lower) / (upper - lower)
+        return lo
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a round with ``k`` guesses yields on average: 1 + alpha + ... + alpha**k."""
+    a = min(max(alpha, 0.0), 1.0)
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+class DraftLength:
+    """The adaptive draft length for one reply (see the module docstring).
+
+    ``k_max`` is the most guesses per round (``SamplingParams.draft_len``); with
+    ``adaptive`` False every round drafts ``k_max``. ``costs`` carries the
+    measured costs over from earlier replies (it is updated in place).
+    """
+
+    def __init__(
+        self,
+        k_max: int,
+        adaptive: bool = True,
+        costs: DraftCosts | None = None,
+        *,
+        alpha: float = PRIOR_ALPHA,
+        probe_after: int = PROBE_AFTER,
+    ) -> None:
+        self.k_max = max(0, int(k_max))
+        self.adaptive = adaptive
+        self.costs = costs if costs is not None else DraftCosts()
+        self._hits = 2.0 * alpha  # weighted kept guesses ...
+        self._tries = 2.0  # ... over weighted guesses tried
+        self._probe_after = max(1, probe_after)
+        self._plain_run = 0  # plain tokens since drafting stopped (or the last probe)
+        self._rounds = 0  # rounds since the plain cost was last measured
+        self._probing = False
+        self._spell = 0  # rounds since drafting last started
+        self._runs: deque[tuple[int, int]] = deque(maxlen=RUNS)  # (drafted, kept) per round
+        self.k = min(self.k_max, 4) if adaptive else self.k_max
+
+    @property
+    def alpha(self) -> float:
+        return self._hits / self._tries
+
+    def next(self) -> int:
+        """Guesses to ask for in the next step (0: a plain one-token step)."""
+        if not self.adaptive or self.k_max == 0:
+            return self.k_max
+        c = self.costs
+        if c.plain_n < PLAIN_SAMPLES or self._rounds >= REMEASURE:
+            return 0  # measure what drafting has to beat
+        if self.k > 0:
+            return self.k
+        if self._plain_run >= self._probe_after:
+            self._probing = True
+            return min(PROBE, self.k_max)
+        return 0
+
+    def plain(self, ms: float, draft_ms: float = 0.0) -> None:
+        """A one-token step took ``ms``; a proposal that came back empty took ``draft_ms``."""
+        self.costs.add_batch(1, ms)
+        self._rounds = 0
+        if draft_ms > 0.0:
+            self.costs.add_draft(draft_ms)
+        if self.k == 0:
+            self._plain_run += 1
+
+    def round(self, drafted: int, kept: int, verify_ms: float, draft_ms: float) -> None:
+        """A round verified ``drafted`` guesses (``verify_ms``), kept ``kept`` of them;
+        drafting them took ``draft_ms``."""
+        if drafted <= 0:
+            return
+        kept = min(max(kept, 0), drafted)
+        self._hits = DECAY * self._hits + kept
+        self._tries = DECAY * self._tries + kept + (1 if kept < drafted else 0)
+        self._rounds += 1
+        if self._probing and kept == drafted:
+            self._runs.clear()  # the text changed (it began to repeat): older rounds mislead
+        self._runs.append((drafted, kept))
+        self.costs.add_batch(drafted + 1, verify_ms)
+        self.costs.add_draft(draft_ms / drafted)
+        if not self.adaptive:
+            return
+        best, gain = self.best()
+        was = self.k if self.k > 0 else drafted
+        self.k = min(best, 2 * was) if gain >= 1.0 + MARGIN else 0
+        if self._probing:
+            self._probing = False
+            self._plain_run = 0
+            self._spell = 1
+            if self.k == 0:
+                self._probe_after = min(PROBE_MAX, self._probe_after * 2)
+        elif self.k == 0:
+            self._plain_run = 0
+            # A spell of drafting that paid for a while earns prompt probes again; a lucky
+            # probe that did not last (acceptance that only sometimes pays) waits longer.
+            paid = self._spell >= SPELL_PAID
+            self._probe_after = PROBE_AFTER if paid else min(PROBE_MAX, self._probe_after * 2)
+            self._spell = 0
+        else:
+            self._spell += 1
+
+    def expected(self, k: int) -> float:
+        """Tokens a round with ``k`` guesses would yield, from the recent rounds' runs."""
+        if not self._runs:
+            return expected_tokens(self.alpha, k)
+        total = 0
+        for drafted, kept in self._runs:
+            total += k if kept >= drafted else min(kept, k)  # all kept: the run went on
+        return 1.0 + total / len(self._runs)
+
+    def best(self) -> tuple[int, float]:
+        """The draft length with the best expected speed, and its speed over plain decoding."""
+        c = self.costs
+        plain = max(c.batch(1), TINY)
+        best, gain = 0, 1.0
+        for k in range(1, self.k_max + 1):
+            cost = max(c.batch(k + 1) + c.draft_ms * k, TINY)
+            g = self.expected(k) * plain / cost
+            if g > gain:
+                best, gain = k, g
+        return best, gain
+
+
+def _ema(old: float, new: float, first: bool) -> float:
+    return new if first else COST_DECAY * old + (1.0 - COST_DECAY) * new
