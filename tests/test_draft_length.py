@@ -14,6 +14,7 @@ from app.engine.draft_length import (
     PROBE,
     PROBE_AFTER,
     PROBE_MAX,
+    RETRY,
     DraftCosts,
     DraftLength,
     expected_tokens,
@@ -178,3 +179,28 @@ def test_any_history_gives_a_sane_length(
         c = length.costs
         assert all(v >= 0.0 for v in c.batch_ms.values()) and c.draft_ms >= 0.0
     assert PROBE_AFTER <= PROBE_MAX
+
+
+def test_a_draft_model_that_did_not_pay_rests_and_retries_every_retry_th_reply() -> None:
+    costs = DraftCosts()
+    first = DraftLength(8, costs=costs, reads_prompt=True)
+    simulate(first, 0.0, cpu, tokens=100)
+    first.finish()
+    assert costs.unpaid_replies == 1
+    drafted_per_reply = []
+    for _ in range(RETRY):
+        length = DraftLength(8, costs=costs, reads_prompt=True)
+        _, drafted, _ = simulate(length, 0.0, cpu, tokens=100)
+        drafted_per_reply.append(drafted)
+        assert length.resting == (drafted == 0)
+        length.finish()
+    # Replies 2..RETRY rest; the RETRY-th unpaid one drafts (and probes) again.
+    assert drafted_per_reply[: RETRY - 1] == [0] * (RETRY - 1) and drafted_per_reply[-1] > 0
+    # A reply where drafting paid resets the count; prompt lookup never rests.
+    paid = DraftLength(8, costs=DraftCosts(unpaid_replies=RETRY), reads_prompt=True)  # a retry
+    costs = paid.costs
+    simulate(paid, 1.0, cheap, tokens=200)
+    paid.finish()
+    assert costs.unpaid_replies == 0
+    costs.unpaid_replies = 3
+    assert not DraftLength(8, costs=costs).resting

@@ -39,6 +39,7 @@ MARGIN = 0.03  # drafting must promise at least 3% over plain decoding
 PROBE = 2  # guesses in a probe round (one that keeps both lets drafting grow again)
 PROBE_AFTER = 16  # plain tokens before the first probe
 PROBE_MAX = 128  # the longest wait between probes
+RETRY = 8  # a draft model that did not pay drafts again only every RETRY-th reply
 SPELL_PAID = 4  # rounds a spell of drafting lasts before the wait between probes resets
 PLAIN_SAMPLES = 2  # plain steps measured before the first draft
 REMEASURE = 64  # rounds between plain steps that re-measure the plain cost
@@ -64,6 +65,9 @@ class DraftCosts:
     batch_n: dict[int, int] = field(default_factory=dict)  # measurements per size
     draft_ms: float = 0.0  # the drafter's time per guess (per proposal when it guessed none)
     plain_n: int = 0  # how many plain steps were measured
+    # Replies since drafting last paid (a spell of SPELL_PAID rounds), for a drafter
+    # whose every reply starts by reading the prompt (a draft model): see ``RETRY``.
+    unpaid_replies: int = 0
 
     @property
     def plain_ms(self) -> float:
@@ -133,6 +137,7 @@ class DraftLength:
         adaptive: bool = True,
         costs: DraftCosts | None = None,
         *,
+        reads_prompt: bool = False,
         alpha: float = PRIOR_ALPHA,
         probe_after: int = PROBE_AFTER,
     ) -> None:
@@ -148,6 +153,18 @@ class DraftLength:
         self._spell = 0  # rounds since drafting last started
         self._runs: deque[tuple[int, int]] = deque(maxlen=RUNS)  # (drafted, kept) per round
         self.k = min(self.k_max, 4) if adaptive else self.k_max
+        self._paid = False
+        # A draft model reads each new prompt before its first guess (~0.1 s for a short
+        # one here): after replies where drafting never paid, skip that cost but on
+        # every RETRY-th reply, so a draft that fits later text still gets its chance.
+        self._resting = (
+            adaptive
+            and reads_prompt
+            and self.costs.unpaid_replies > 0
+            and self.costs.unpaid_replies % RETRY != 0
+        )
+        if adaptive and (self._resting or self.cannot_pay()):
+            self.k = 0  # measured in earlier replies: only plain decoding pays
 
     @property
     def alpha(self) -> float:
@@ -157,12 +174,14 @@ class DraftLength:
         """Guesses to ask for in the next step (0: a plain one-token step)."""
         if not self.adaptive or self.k_max == 0:
             return self.k_max
+        if self._resting:
+            return 0
         c = self.costs
         if c.plain_n < PLAIN_SAMPLES or self._rounds >= REMEASURE:
             return 0  # measure what drafting has to beat
         if self.k > 0:
             return self.k
-        if self._plain_run >= self._probe_after:
+        if self._plain_run >= self._probe_after and not self.cannot_pay():
             self._probing = True
             return min(PROBE, self.k_max)
         return 0
@@ -210,6 +229,30 @@ class DraftLength:
             self._spell = 0
         else:
             self._spell += 1
+            self._paid = self._paid or self._spell >= SPELL_PAID
+
+    @property
+    def resting(self) -> bool:
+        """Whether this reply skips drafting because recent replies' drafting did not pay."""
+        return self._resting
+
+    def finish(self) -> None:
+        """The reply ended: remember whether drafting paid in it (see ``RETRY``)."""
+        if self.adaptive:
+            paid = self._paid or (self.k > 0 and self._spell >= SPELL_PAID)
+            self.costs.unpaid_replies = 0 if paid else self.costs.unpaid_replies + 1
+
+    def cannot_pay(self) -> bool:
+        """Whether no draft length could beat plain decoding even if every guess were
+        kept (a draft model nearly as slow as the model): then it does not even probe."""
+        c = self.costs
+        if c.plain_n < PLAIN_SAMPLES or c.draft_ms <= 0.0 or len(c.batch_ms) < 2:
+            return False  # not measured yet
+        plain = c.batch(1)
+        return all(
+            (k + 1) * plain < (1.0 + MARGIN) * (c.batch(k + 1) + c.draft_ms * k)
+            for k in range(1, self.k_max + 1)
+        )
 
     def expected(self, k: int) -> float:
         """Tokens a round with ``k`` guesses would yield, from the recent rounds' runs."""

@@ -810,7 +810,12 @@ class Engine:
         length = None
         if drafter is not None:
             costs = self._draft_costs.setdefault(drafter.kind, DraftCosts())
-            length = DraftLength(params.draft_len, params.adaptive_draft, costs)
+            length = DraftLength(
+                params.draft_len,
+                params.adaptive_draft,
+                costs,
+                reads_prompt=drafter.kind == "model",
+            )
         return decode(
             self._llm,
             self._map,
