@@ -12,16 +12,15 @@ from pathlib import Path
 import app
 from tests.conftest import ROOT
 
+ASGI_ROOTS = ("starlette", "uvicorn", "openai")
 
-def test_core_imports_no_qt() -> None:
-    modules = [m.name for m in pkgutil.walk_packages(app.__path__, "app.")]
-    assert len(modules) > 30  # every module of every layer, not just the packages
+
+def loaded_roots(modules: list[str], roots: tuple[str, ...]) -> list[str]:
+    """The modules under ``roots`` that importing ``modules`` loads, in a fresh process."""
     code = (
         "import importlib, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
-        "bad = sorted(m for m in sys.modules\n"
-        "            if m.split('.')[0] in ('PySide6', 'ui', 'pyqtgraph'))\n"
-        "print(','.join(bad))\n"
+        f"print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in {roots!r})))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -30,8 +29,16 @@ def test_core_imports_no_qt() -> None:
         text=True,
         check=True,
         timeout=120,
+        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
     )
-    assert out.stdout.strip() == "", f"app/ pulled in Qt: {out.stdout}"
+    return [m for m in out.stdout.strip().split(",") if m]
+
+
+def test_core_imports_no_qt() -> None:
+    modules = [m.name for m in pkgutil.walk_packages(app.__path__, "app.")]
+    assert len(modules) > 30  # every module of every layer, not just the packages
+    bad = loaded_roots(modules, ("PySide6", "ui", "pyqtgraph"))
+    assert bad == [], f"app/ pulled in Qt: {bad}"
 
 
 def test_smoke_test_flag_prints_metrics(tmp_path: Path, model_path: Path) -> None:
@@ -102,23 +109,9 @@ def test_signal_emit_keeps_reference_counts() -> None:
 
 def test_the_window_and_serve_load_no_asgi_stack_until_a_server_starts() -> None:
     """Starlette and uvicorn are imported when a server starts, not with the GUI."""
-    code = (
-        "import sys\n"
-        "import ui.main, ui.main_window, ui.serve, ui.api_status, ui.api_dialog\n"
-        "import app.api.runner, app.api.scheduler\n"
-        "print(','.join(sorted(m for m in sys.modules\n"
-        "                      if m.split('.')[0] in ('starlette', 'uvicorn', 'openai'))))\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-        env={**os.environ, "QT_QPA_PLATFORM": "offscreen"},
-    )
-    assert out.stdout.strip() == "", f"imported at start-up: {out.stdout}"
+    modules = ["ui.main", "ui.main_window", "ui.serve", "ui.api_status", "ui.api_dialog"]
+    loaded = loaded_roots([*modules, "app.api.runner", "app.api.scheduler"], ASGI_ROOTS)
+    assert loaded == [], f"imported at start-up: {loaded}"
 
 
 def test_serve_help_lists_its_options() -> None:
