@@ -351,15 +351,15 @@ def loop_draft(
         llama_cpp.llama_batch_free(batch)
         metrics.draft_len_final = length.k
         length.finish()
-        if length.resting:
-            metrics.notes.append(
-                "the draft model did not speed up recent replies, so this one was not "
-                f"drafted (it tries again every {RETRY}th reply)"
-            )
-        elif length.adaptive and length.cannot_pay():
+        if length.adaptive and length.cannot_pay():
             c = length.costs
             metrics.notes.append(
                 f"drafting cannot speed this model up here (a guess costs {c.draft_ms:.1f} ms "
                 f"against {c.plain_ms:.1f} ms for a model step, and checking guesses in a "
                 "batch costs more than they save), so it stays off"
+            )
+        elif length.resting:
+            metrics.notes.append(
+                "the draft model did not speed up recent replies, so this one was not "
+                f"drafted (it tries again every {RETRY}th reply)"
             )

@@ -157,13 +157,12 @@ class DraftLength:
         # A draft model reads each new prompt before its first guess (~0.1 s for a short
         # one here): after replies where drafting never paid, skip that cost but on
         # every RETRY-th reply, so a draft that fits later text still gets its chance.
-        self._resting = (
-            adaptive
-            and reads_prompt
-            and self.costs.unpaid_replies > 0
-            and self.costs.unpaid_replies % RETRY != 0
-        )
-        if adaptive and (self._resting or self.cannot_pay()):
+        if adaptive and reads_prompt and self.costs.unpaid_replies == 0 and self.cannot_pay():
+            self.costs.unpaid_replies = 1  # measured useless: rest as after a reply that was
+        unpaid = self.costs.unpaid_replies
+        self._resting = adaptive and reads_prompt and unpaid > 0 and unpaid % RETRY != 0
+        self._retry = adaptive and reads_prompt and unpaid > 0 and unpaid % RETRY == 0
+        if adaptive and (self._resting or (self.cannot_pay() and not self._retry)):
             self.k = 0  # measured in earlier replies: only plain decoding pays
 
     @property
@@ -181,7 +180,7 @@ class DraftLength:
             return 0  # measure what drafting has to beat
         if self.k > 0:
             return self.k
-        if self._plain_run >= self._probe_after and not self.cannot_pay():
+        if self._plain_run >= self._probe_after and (self._retry or not self.cannot_pay()):
             self._probing = True
             return min(PROBE, self.k_max)
         return 0
@@ -269,7 +268,9 @@ class DraftLength:
         plain = max(c.batch(1), TINY)
         best, gain = 0, 1.0
         for k in range(1, self.k_max + 1):
-            cost = max(c.batch(k + 1) + c.draft_ms * k, TINY)
+            # A batch never costs less than one token's step (a plain step measured while
+            # the machine was busy must not make guesses that are never kept look free).
+            cost = max(c.batch(k + 1), plain) + c.draft_ms * k
             g = self.expected(k) * plain / cost
             if g > gain:
                 best, gain = k, g
