@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from app.api.gateway import EngineGateway
 from app.api.scheduler import ApiScheduler
-from app.config.params import is_host, is_loopback, is_origin
+from app.config.params import LOCALHOST_NAMES, is_host, is_loopback, is_origin
 from app.util.errors import LamplightError
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def bind(host: str, port: int) -> socket.socket:
         OSError: the address is in use, not local, or cannot be resolved.
     """
     host = host.strip("[]")
-    if host.lower() in ("localhost", "localhost."):
+    if host.lower() in LOCALHOST_NAMES:
         host = "127.0.0.1"
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, address = infos[0]

@@ -723,9 +723,12 @@ def is_host(value: str) -> bool:
     return all(_HOST_LABEL.fullmatch(label) for label in name.split("."))
 
 
+LOCALHOST_NAMES = ("localhost", "localhost.")
+
+
 def is_loopback(host: str) -> bool:
     """``localhost`` or a loopback address: reachable from this computer only."""
-    if host.lower() in ("localhost", "localhost."):
+    if host.lower() in LOCALHOST_NAMES:
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
