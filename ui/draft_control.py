@@ -146,7 +146,9 @@ class DraftControl(QObject):
     def refresh(self) -> None:
         """Check the library again (the answer refills the combo)."""
         if self._model is not None and not self._why_not and self._target:
-            self._client.list_drafts(self._target, self._win._settings.imported_models)
+            self._client.list_drafts(
+                self._target, self._win._dirs.library_file, self._win._settings.imported_models
+            )
 
     # -- engine events ---------------------------------------------------------------
 

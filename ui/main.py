@@ -126,7 +126,7 @@ def hub_services(dirs: DataDirs) -> HubServices:
     from app.models.library import Library
     from ui.hub_workers import HubServices
 
-    library = Library(dirs.models, dirs.root / "library.json")
+    library = Library(dirs.models, dirs.library_file)
     queue = DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher())
     return HubServices(HubClient(), library, queue)
 

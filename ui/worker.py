@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 # A load request with this path prepares and loads the embedded default model.
 DEFAULT_MODEL = ""
-API_PROGRESS_S = 0.25  # apiProgress at most this often
 MAX_DRAFT_CANDIDATES = 64  # library models checked as drafts, smallest first
 DRAFT_CHECKS_KEPT = 256  # remembered answers of draft_problem, by both files' versions
 
@@ -82,7 +81,6 @@ class EngineWorker(QObject):
         templateApplied(object): the ``ModelInfo`` after ``set_template`` (its ``notes`` say
             why a choice was not used); a refused choice is a ``loadNote`` instead.
         apiStarted(str, str): an API job's id and client, as it starts running.
-        apiProgress(str, int): an API job's id and reply tokens so far (at most 4 per second).
         apiEnded(str): an API job's id, after its terminal event went to ``job.emit``.
         draftLoaded(object): the ``DraftInfo`` of the draft model now loaded, or None.
         draftFailed(str): why a draft model was not loaded (the one before stays, if any).
@@ -119,7 +117,6 @@ class EngineWorker(QObject):
     connectionState = Signal(str, str)
     templateApplied = Signal(object)
     apiStarted = Signal(str, str)
-    apiProgress = Signal(str, int)
     apiEnded = Signal(str)
     draftLoaded = Signal(object)
     draftFailed = Signal(str)
@@ -298,26 +295,29 @@ class EngineWorker(QObject):
         if now != before:
             self.draftLoaded.emit(now)
 
-    @Slot(str, object)
-    def list_drafts(self, target: str, extra: list[str]) -> None:
+    @Slot(str, str, object)
+    def list_drafts(self, target: str, library_file: str, extra: list[str]) -> None:
         """Check the library's models as drafts for ``target``; ``draftCandidates`` answers.
 
         Only header metadata is read (``app.gguf.vocab_compat``); answers are kept per
         file version, so a second look costs a directory scan.
         """
         try:
-            found = self._draft_candidates(Path(target), [Path(p) for p in extra])
+            found = self._draft_candidates(
+                Path(target), Path(library_file), [Path(p) for p in extra]
+            )
         except Exception:  # listing must never take the app down; an empty list says it
             log.exception("listing draft models failed")
             found = []
         self.draftCandidates.emit(target, found)
 
-    def _draft_candidates(self, target: Path, extra: list[Path]) -> list[DraftCandidate]:
+    def _draft_candidates(
+        self, target: Path, library_file: Path, extra: list[Path]
+    ) -> list[DraftCandidate]:
         from app.gguf.vocab_compat import draft_problem
         from app.models.library import Library
 
-        root = self._store.conversations_dir.parent if self._store else self._models_dir.parent
-        library = Library(self._models_dir, root / "library.json")
+        library = Library(self._models_dir, library_file)
         library.imported = extra
         try:
             target_st = target.stat()
@@ -596,7 +596,7 @@ class EngineWorker(QObject):
             with contextlib.closing(
                 self._engine.generate(job.messages, job.params, job.stop)
             ) as events:
-                ended = self._relay_api(job, relay, events)
+                ended = self._relay_api(relay, events)
             if ended is not None:
                 self._after_api(job, ended)
         finally:
@@ -614,19 +614,11 @@ class EngineWorker(QObject):
         else:  # after the clean-up: when the client hears of it, the worker is done
             relay.send(ended)
 
-    def _relay_api(
-        self, job: ApiJob, relay: _ApiRelay, events: Iterator[EngineEvent]
-    ) -> Finished | None:
-        n = 0
-        last = time.monotonic()
+    def _relay_api(self, relay: _ApiRelay, events: Iterator[EngineEvent]) -> Finished | None:
+        # Tokens go to the client only: the scheduler counts them for the status bar.
         for event in events:
             if isinstance(event, Token):
                 relay.send(event)
-                n += 1
-                now = time.monotonic()
-                if now - last >= API_PROGRESS_S:
-                    last = now
-                    self.apiProgress.emit(job.id, n)
             elif isinstance(event, Finished):
                 return event
         return None
@@ -732,7 +724,7 @@ class EngineClient(QObject):
     _templateRequested = Signal(object)
     _apiRequested = Signal(object)
     _draftRequested = Signal(str)
-    _draftListRequested = Signal(str, object)
+    _draftListRequested = Signal(str, str, object)
 
     def __init__(
         self,
@@ -847,10 +839,12 @@ class EngineClient(QObject):
         model)."""
         self._draftRequested.emit(str(path) if path else "")
 
-    def list_drafts(self, target: str | Path, extra: Sequence[str | Path] = ()) -> None:
+    def list_drafts(
+        self, target: str | Path, library_file: Path, extra: Sequence[str | Path] = ()
+    ) -> None:
         """Check the library's models (and ``extra`` files) as drafts for ``target``;
-        ``draftCandidates`` answers."""
-        self._draftListRequested.emit(str(target), [str(p) for p in extra])
+        ``draftCandidates`` answers. ``library_file`` is the library's metadata cache."""
+        self._draftListRequested.emit(str(target), str(library_file), [str(p) for p in extra])
 
     def drain(self) -> None:
         """Wait until the worker has run every request queued before this call."""

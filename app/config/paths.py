@@ -23,6 +23,11 @@ class DataDirs:
         return self.root / "models"
 
     @property
+    def library_file(self) -> Path:
+        """The model library's metadata cache (``app.models.library.Library``)."""
+        return self.root / "library.json"
+
+    @property
     def settings_file(self) -> Path:
         return self.root / "settings.json"
 
