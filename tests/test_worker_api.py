@@ -228,6 +228,8 @@ def test_gui_and_api_replies_never_interleave(
     qtbot.waitUntil(lambda: solo_gui in rec.ended, timeout=WAIT_MS)
     job, solo_api = make_job(info, api_text, reuse=False)
     run(qtbot, client, job, solo_api)
+    # apiEnded is queued to this thread after the sink's terminal event: wait for it.
+    qtbot.waitUntil(lambda: ("api-end", job.id) in rec.events, timeout=WAIT_MS)
     rec.events.clear()
 
     gui_ids, sinks = [], []
@@ -238,7 +240,9 @@ def test_gui_and_api_replies_never_interleave(
         client.generate_api(job)
         sinks.append(sink)
     qtbot.waitUntil(
-        lambda: all(i in rec.ended for i in gui_ids) and all(s.done for s in sinks),
+        lambda: all(i in rec.ended for i in gui_ids)
+        and all(s.done for s in sinks)
+        and ("api-end", job.id) in rec.events,  # the last job's signal, queued after its sink
         timeout=WAIT_MS,
     )
     client.drain()
