@@ -10,11 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.draft_length import (
+    ALLOWANCE,
+    BUDGET,
     PLAIN_SAMPLES,
     PROBE,
     PROBE_AFTER,
     PROBE_MAX,
     RETRY,
+    TAIL,
     DraftCosts,
     DraftLength,
     expected_tokens,
@@ -184,13 +187,13 @@ def test_any_history_gives_a_sane_length(
 def test_a_draft_model_that_did_not_pay_rests_and_retries_every_retry_th_reply() -> None:
     costs = DraftCosts()
     first = DraftLength(8, costs=costs, reads_prompt=True)
-    simulate(first, 0.0, cpu, tokens=100)
+    _, drafted, _ = simulate(first, 0.0, cpu, tokens=600)  # long enough to afford a probe
     first.finish()
-    assert costs.unpaid_replies == 1
+    assert drafted > 0 and costs.unpaid_replies == 1 and not costs.proven
     drafted_per_reply = []
     for _ in range(RETRY):
         length = DraftLength(8, costs=costs, reads_prompt=True)
-        _, drafted, _ = simulate(length, 0.0, cpu, tokens=100)
+        _, drafted, _ = simulate(length, 0.0, cpu, tokens=600)
         drafted_per_reply.append(drafted)
         assert length.resting == (drafted == 0)
         length.finish()
@@ -201,6 +204,127 @@ def test_a_draft_model_that_did_not_pay_rests_and_retries_every_retry_th_reply()
     costs = paid.costs
     simulate(paid, 1.0, cheap, tokens=200)
     paid.finish()
-    assert costs.unpaid_replies == 0
+    assert costs.unpaid_replies == 0 and costs.proven
     costs.unpaid_replies = 3
     assert not DraftLength(8, costs=costs).resting
+
+
+class Draft:
+    """A simulated draft model with its own costs: ms per token read, ms per guess, and
+    what it lags behind the target (everything committed since its last proposal)."""
+
+    def __init__(self, read_ms: float, guess_ms: float, prompt: int) -> None:
+        self.read_ms, self.guess_ms, self.lag = read_ms, guess_ms, prompt
+        self.reads: list[int] = []
+
+
+def reply(
+    length: DraftLength,
+    draft: Draft,
+    alpha: float,
+    step_ms: object,
+    tokens: int,
+    seed: int = 1,
+) -> tuple[float, float, int]:
+    """One reply with a draft model, driven as ``loop_draft`` drives it. Returns what
+    drafting cost over plain decoding (ms), the plain time (ms), and guesses drafted."""
+    assert callable(step_ms)
+    rng = random.Random(seed)
+    plain = step_ms(1)
+    made, loss, drafted = 0, 0.0, 0
+    while made < tokens:
+        k = length.next(draft.lag)
+        if k == 0:
+            length.plain(plain)
+            made, draft.lag = made + 1, draft.lag + 1
+            continue
+        limit = length.read_limit
+        read = min(draft.lag, limit) if limit else draft.lag
+        read_ms, guesses_ms = read * draft.read_ms, k * draft.guess_ms
+        length.read(read, read_ms)
+        draft.reads.append(read)
+        kept = 0
+        while kept < k and rng.random() < alpha:
+            kept += 1
+        verify = step_ms(k + 1)
+        length.round(k, kept, verify, guesses_ms, read_ms + guesses_ms)
+        loss += read_ms + guesses_ms + verify - (kept + 1) * plain
+        made, drafted, draft.lag = made + kept + 1, drafted + k, 1
+    length.finish()
+    return loss, made * plain, drafted
+
+
+def test_a_new_draft_model_costs_its_first_reply_at_most_the_budget() -> None:
+    # The 4-block test draft here: reads 0.5 ms a token, guesses in 6 ms, never agrees.
+    costs = DraftCosts(read_prior=0.5, guess_prior=6.0)
+    draft = Draft(0.5, 6.0, prompt=90)
+    short = DraftLength(16, costs=costs, reads_prompt=True)
+    assert short.k == 0 and short.read_limit == TAIL
+    loss, _, drafted = reply(short, draft, 0.0, cpu, tokens=100)
+    # Too short to afford a probe: it drafted nothing, and that says nothing of the draft.
+    assert drafted == 0 and loss == 0.0 and costs.unpaid_replies == 0
+    longer = DraftLength(16, costs=costs, reads_prompt=True)
+    loss, plain_ms, drafted = reply(longer, draft, 0.0, cpu, tokens=1000)
+    assert drafted > 0 and 0.0 < loss <= BUDGET * plain_ms + ALLOWANCE * cpu(1)
+    assert costs.unpaid_replies == 1  # it was tried and did not pay: the next replies rest
+
+
+def test_a_draft_model_that_pays_is_found_and_then_starts_at_once() -> None:
+    costs = DraftCosts(read_prior=0.1, guess_prior=0.5)
+    draft = Draft(0.1, 0.5, prompt=500)  # a small draft that agrees, on a GPU-like target
+    first = DraftLength(16, costs=costs, reads_prompt=True)
+    loss, plain_ms, drafted = reply(first, draft, 0.9, cheap, tokens=300)
+    assert drafted > 0 and loss < 0.0 and costs.proven  # it gained, in its first reply
+    assert draft.reads[0] == TAIL  # that first probe read only the recent text
+    second = DraftLength(16, costs=costs, reads_prompt=True)
+    assert second.read_limit == 0 and second.k > 0  # proven: reads all, drafts at once
+    loss2, plain2, _ = reply(second, Draft(0.1, 0.5, prompt=40), 0.9, cheap, tokens=300)
+    assert loss2 / plain2 < loss / plain_ms  # no budget to earn before drafting
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    alpha=st.floats(0.0, 1.0),
+    plain=st.floats(2.0, 200.0),
+    extra=st.floats(0.02, 3.0),  # each further batch position, as a share of a plain step
+    guess=st.floats(0.02, 1.0),  # a guess, as a share of a plain step (a smaller model)
+    read=st.floats(0.005, 0.3),  # a token read, as a share of a plain step
+    prompt=st.integers(1, 4000),
+    tokens=st.integers(1, 1500),
+    k_max=st.integers(1, 16),
+    priors=st.booleans(),
+    lookup=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_drafting_never_costs_a_reply_much_more_than_the_budget(
+    alpha: float,
+    plain: float,
+    extra: float,
+    guess: float,
+    read: float,
+    prompt: int,
+    tokens: int,
+    k_max: int,
+    priors: bool,
+    lookup: bool,
+    seed: int,
+) -> None:
+    """A new draft model, or prompt lookup (free guesses, nothing to read)."""
+
+    def step(n: int) -> float:
+        return plain * (1.0 + extra * (n - 1))
+
+    if lookup:
+        guess = read = 0.0
+    costs = DraftCosts()
+    if priors:  # timed at load; without them the controller assumes the worst it allows
+        costs.read_prior, costs.guess_prior = read * plain, guess * plain
+    length = DraftLength(k_max, costs=costs, reads_prompt=not lookup)
+    draft = Draft(read * plain, guess * plain, prompt)
+    loss, plain_ms, _ = reply(length, draft, alpha, step, tokens, seed)
+    # The budget and allowance, plus at most one round it could not foresee (a spell ends
+    # after a round that took it over budget).
+    one_round = TAIL * read * plain + k_max * guess * plain + step(k_max + 1)
+    if lookup:  # its probes start within the allowance, not priced: one more round
+        one_round *= 2
+    assert loss <= BUDGET * plain_ms + ALLOWANCE * plain + one_round

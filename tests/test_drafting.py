@@ -106,6 +106,7 @@ class Spy:
         self.proposed = 0
         self.kept = 0
         self.observed = 0
+        self.reads: list[int] = []  # catch-ups read before guessing
 
     @property
     def ms(self) -> float:
@@ -115,6 +116,18 @@ class Spy:
     def round_ms(self) -> float:
         return float(self.inner.round_ms)
 
+    @property
+    def lag(self) -> int:
+        return int(self.inner.lag)
+
+    @property
+    def read_n(self) -> int:
+        return int(self.inner.read_n)
+
+    @property
+    def read_ms(self) -> float:
+        return float(self.inner.read_ms)
+
     def sync(self, tokens: Any, stop: Any = None) -> None:
         self.inner.sync(tokens, stop)
 
@@ -122,8 +135,10 @@ class Spy:
         self.observed += len(tokens)
         self.inner.observe(tokens)
 
-    def propose(self, k: int) -> list[int]:
-        out: list[int] = self.inner.propose(k)
+    def propose(self, k: int, read_limit: int = 0) -> list[int]:
+        out: list[int] = self.inner.propose(k, read_limit)
+        if self.inner.read_n:
+            self.reads.append(self.inner.read_n)
         self.proposed += len(out)
         return out
 
@@ -268,8 +283,8 @@ def test_adaptive_length_grows_on_repetitive_text(
     asked: list[int] = []
     real_next = draft_length.DraftLength.next
 
-    def next_k(self: draft_length.DraftLength) -> int:
-        asked.append(real_next(self))
+    def next_k(self: draft_length.DraftLength, lag: int = 0) -> int:
+        asked.append(real_next(self, lag))
         return asked[-1]
 
     monkeypatch.setattr(draft_length.DraftLength, "next", next_k)
@@ -279,3 +294,49 @@ def test_adaptive_length_grows_on_repetitive_text(
     first = next(k for k in asked if k > 0)  # after the plain steps (if not measured yet)
     assert m.draft_kind == "lookup" and max(asked) > first == 4
     assert m.accepted_tokens > 16
+
+
+def test_a_new_draft_reads_only_recent_text_until_it_has_paid(
+    engine: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import app.engine.llama as engine_module
+
+    # Afford a probe at once (the budget, with real timings, waits a few hundred tokens).
+    monkeypatch.setattr(draft_length, "BUDGET", 1.0)
+    spies: list[Spy] = []
+    real_decode = engine_module.decode
+
+    def spying_decode(*args: Any, **kwargs: Any) -> Any:
+        spies.append(Spy(kwargs["drafter"]))
+        kwargs["drafter"] = spies[-1]
+        return real_decode(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "decode", spying_decode)
+    engine._draft_costs.clear()  # the shared engine remembers earlier tests' drafts
+    info = engine.set_draft(model_path)  # agrees with the target: its guesses are kept
+    assert info is not None
+    costs = engine._draft_costs[f"model:{info.path}"]
+    assert costs.read_prior > 0.0 and costs.guess_prior > 0.0  # timed as it loaded
+    assert not costs.proven and costs.draft_ms == 0.0  # priors only price a probe
+    msgs = [ChatMessage("user", " ".join([PARAGRAPH] * 5) + "\n\nSay it again.")]
+    params = replace(GREEDY, max_tokens=24, draft_model=True)  # adaptive
+    m = reply(engine, msgs, params).metrics
+    assert m.prompt_tokens > 2 * draft_length.TAIL and m.accepted_tokens > 0
+    drafter = engine._drafter
+    assert drafter is not None
+    # It read only the last TAIL tokens, behind a BOS sink, not the whole prompt.
+    assert spies[-1].reads[0] == draft_length.TAIL
+    assert m.prompt_tokens - draft_length.TAIL < drafter.base < m.prompt_tokens
+    assert drafter._sink == 1
+    target = engine.cached_tokens
+    assert engine.draft_tokens[:32] == target[drafter.base : drafter.base + 32]
+    assert costs.read_ms > 0 and costs.draft_ms > 0.0
+    # Once drafting has paid it reads what it lacks from where it stands, never less.
+    costs.proven, costs.unpaid_replies = True, 0
+    # As if on a machine where it pays (here a draft as big as the model cannot).
+    monkeypatch.setattr(draft_length.DraftCosts, "batch", lambda self, n: 10.0 + 0.5 * n)
+    costs.draft_ms = 0.5
+    base = drafter.base
+    m2 = reply(engine, [*msgs, ChatMessage("assistant", "x"), ChatMessage("user", "More.")], params)
+    assert m2.metrics.drafted_tokens > 0 and drafter.base == base
+    assert spies[-1].inner is drafter

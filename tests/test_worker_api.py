@@ -240,9 +240,11 @@ def test_gui_and_api_replies_never_interleave(
         client.generate_api(job)
         sinks.append(sink)
     qtbot.waitUntil(
-        lambda: all(i in rec.ended for i in gui_ids)
-        and all(s.done for s in sinks)
-        and ("api-end", job.id) in rec.events,  # the last job's signal, queued after its sink
+        lambda: (
+            all(i in rec.ended for i in gui_ids)
+            and all(s.done for s in sinks)
+            and ("api-end", job.id) in rec.events
+        ),  # the last job's signal, queued after its sink
         timeout=WAIT_MS,
     )
     client.drain()

@@ -291,11 +291,16 @@ def loop_draft(
             if stop.is_set():
                 return "cancelled"
             drafter.observe((pending,))
-            room = min(length.next(), params.max_tokens - reply.count, n_ctx - n_past - 2, k_max)
+            room = min(
+                length.next(drafter.lag), params.max_tokens - reply.count, n_ctx - n_past - 2, k_max
+            )
             t0 = perf()
-            draft = drafter.propose(room) if room > 0 else []
+            draft = drafter.propose(room, length.read_limit) if room > 0 else []
             t1 = perf()
-            metrics.draft_ms += (t1 - t0) * 1000
+            spent = (t1 - t0) * 1000
+            metrics.draft_ms += spent
+            if room > 0 and drafter.read_n:
+                length.read(drafter.read_n, drafter.read_ms)
             if not draft:
                 one[0] = pending
                 rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
@@ -304,7 +309,7 @@ def loop_draft(
                     raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
                 reply.commit(pending)
                 pending = sample(sampler, ctx, -1)
-                length.plain((perf() - t1) * 1000, drafter.round_ms if room > 0 else 0.0)
+                length.plain((perf() - t1) * 1000, drafter.round_ms if room > 0 else 0.0, spent)
                 continue
             batch.n_tokens = 1 + len(draft)
             for i, tok in enumerate((pending, *draft)):
@@ -328,7 +333,7 @@ def loop_draft(
                 if reply.count + kept >= params.max_tokens:
                     break  # the reply ends with this guess: nothing to sample after it
                 nxt = sample(sampler, ctx, i + 1)
-            length.round(len(draft), kept, (perf() - t1) * 1000, drafter.round_ms)
+            length.round(len(draft), kept, (perf() - t1) * 1000, drafter.round_ms, spent)
             used = 0
             for guess in draft[:kept]:
                 text = reply.emit(guess)

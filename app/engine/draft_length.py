@@ -24,6 +24,16 @@ again with ``PROBE`` guesses after ``probe_after`` plain tokens, waiting twice a
 after each probe that fails, and after a spell of drafting shorter than
 ``SPELL_PAID`` rounds (up to ``PROBE_MAX``).
 
+A draft model (``reads_prompt``) costs time before it can guess at all: it reads
+what it has not seen. Until it has paid in a reply (``DraftCosts.proven``), and
+whenever it is not drafting, it starts a probe only out of a budget: what drafting
+has lost in this reply so far, plus what the probe would lose if it kept nothing,
+must stay within ``BUDGET`` of what plain decoding of the reply so far took. So a
+new draft model that cannot pay costs its first reply at most about ``BUDGET``,
+and one that can starts drafting once the reply has earned the probe. Such a probe
+reads only the last ``TAIL`` tokens (:attr:`read_limit`), so a long conversation
+does not make trying a draft dear.
+
 Pure Python with no llama.cpp: the decode loop calls :meth:`next`, then
 :meth:`plain` or :meth:`round` with what happened.
 """
@@ -49,6 +59,10 @@ PRIOR_ALPHA = 0.6
 PRIOR_EXTRA = 0.1  # an extra batch token's cost as a share of a plain step, until measured
 TINY = 1e-3  # ms: a floor for costs measured as nothing
 OUTLIER = 3.0  # a measurement counts as at most this many times the estimate
+BUDGET = 0.02  # what drafting may lose in a reply, as a share of its plain time ...
+ALLOWANCE = 3.0  # ... plus this many plain steps (a first failed round, a probe)
+TAIL = 64  # tokens a draft model reads for a probe until it has paid (it needs recent text)
+READ_PRIOR = 0.3  # a draft's read per token as a share of a plain step, until measured
 
 
 @dataclass
@@ -65,9 +79,15 @@ class DraftCosts:
     batch_n: dict[int, int] = field(default_factory=dict)  # measurements per size
     draft_ms: float = 0.0  # the drafter's time per guess (per proposal when it guessed none)
     plain_n: int = 0  # how many plain steps were measured
+    read_ms: float = 0.0  # the drafter's time per token read before guessing (a draft model)
     # Replies since drafting last paid (a spell of SPELL_PAID rounds), for a drafter
     # whose every reply starts by reading the prompt (a draft model): see ``RETRY``.
     unpaid_replies: int = 0
+    proven: bool = False  # drafting has paid in some reply (it then starts without a budget)
+    # Timed once when a draft model loads (``ModelDrafter.warm``): used only to price a
+    # probe until the real reads and guesses are measured, never to rule drafting out.
+    read_prior: float = 0.0
+    guess_prior: float = 0.0
 
     @property
     def plain_ms(self) -> float:
@@ -91,6 +111,11 @@ class DraftCosts:
 
     def add_draft(self, ms: float) -> None:
         self.draft_ms = _ema(self.draft_ms, max(ms, 0.0), self.draft_ms == 0.0)
+
+    def add_read(self, n: int, ms: float) -> None:
+        if n > 0:
+            per = max(ms, 0.0) / n
+            self.read_ms = _ema(self.read_ms, per, self.read_ms == 0.0)
 
     def batch(self, n: int) -> float:
         """The estimated cost of a step evaluating ``n`` tokens.
@@ -154,6 +179,10 @@ class DraftLength:
         self._runs: deque[tuple[int, int]] = deque(maxlen=RUNS)  # (drafted, kept) per round
         self.k = min(self.k_max, 4) if adaptive else self.k_max
         self._paid = False
+        self._reads = adaptive and reads_prompt
+        self._tried = False  # a round drafted in this reply
+        self._made = 0  # reply tokens so far
+        self._loss = 0.0  # ms drafting cost this reply over plain decoding (< 0: it gained)
         # A draft model reads each new prompt before its first guess (~0.1 s for a short
         # one here): after replies where drafting never paid, skip that cost but on
         # every RETRY-th reply, so a draft that fits later text still gets its chance.
@@ -164,13 +193,22 @@ class DraftLength:
         self._retry = adaptive and reads_prompt and unpaid > 0 and unpaid % RETRY == 0
         if adaptive and (self._resting or (self.cannot_pay() and not self._retry)):
             self.k = 0  # measured in earlier replies: only plain decoding pays
+        if self._reads and (self._retry or not self.costs.proven):
+            self.k = 0  # not known to pay: probe when the reply can afford it
 
     @property
     def alpha(self) -> float:
         return self._hits / self._tries
 
-    def next(self) -> int:
-        """Guesses to ask for in the next step (0: a plain one-token step)."""
+    @property
+    def read_limit(self) -> int:
+        """The most tokens the drafter may read before a guess (0: no limit): a draft
+        model not yet known to pay starts from the recent text (``TAIL``)."""
+        return TAIL if self._reads and not self.costs.proven else 0
+
+    def next(self, lag: int = 0) -> int:
+        """Guesses to ask for in the next step (0: a plain one-token step). ``lag`` is
+        how many tokens the drafter would read first."""
         if not self.adaptive or self.k_max == 0:
             return self.k_max
         if self._resting:
@@ -180,26 +218,74 @@ class DraftLength:
             return 0  # measure what drafting has to beat
         if self.k > 0:
             return self.k
-        if self._plain_run >= self._probe_after and (self._retry or not self.cannot_pay()):
+        if self._reads:
+            start = (self._retry or not self.cannot_pay()) and self.affordable(lag)
+        else:
+            # A probe costs prompt lookup little (no reading, free guesses): it may start
+            # whenever the reply is within its allowance.
+            start = self._plain_run >= self._probe_after and not self.cannot_pay()
+            start = start and not self.over_budget()
+        if start:
             self._probing = True
             return min(PROBE, self.k_max)
         return 0
 
-    def plain(self, ms: float, draft_ms: float = 0.0) -> None:
-        """A one-token step took ``ms``; a proposal that came back empty took ``draft_ms``."""
+    def allowed_ms(self, made: int) -> float:
+        """What drafting may have lost by the time the reply has ``made`` tokens."""
+        return (BUDGET * made + ALLOWANCE) * max(self.costs.batch(1), TINY)
+
+    def affordable(self, lag: int = 0) -> bool:
+        """Whether a probe that keeps nothing would leave this reply's loss to drafting
+        within what is allowed (``allowed_ms``; see the module docstring)."""
+        c = self.costs
+        plain = max(c.batch(1), TINY)
+        k = min(PROBE, self.k_max)
+        read = 0.0
+        guess = c.draft_ms
+        if self._reads:
+            limit = self.read_limit
+            read_ms = c.read_ms or c.read_prior or READ_PRIOR * plain
+            read = (min(lag, limit) if limit else lag) * read_ms
+            guess = guess or c.guess_prior or plain
+        # A batch size never measured counts as k + 1 plain steps (llama.cpp's CPU
+        # kernels can make it that dear), not the optimistic prior ``batch`` uses.
+        verify = c.batch(k + 1) if len(c.batch_ms) > 1 else (k + 1) * plain
+        probe = read + k * guess + max(verify, plain) - plain
+        return self._loss + probe <= self.allowed_ms(self._made + k + 1)
+
+    def over_budget(self) -> bool:
+        """Whether drafting has lost this reply more than it is allowed."""
+        return self._loss > self.allowed_ms(self._made)
+
+    def plain(self, ms: float, draft_ms: float = 0.0, spent_ms: float = 0.0) -> None:
+        """A one-token step took ``ms``; a proposal that came back empty took ``draft_ms``
+        (the drafter's own cost estimate) and ``spent_ms`` in all."""
         self.costs.add_batch(1, ms)
         self._rounds = 0
+        self._made += 1
+        self._loss += max(spent_ms, 0.0)
         if draft_ms > 0.0:
             self.costs.add_draft(draft_ms)
         if self.k == 0:
             self._plain_run += 1
 
-    def round(self, drafted: int, kept: int, verify_ms: float, draft_ms: float) -> None:
+    def read(self, n: int, ms: float) -> None:
+        """The drafter read ``n`` tokens in ``ms`` before guessing (its catch-up)."""
+        self.costs.add_read(n, ms)
+
+    def round(
+        self, drafted: int, kept: int, verify_ms: float, draft_ms: float, spent_ms: float = 0.0
+    ) -> None:
         """A round verified ``drafted`` guesses (``verify_ms``), kept ``kept`` of them;
-        drafting them took ``draft_ms``."""
+        drafting them took ``draft_ms`` (the drafter's cost estimate: its guesses) and
+        ``spent_ms`` in all (reading included; 0: ``draft_ms``)."""
         if drafted <= 0:
             return
         kept = min(max(kept, 0), drafted)
+        self._tried = True
+        self._made += kept + 1
+        spent = max(spent_ms if spent_ms > 0.0 else draft_ms, 0.0)
+        self._loss += max(verify_ms, 0.0) + spent - (kept + 1) * self.costs.batch(1)
         self._hits = DECAY * self._hits + kept
         self._tries = DECAY * self._tries + kept + (1 if kept < drafted else 0)
         self._rounds += 1
@@ -213,6 +299,8 @@ class DraftLength:
         best, gain = self.best()
         was = self.k if self.k > 0 else drafted
         self.k = min(best, 2 * was) if gain >= 1.0 + MARGIN else 0
+        if self.over_budget():
+            self.k = 0  # a spell that lost more than the reply allows ends here
         if self._probing:
             self._probing = False
             self._plain_run = 0
@@ -235,11 +323,20 @@ class DraftLength:
         """Whether this reply skips drafting because recent replies' drafting did not pay."""
         return self._resting
 
+    @property
+    def loss_ms(self) -> float:
+        """What drafting cost this reply so far over plain decoding, in ms (< 0: gained)."""
+        return self._loss
+
     def finish(self) -> None:
         """The reply ended: remember whether drafting paid in it (see ``RETRY``)."""
-        if self.adaptive:
-            paid = self._paid or (self.k > 0 and self._spell >= SPELL_PAID)
+        if not self.adaptive:
+            return
+        paid = self._paid or (self.k > 0 and self._spell >= SPELL_PAID)
+        if paid or self._tried or self._resting:
+            # A reply that never drafted (the budget never allowed a probe) says nothing.
             self.costs.unpaid_replies = 0 if paid else self.costs.unpaid_replies + 1
+        self.costs.proven = self.costs.proven or paid
 
     def cannot_pay(self) -> bool:
         """Whether no draft length could beat plain decoding even if every guess were

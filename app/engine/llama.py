@@ -316,7 +316,9 @@ class Engine:
         self._drop_draft()
         self._drafter = ModelDrafter(draft_llm)
         self._pool = share_threads(config.threads(), (llm._ctx.ctx, draft_llm._ctx.ctx))
-        self._draft_costs.pop("model", None)
+        # What was learnt about this draft with this model stays while the model does.
+        costs = self._draft_costs.setdefault(self._costs_key(gguf.path), DraftCosts())
+        costs.read_prior, costs.guess_prior = self._drafter.warm()
         self._draft_info = DraftInfo(
             path=gguf.path, name=gguf.display_name, n_params=gguf.n_params, n_ctx=draft_llm.n_ctx()
         )
@@ -332,7 +334,11 @@ class Engine:
             log.info("draft model unloaded")
         self._drafter = None
         self._draft_info = None
-        self._draft_costs.pop("model", None)
+
+    @staticmethod
+    def _costs_key(draft: Path | None) -> str:
+        """Which ``DraftCosts`` a drafter uses: prompt lookup's, or one per draft file."""
+        return f"model:{draft}" if draft is not None else "lookup"
 
     # -- chat template -------------------------------------------------------------------
 
@@ -809,7 +815,8 @@ class Engine:
             drafter = None
         length = None
         if drafter is not None:
-            costs = self._draft_costs.setdefault(drafter.kind, DraftCosts())
+            draft = self._draft_info.path if self._draft_info and drafter.kind == "model" else None
+            costs = self._draft_costs.setdefault(self._costs_key(draft), DraftCosts())
             length = DraftLength(
                 params.draft_len,
                 params.adaptive_draft,
