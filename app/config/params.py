@@ -334,8 +334,9 @@ SPECS: tuple[FieldSpec, ...] = (
         "bool",
         "speculative",
         "Guess more tokens at a time while guesses are kept and fewer, down to none (plain "
-        "decoding, trying again now and then), while they fail, so drafting does not make "
-        "a reply slower.",
+        "decoding, trying again now and then), while they fail, so where drafting does not "
+        "help it costs a reply a few percent at most (a new draft model is first tried once "
+        "the reply can afford it).",
     ),
     FieldSpec(
         "draft_len",

@@ -24,15 +24,20 @@ again with ``PROBE`` guesses after ``probe_after`` plain tokens, waiting twice a
 after each probe that fails, and after a spell of drafting shorter than
 ``SPELL_PAID`` rounds (up to ``PROBE_MAX``).
 
+Every reply has a budget: what drafting has lost in it so far over plain decoding
+(reading, guessing and the wider batch, less the tokens kept) may be at most
+``BUDGET`` of the reply's plain time plus ``ALLOWANCE`` plain steps
+(:meth:`allowed_ms`). A spell of drafting that goes over it ends; prompt lookup
+probes (cheap: no reading, free guesses) only while the reply is within it.
+
 A draft model (``reads_prompt``) costs time before it can guess at all: it reads
 what it has not seen. Until it has paid in a reply (``DraftCosts.proven``), and
-whenever it is not drafting, it starts a probe only out of a budget: what drafting
-has lost in this reply so far, plus what the probe would lose if it kept nothing,
-must stay within ``BUDGET`` of what plain decoding of the reply so far took. So a
-new draft model that cannot pay costs its first reply at most about ``BUDGET``,
-and one that can starts drafting once the reply has earned the probe. Such a probe
-reads only the last ``TAIL`` tokens (:attr:`read_limit`), so a long conversation
-does not make trying a draft dear.
+whenever it is not drafting, it starts a probe only when the loss so far plus what
+the probe would lose if it kept nothing stays within the budget. So a new draft
+model that cannot pay costs a reply about the budget at most, and one that can
+starts drafting once the reply has earned the probe. Such a probe reads only the
+last ``TAIL`` tokens (:attr:`read_limit`), so a long conversation does not make
+trying a draft dear.
 
 Pure Python with no llama.cpp: the decode loop calls :meth:`next`, then
 :meth:`plain` or :meth:`round` with what happened.
