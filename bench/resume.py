@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from app.engine.llama import Engine
 from app.engine.templates import ChatMessage
 from app.models.default_model import ensure_default_model
 from app.util.hashing import FingerprintCache
+from bench.child import run_json
 
 ROOT = Path(__file__).resolve().parent.parent
 CONV_ID = "bench"
@@ -176,25 +176,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lamplight-resume-") as tmp:
         data = Path(tmp)
         info = build(model, load, data, args.tokens)
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--measure",
-                str(data),
-                "--rounds",
-                str(args.rounds),
-                "--threads",
-                str(args.threads),
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
-        if out.returncode != 0:
-            sys.exit(f"the measuring process failed:\n{out.stderr[-4000:]}")
-        measured = json.loads(out.stdout.strip().splitlines()[-1])
+        command = ["--measure", str(data), "--rounds", str(args.rounds)]
+        command += ["--threads", str(args.threads)]
+        measured = run_json(__file__, command, "the measuring process", timeout=1800)
 
     resume_ms = statistics.median(measured["resume_rounds"])
     reprefill_ms = statistics.median(measured["reprefill_rounds"])

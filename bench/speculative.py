@@ -33,7 +33,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -140,14 +139,10 @@ def _common(a: str, b: str) -> int:
 
 
 def _run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--mode", mode]
-    command += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
-    proc = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
-    if proc.returncode:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"mode {mode} failed (exit {proc.returncode})")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    from bench.child import run_json
+
+    command = ["--mode", mode, "--tokens", str(args.tokens), "--threads", str(args.threads)]
+    return run_json(__file__, command, f"mode {mode}")
 
 
 def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -26,7 +26,6 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -158,14 +157,11 @@ def main() -> None:
         return
     out: dict[str, Any] = {"threads": args.threads, "rounds": args.rounds}
     for name in args.configs.split(","):
+        from bench.child import run_json
+
         env = {**os.environ, **CONFIGS[name][2]}
-        command = [sys.executable, __file__, "--config", name]
-        command += ["--threads", str(args.threads), "--rounds", str(args.rounds)]
-        proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT)
-        if proc.returncode:
-            sys.stderr.write(proc.stderr[-4000:])
-            raise SystemExit(f"{name} failed (exit {proc.returncode})")
-        out[name] = json.loads(proc.stdout.strip().splitlines()[-1])
+        command = ["--config", name, "--threads", str(args.threads), "--rounds", str(args.rounds)]
+        out[name] = run_json(__file__, command, name, env=env)
         print(name, json.dumps(out[name]), file=sys.stderr, flush=True)
     out["load_average"] = os.getloadavg()
     print(json.dumps(out))

@@ -9,13 +9,11 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
 from app.config.paths import data_dirs
-from app.config.settings import AppSettings
 from app.engine.templates import ChatMessage
+from tests.fake_window import fake_window
 from tests.fakes import FakeEngine, overflow
 from ui.main_window import MainWindow
-from ui.worker import EngineClient
 
 LONG_REPLY = " ".join(f"w{i}" for i in range(2000))
 
@@ -26,11 +24,7 @@ def fake() -> FakeEngine:
 
 
 def make_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
-    dirs = data_dirs(tmp_path / "data")
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
-    win = MainWindow(client, AppSettings(), dirs, store)
-    qtbot.addWidget(win)
+    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
     win.show()
     model = tmp_path / "model.gguf"
     model.write_bytes(b"fake model")  # the snapshot header fingerprints it

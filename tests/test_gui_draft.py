@@ -24,6 +24,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
+from tests.fake_window import fake_window
 from tests.fakes import FAKE_CAPABILITIES, FakeEngine
 from ui import draft_control
 from ui.draft_control import DraftControl
@@ -63,10 +64,7 @@ def library(dirs: DataDirs, *files: Path) -> None:
 def make_window(
     qtbot: QtBot, dirs: DataDirs, fake: FakeEngine, model: Path, settings: AppSettings
 ) -> tuple[MainWindow, DraftControl]:
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
-    win = MainWindow(client, settings, dirs, store)
-    qtbot.addWidget(win)
+    win, _client = fake_window(qtbot, dirs, fake, settings)
     ctl = control_of(win)
     win.show()
     with qtbot.waitSignal(win.modelReady, timeout=5000):
@@ -131,6 +129,14 @@ def pick(ctl: DraftControl, path: Path | str) -> None:
     ctl.combo.activated.emit(index)
 
 
+def load_listed(qtbot: QtBot, ctl: DraftControl, draft: Path, *others: Path) -> None:
+    """Wait until the combo lists ``draft`` and ``others``, then choose ``draft`` and wait
+    until it is loaded."""
+    qtbot.waitUntil(lambda: listed(ctl, draft.name, *(o.name for o in others)), timeout=WAIT_MS)
+    pick(ctl, named(ctl, draft.name))
+    qtbot.waitUntil(lambda: ctl.loaded is not None, timeout=5000)
+
+
 def field(win: MainWindow, name: str) -> QCheckBox:
     box = win.sampling_panel.findChild(QCheckBox, f"field_{name}")
     assert box is not None, name
@@ -181,9 +187,7 @@ def test_a_refused_draft_says_why_and_keeps_the_loaded_one(
     other_vocab: Path,
 ) -> None:
     win, ctl = window
-    qtbot.waitUntil(lambda: listed(ctl, draft_path.name, other_vocab.name), timeout=WAIT_MS)
-    pick(ctl, named(ctl, draft_path.name))
-    qtbot.waitUntil(lambda: ctl.loaded is not None, timeout=5000)
+    load_listed(qtbot, ctl, draft_path, other_vocab)
     kept = ctl.loaded
     bad = tmp_path / "incompatible-draft.gguf"
     bad.write_bytes(b"GGUF")
@@ -204,9 +208,7 @@ def test_reply_shows_acceptance_and_speedup_and_the_chat_brings_its_draft_back(
     other_vocab: Path,
 ) -> None:
     win, ctl = window
-    qtbot.waitUntil(lambda: listed(ctl, draft_path.name, other_vocab.name), timeout=WAIT_MS)
-    pick(ctl, named(ctl, draft_path.name))
-    qtbot.waitUntil(lambda: ctl.loaded is not None, timeout=5000)
+    load_listed(qtbot, ctl, draft_path, other_vocab)
     assert ctl.loaded is not None
     chosen = str(ctl.loaded.path)
     field(win, "draft_model").click()  # "Use draft model"
@@ -285,11 +287,7 @@ def test_the_draft_waits_for_a_model_and_follows_a_reload(
     qtbot: QtBot, tmp_path: Path, model_path: Path, draft_path: Path
 ) -> None:
     fake = FakeEngine()
-    dirs = data_dirs(tmp_path / "data")
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
-    win = MainWindow(client, AppSettings(), dirs, store)
-    qtbot.addWidget(win)
+    win, client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
     ctl = control_of(win)
     try:
         ctl.choose(draft_path)  # no model yet: remembered

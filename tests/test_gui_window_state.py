@@ -22,6 +22,7 @@ from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
 from app.util.datafiles import DataFileError
+from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
 from ui import layout_format, window_state
 from ui.layout_format import read_geometry, read_main_window_state, read_splitter_state
@@ -35,11 +36,7 @@ LEFT = Screen(1, (-1280, 0, 1280, 1024), 1280)
 
 def open_window(qtbot: QtBot, dirs: DataDirs) -> MainWindow:
     """A window on ``dirs`` with the settings saved there, shown (no model: not needed)."""
-    store = ConversationStore(dirs.root)
-    fake = FakeEngine()
-    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
-    win = MainWindow(client, AppSettings.load_from(dirs.settings_file), dirs, store)
-    qtbot.addWidget(win)
+    win, _client = fake_window(qtbot, dirs, FakeEngine(), AppSettings.load_from(dirs.settings_file))
     win.show()
     qtbot.waitExposed(win)
     return win

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
 from app.config.model_prefs import (
     FILE_NAME,
     SYSTEM_PROMPT_CHARS,
@@ -28,7 +27,6 @@ from app.config.model_prefs import (
 )
 from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
-from app.config.settings import AppSettings
 from app.engine.backend import Finished, ModelInfo
 from app.engine.llama import Engine
 from app.engine.template_sandbox import MAX_SOURCE_CHARS
@@ -46,12 +44,11 @@ from app.remote.openai_compat import CAPABILITIES as OPENAI_CAPABILITIES
 from app.remote.openai_compat import WHY_NOT, OpenAIBackend
 from app.util.errors import LamplightError
 from tests.conftest import ROOT
+from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
 from tests.prompt_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
-from ui.main_window import MainWindow
 from ui.template_dialog import TemplateDialog
-from ui.worker import EngineClient
 
 GREEDY = SamplingParams.greedy(4)
 # A ChatML-like template with markers of its own, to see in the evaluated text.
@@ -241,11 +238,7 @@ def test_openai_servers_disable_the_choice_with_a_reason(qtbot: QtBot, tmp_path:
     assert not OPENAI_CAPABILITIES.template_override
     assert "renders the chat with its own template" in WHY_NOT["template_override"]
     fake = FakeEngine()
-    dirs = data_dirs(tmp_path / "data")
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
-    win = MainWindow(client, AppSettings(), dirs, store)
-    qtbot.addWidget(win)
+    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
     try:
         model = tmp_path / "model.gguf"
         model.write_bytes(b"fake model")

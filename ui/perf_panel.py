@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyqtgraph as pg
@@ -57,35 +58,19 @@ class PerfPanel(QDockWidget):
         self.live_instant = self.live.plot(pen=pg.mkPen(BLUE, width=1), name="instant")
         self.live_average = self.live.plot(pen=pg.mkPen(ORANGE, width=2), name="1 s average")
         self.history = self._plot("Speed per reply", ("reply", ""), ("speed", "tok/s"))
-        self.history_decode = self.history.plot(
-            pen=pg.mkPen(BLUE, width=2), symbol="o", symbolSize=5, symbolBrush=BLUE, name="decode"
-        )
-        self.history_prefill = self.history.plot(
-            pen=pg.mkPen(GREEN, width=2), symbol="t", symbolSize=5, symbolBrush=GREEN, name="prompt"
-        )
+        self.history_decode = _points(self.history, BLUE, "o", name="decode")
+        self.history_prefill = _points(self.history, GREEN, "t", name="prompt")
         self.ttft = self._plot("Time to first token", ("reply", ""), ("time", "ms"))
-        self.ttft_curve = self.ttft.plot(
-            pen=pg.mkPen(PURPLE, width=2), symbol="o", symbolSize=5, symbolBrush=PURPLE
-        )
+        self.ttft_curve = _points(self.ttft, PURPLE, "o")
         # Speculative decoding: guesses kept, and reply tokens per forward pass of the model
         # (1.0 is plain decoding); replies without drafting leave a gap.
         self.drafts = self._plot("Drafting per reply", ("reply", ""), ("ratio", ""))
         self.drafts.addLegend(offset=(2, 2), labelTextSize="7pt")
-        self.drafts_speedup = self.drafts.plot(
-            pen=pg.mkPen(RED, width=2),
-            symbol="o",
-            symbolSize=5,
-            symbolBrush=RED,
-            name="tokens per pass",
-            connect="finite",
+        self.drafts_speedup = _points(
+            self.drafts, RED, "o", name="tokens per pass", connect="finite"
         )
-        self.drafts_acceptance = self.drafts.plot(
-            pen=pg.mkPen(GREEN, width=2),
-            symbol="t",
-            symbolSize=5,
-            symbolBrush=GREEN,
-            name="guesses kept",
-            connect="finite",
+        self.drafts_acceptance = _points(
+            self.drafts, GREEN, "t", name="guesses kept", connect="finite"
         )
         self.itl = self._plot("Token latency, last reply", ("latency", "ms"), ("tokens", ""))
         self.itl_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=BLUE)
@@ -320,3 +305,10 @@ class PerfPanel(QDockWidget):
     def stop_timers(self) -> None:
         self._timer.stop()
         self._rss_timer.stop()
+
+
+def _points(plot: pg.PlotWidget, color: str, symbol: str, **kwargs: Any) -> pg.PlotDataItem:
+    """A per-reply curve on ``plot``: a line with a ``symbol`` at each reply."""
+    return plot.plot(
+        pen=pg.mkPen(color, width=2), symbol=symbol, symbolSize=5, symbolBrush=color, **kwargs
+    )
