@@ -67,9 +67,12 @@ def measure(pattern: str, pool_poll: bool | int, threads: int, rounds: int) -> d
     import numpy as np
     from llama_cpp import Llama
 
+    from app.engine.native_libs import load_backends
     from app.engine.threadpool import SharedThreadPool, uses_openmp
     from app.models.default_model import ensure_default_model
     from tests.draft_model import draft_model_path
+
+    load_backends()  # the CPU variant for this processor, before any model
 
     def load(path: Path) -> Any:
         return Llama(

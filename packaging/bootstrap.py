@@ -4,8 +4,9 @@
     python3 packaging/bootstrap.py run [lamplight args...]   # set up, open the app
     python3 packaging/bootstrap.py test [pytest args...]     # set up, run every check
 
-The first run builds llama-cpp-python from source (about 10 minutes on two
-cores); later runs reuse the environment and take seconds. Set CMAKE_ARGS
+The first run builds llama.cpp from source for any CPU of this platform
+(``packaging/llama_build.py``: about 20 minutes on two cores, then cached per
+machine); later runs reuse the environment and take seconds. Set CMAKE_ARGS
 before the first run for a GPU build (see README.md).
 """
 
@@ -35,6 +36,7 @@ def run(cmd: list[str], **kw: object) -> None:
 
 def fingerprint() -> str:
     h = hashlib.sha256((ROOT / "pyproject.toml").read_bytes())
+    h.update((ROOT / "packaging" / "llama_build.py").read_bytes())
     h.update(os.environ.get("CMAKE_ARGS", "").encode())
     h.update(sys.version.encode())
     return h.hexdigest()
@@ -48,10 +50,14 @@ def ensure_env() -> None:
         venv.EnvBuilder(with_pip=True).create(VENV)
     if STAMP.exists() and STAMP.read_text() == fingerprint():
         return
-    say("installing dependencies (the first time builds llama.cpp: about 10 minutes)")
-    env = {**os.environ, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
-    run([str(PY), "-m", "pip", "install", "--upgrade", "pip"], env=env)
-    run([str(PY), "-m", "pip", "install", "-e", ".[dev]"], env=env)
+    say("installing dependencies (the first time builds llama.cpp: about 20 minutes)")
+    run([str(PY), "-m", "pip", "install", "--upgrade", "pip"])
+    # llama.cpp for any CPU of this platform, before pip could build a native one.
+    sys.path.insert(0, str(ROOT / "packaging"))
+    import llama_build
+
+    llama_build.ensure_installed(str(PY), VENV)
+    run([str(PY), "-m", "pip", "install", "-e", ".[dev]"])
     STAMP.write_text(fingerprint())
 
 

@@ -8,8 +8,9 @@ Uses the current environment (``pip install -e .[dev]`` brings PyInstaller) and
 ``dist/Lamplight.app`` on macOS). ``--smoke`` then runs the frozen app twice with a
 fresh temporary data dir, offscreen, and without a network where the OS allows
 (Linux ``unshare``): ``--smoke-test`` must assemble the embedded model, generate
-tokens and print them as JSON; ``serve --smoke-test`` must answer a chat request
-on 127.0.0.1; a normal start must open the window and load the model with no
+tokens and print them as JSON (then again with the baseline CPU module forced,
+proving the bundle does not need the builder's CPU); ``serve --smoke-test`` must
+answer a chat request on 127.0.0.1; a normal start must open the window and load the model with no
 traceback. Exits 0 when everything passed.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -32,6 +34,8 @@ SMOKE_TIMEOUT_S = 600
 GUI_TIMEOUT_S = 180
 WINDOWS = sys.platform == "win32"
 MAC = sys.platform == "darwin"
+VARIANT_ENV = "LAMPLIGHT_CPU_VARIANT"  # app/engine/native_libs.py forces a CPU module with it
+BUILT_IN = "built-in"  # native_libs' name for a build whose CPU code is linked in
 
 
 def say(msg: str) -> None:
@@ -75,6 +79,10 @@ def check_contents(folder: Path) -> None:
     wanted = {
         "llama.cpp library": (internal / "llama_cpp" / "lib", r"(lib)?llama\.(so|dylib|dll)$"),
         "ggml library": (internal / "llama_cpp" / "lib", r"(lib)?ggml\.(so|dylib|dll)$"),
+        "CPU modules": (
+            internal / "llama_cpp" / "lib",
+            r"(lib)?ggml-cpu(-[a-z0-9_.]+)?\.(so|dylib|dll)$",
+        ),
         "offscreen platform plugin": (plugins / "platforms", r"qoffscreen"),
         "SVG image format plugin": (plugins / "imageformats", r"qsvg\."),
         "SVG icon engine plugin": (plugins / "iconengines", r"qsvgicon"),
@@ -100,6 +108,11 @@ def check_contents(folder: Path) -> None:
         raise Failed("the bundle lacks: " + "; ".join(missing))
 
 
+def baseline_variant() -> str:
+    """The CPU module every CPU of this platform runs."""
+    return "armv8.0_1" if platform.machine().lower() in ("arm64", "aarch64") else "x64"
+
+
 def size_mb(path: Path) -> float:
     total = sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() or p.is_symlink())
     return total / 1e6
@@ -120,7 +133,9 @@ def frozen_env(home: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("PYTHON", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "QT_", "HF_"))
+        if not k.startswith(
+            ("PYTHON", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "QT_", "HF_", "LAMPLIGHT_", "LLAMA_")
+        )
     }
     env["QT_QPA_PLATFORM"] = "offscreen"
     if not WINDOWS:
@@ -153,8 +168,18 @@ def smoke(cli: Path, data: Path, env: dict[str, str], prefix: list[str]) -> dict
     if not model.is_file():
         raise Failed(f"--smoke-test passed but {model} was not assembled")
     tok_s = result["metrics"].get("decode_tok_s")
-    say(f"smoke: ok in {seconds:.1f} s, {tokens} tokens at {tok_s} tok/s")
-    return {"seconds": round(seconds, 1), "generated_tokens": tokens, "model": result["model"]}
+    variant = result.get("cpu_variant", "")
+    wanted = env.get(VARIANT_ENV)
+    if wanted and variant != wanted:
+        raise Failed(f"--smoke-test ran the CPU variant {variant!r}, not the forced {wanted!r}")
+    say(f"smoke: ok in {seconds:.1f} s, {tokens} tokens at {tok_s} tok/s on CPU variant {variant}")
+    return {
+        "seconds": round(seconds, 1),
+        "generated_tokens": tokens,
+        "model": result["model"],
+        "cpu_variant": variant,
+        "decode_tok_s": tok_s,
+    }
 
 
 def serve_smoke(cli: Path, data: Path, env: dict[str, str]) -> dict[str, object]:
@@ -258,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
             with tempfile.TemporaryDirectory(prefix="lamplight-smoke-") as tmp:
                 env = frozen_env(Path(tmp))
                 summary["smoke"] = smoke(cli, Path(tmp) / "data", env, prefix)
+                if summary["smoke"]["cpu_variant"] not in ("", BUILT_IN):  # type: ignore[index]
+                    # Proof that the bundle does not need the builder's CPU: the baseline
+                    # module (any x86-64 / armv8.0 CPU) runs it too.
+                    base = {**env, VARIANT_ENV: baseline_variant()}
+                    summary["smoke_baseline"] = smoke(cli, Path(tmp) / "data", base, prefix)
                 summary["serve"] = serve_smoke(cli, Path(tmp) / "data", env)
                 summary["window_s"] = round(gui_start(app, Path(tmp) / "data", env, prefix), 1)
         summary["ok"] = True

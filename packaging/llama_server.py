@@ -1,10 +1,17 @@
 """llama.cpp's ``llama-server``, built once from the sources llama-cpp-python vendors.
 
 The remote-backend tests (issue 15) run Lamplight against a real llama-server
-of the same llama.cpp as the in-process engine. Building it takes about 12
-minutes on two cores, so the binary is cached in the user's cache directory,
-outside the checkout, keyed by the llama-cpp-python version and the build
-flags: a fresh clone on the same machine (what CI uses) finds it at once.
+of the same llama.cpp as the in-process engine. It is built like that engine
+(``packaging/llama_build.py``): shared libraries with ``GGML_BACKEND_DL``, so it
+runs on any CPU. Its own build leaves the CPU code out (``GGML_CPU=OFF``) and
+takes the CPU variant modules from the installed llama-cpp-python instead: the
+same sources and ggml flags, so the same ABI, and the slowest part of the build
+is not compiled twice. llama-server's ``ggml_backend_load_all()`` finds them
+beside the binary and picks the best one for this CPU.
+
+The result is cached in the user's cache directory, outside the checkout,
+keyed by the llama-cpp-python version, its build and these flags: a fresh clone
+on the same machine (what CI uses) finds it at once.
 
 Usage: python packaging/llama_server.py   (prints the binary's path, building it if needed)
 """
@@ -27,11 +34,17 @@ FLAGS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
-    "-DBUILD_SHARED_LIBS=OFF",
+    "-DBUILD_SHARED_LIBS=ON",
+    "-DGGML_BACKEND_DL=ON",
+    "-DGGML_CPU=OFF",  # the CPU modules come from llama-cpp-python's build
+    "-DGGML_NATIVE=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DGGML_NATIVE=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
     "-DCMAKE_BUILD_TYPE=Release",
+    # The binary finds its libraries beside it once copied into the cache.
+    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
 )
 
 
@@ -44,7 +57,8 @@ def cache_path(version: str | None = None) -> Path:
     from platformdirs import user_cache_dir
 
     version = version or llama_cpp_version()
-    key = hashlib.sha256("\n".join((version, *FLAGS)).encode()).hexdigest()[:12]
+    modules = sorted(p.name for p in _backend_modules())
+    key = hashlib.sha256("\n".join((version, *FLAGS, *modules)).encode()).hexdigest()[:12]
     return Path(user_cache_dir("lamplight")) / f"llama-server-{version}-{key}" / "llama-server"
 
 
@@ -79,13 +93,32 @@ def ensure_llama_server(log: bool = True) -> Path:
         ninja = [f"-DCMAKE_MAKE_PROGRAM={_tool('ninja')}"]
         _run([cmake, "-S", str(src), "-B", str(build), "-G", "Ninja", *ninja, *FLAGS], log)
         _run([cmake, "--build", str(build), "--target", "llama-server", "-j", jobs], log)
-        built = build / "bin" / "llama-server"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = target.with_name(target.name + ".tmp")
-        shutil.copy2(built, staging)
-        staging.chmod(0o755)
-        os.replace(staging, target)  # atomic: a half-copied binary is never found
+        staging = target.parent.with_name(target.parent.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for path in (build / "bin").iterdir():
+            if path.name == "llama-server" or ".so" in path.name or path.suffix == ".dll":
+                shutil.copy2(path, staging / path.name, follow_symlinks=True)
+        for module in _backend_modules():
+            shutil.copy2(module, staging / module.name)
+        (staging / "llama-server").chmod(0o755)
+        shutil.rmtree(target.parent, ignore_errors=True)
+        os.replace(staging, target.parent)  # atomic: a half-copied folder is never found
     return target
+
+
+def _backend_modules() -> list[Path]:
+    """The installed llama-cpp-python's backend modules (CPU variants, GPU backends)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llama-cpp-python is not installed in this environment")
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    shared = {"libggml.so", "libggml-base.so"}
+    return sorted(
+        p for p in lib.glob("libggml-*.so") if p.name not in shared and not p.is_symlink()
+    )
 
 
 def _extract_vendor(sdist: Path, dest: Path) -> Path:

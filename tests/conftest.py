@@ -13,6 +13,12 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# One verdict file on native paths that crash on this CPU (app/engine/native_guard.py) for
+# every engine the suite makes, in this process and in the apps it starts: checked once.
+os.environ.setdefault(
+    "LAMPLIGHT_NATIVE_PATHS_FILE",
+    str(Path(__file__).resolve().parent.parent / ".cache" / "native_paths.json"),
+)
 
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.config.params import LoadConfig

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.native import extra_bufts_ok
+
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 90.0
 
@@ -90,6 +92,8 @@ def running_llama_server(
         "--no-webui",
         *[a for lora in loras for a in ("--lora", str(lora))],
         *(["--lora-init-without-apply"] if loras else []),
+        # The repacked-weight kernels crash on some CPUs (AMX): the app's check decides.
+        *([] if extra_bufts_ok(model) else ["--no-repack"]),
         *extra,
     ]  # fmt: skip
     with log_path.open("wb") as log:

@@ -21,9 +21,9 @@ TEXT = "Lamplight drafts: the quick brown fox, ünïcödé, 日本語, <start_of
 
 
 def _llama(path: Path, **kwargs: Any) -> Any:
-    from llama_cpp import Llama
+    from tests.native import llama
 
-    return Llama(str(path), n_ctx=256, n_threads=1, n_batch=64, verbose=False, **kwargs)
+    return llama(path, n_ctx=256, n_threads=1, n_batch=64, verbose=False, **kwargs)
 
 
 def test_draft_is_a_smaller_model_of_the_same_kind(model_path: Path, draft_path: Path) -> None:

@@ -676,6 +676,8 @@ def test_llama_cpp_still_aborts_without_the_check(header: Header, model_copy: Pa
         "import resource\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY}))\n"
         "import sys, llama_cpp\n"
+        "from app.engine.native_libs import load_backends\n"
+        "load_backends()\n"
         "llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, verbose=False)\n"
     )
     child = _run_child(code, str(model_copy))

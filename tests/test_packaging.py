@@ -5,6 +5,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import platform
 import shutil
 import struct
 import subprocess
@@ -235,4 +236,10 @@ def test_frozen_app_builds_and_passes_its_smoke_test(tmp_path: Path) -> None:
     assert summary["ok"]
     assert summary["smoke"]["generated_tokens"] > 0
     assert summary["smoke"]["model"]["backend"]
+    # The bundle carries every CPU module and runs on the baseline one (no AVX at all on
+    # x86-64): it does not need the builder's CPU.
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert summary["smoke"]["cpu_variant"] not in ("", "built-in"), summary["smoke"]
+        assert summary["smoke_baseline"]["cpu_variant"] == "x64"
+        assert summary["smoke_baseline"]["generated_tokens"] > 0
     assert summary["serve"]["completion_tokens"] > 0  # `serve --smoke-test` on 127.0.0.1

@@ -24,9 +24,9 @@ PROMPT = b"The capital of France is"
 
 
 def _llama(path: Path) -> Any:
-    from llama_cpp import Llama
+    from tests.native import llama
 
-    return Llama(str(path), n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False)
+    return llama(path, n_ctx=256, n_threads=1, n_threads_batch=1, verbose=False)
 
 
 @pytest.fixture(scope="module")

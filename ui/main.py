@@ -17,10 +17,12 @@ from app import __version__
 from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
+from app.util import crash_record
 from app.util.datafiles import os_reason
 
 if TYPE_CHECKING:
     from app.chat.store import ConversationStore
+    from app.util.instance_lock import InstanceLock
     from ui.hub_workers import HubServices
     from ui.main_window import MainWindow
     from ui.worker import EngineClient
@@ -56,7 +58,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "few tokens without showing a window, print the metrics as JSON, exit",
     )
     parser.add_argument("--version", action="version", version=f"Lamplight {__version__}")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.model is None:
+        args.model = args.model_file
+    return args
 
 
 def setup_logging(dirs: DataDirs) -> str:
@@ -137,22 +142,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ui.serve import main as serve
 
         return serve(argv[1:])
+    if argv and argv[0] == "probe-native-path":  # the frozen app's native-path check child
+        from app.engine.path_probe import main as probe
+
+        return probe(argv[1:])
     args = parse_args(argv)
     notes: list[str] = []  # damaged files set aside or repaired, for the user
     dirs = data_dirs(args.data_dir, notes)
-    notes += filter(None, [setup_logging(dirs)])
+    lock = claim_data_dir(dirs, args)  # before anything reads or writes the folder
+    if isinstance(lock, int):
+        return lock  # another instance has it (and maybe took the request)
+    notes += filter(None, [setup_logging(dirs), lock.note])
     log.info("Lamplight %s starting, data dir %s", __version__, dirs.root)
     for line in notes:
         log.warning("%s", line)
     settings, settings_notes = AppSettings.load_with_notes(dirs.settings_file)
     notes += settings_notes
     model, note = choose_model(args, settings)
+    # After the lock: the marker a previous process left is this folder's, not a live one's.
+    crash, crashed = crash_record.begin(dirs.logs, __version__)
     if args.smoke_test:
-        return smoke_test(dirs, settings, model)
+        with lock:
+            if crashed is not None:
+                print(f"lamplight: {crashed.console()}", file=sys.stderr)
+            code = smoke_test(dirs, settings, model)
+            crash_record.end(crash)
+            return code
 
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
+    from ui import crash_notice, single_instance
     from ui.worker import EngineClient
 
     app = QApplication(sys.argv[:1])
@@ -170,10 +190,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return clients[0]
 
     window = open_window(dirs, settings, notes, make_client, hub_services(dirs), note)
-    window.start_engine(model)
+    later_launches = single_instance.InstanceServer(single_instance.server_name(dirs.root))
+    single_instance.install(window, later_launches)
+    later_launches.listen()
+    # The previous process's crash, if any, then the model (held after a crash while loading).
+    crash_notice.install(window, crashed, dirs, lambda: window.start_engine(model))
     code = app.exec()
+    later_launches.close()
     clients[0].shutdown()
+    crash_record.end(crash)  # a clean exit: no crash to report next time
+    lock.release()
     return int(code)
+
+
+def claim_data_dir(dirs: DataDirs, args: argparse.Namespace) -> InstanceLock | int:
+    """The data folder's lock for this process; or, when another process holds it, the
+    exit code after handing the window there this launch's model (``ui/single_instance``)."""
+    from app.util.instance_lock import AlreadyRunning, acquire
+    from ui import single_instance
+
+    if not args.smoke_test:
+        model = Path(os.path.abspath(Path(args.model).expanduser())) if args.model else None
+        return single_instance.claim(dirs.root, model)
+    try:
+        return acquire(dirs.root, "smoke-test")
+    except AlreadyRunning as exc:
+        message = single_instance.held_message(exc, "smoke-test")
+        print(json.dumps({"ok": False, "error": message}), flush=True)
+        return single_instance.EXIT_HELD
 
 
 def open_window(
@@ -233,6 +277,10 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
 
         @Slot(object)
         def on_loaded(self, info: ModelInfo) -> None:
+            from app.engine.native_libs import loaded
+
+            backends = loaded()
+            self.result["cpu_variant"] = backends.cpu_variant if backends else ""
             self.result["model"] = {
                 "name": info.name,
                 "path": str(info.path),

@@ -324,6 +324,12 @@ class MainWindow(QMainWindow):
         if self._model is not None and not self._loading:
             self.session.regenerate(self._settings.sampling)
 
+    def answer_pending(self) -> bool:
+        """Reply to the conversation's last message if it has no reply (after a crash)."""
+        if self._model is None or self._loading:
+            return False
+        return self.session.answer_pending(self._settings.sampling)
+
     def edit_message(self, index: int) -> None:
         """Put user message ``index`` in the input box; sending replaces it and what follows."""
         text = self.session.begin_edit(index)

@@ -32,7 +32,9 @@ from app import __version__
 from app.config.params import SettingError, validate_api, validate_load
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
+from app.util import crash_record
 from app.util.datafiles import os_reason
+from app.util.instance_lock import AlreadyRunning, acquire
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -102,13 +104,18 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     from ui.main import choose_model, setup_logging
+    from ui.single_instance import EXIT_HELD, held_message
 
     notes: list[str] = []
     try:
         dirs = data_dirs(args.data_dir, notes)
     except OSError as exc:
         return fail(f"the data folder cannot be used: {os_reason(exc)}")
-    for note in filter(None, [setup_logging(dirs), *notes]):
+    try:  # one Lamplight per data folder; the OS lets go when this process ends
+        lock = acquire(dirs.root, "serve")
+    except AlreadyRunning as exc:
+        return fail(held_message(exc, "serve"), EXIT_HELD)
+    for note in filter(None, [setup_logging(dirs), lock.note, *notes]):
         print(f"lamplight serve: {note}", file=sys.stderr)
     _log_to_stderr()
     settings, settings_notes = AppSettings.load_with_notes(dirs.settings_file)
@@ -152,7 +159,13 @@ def main(argv: Sequence[str]) -> int:
     model, note = choose_model(args, settings)
     if note:
         print(f"lamplight serve: {note}", file=sys.stderr)
-    return _serve(dirs.models, config, load, model, args.smoke_test, api.pool_mb)
+    with lock:
+        crash, crashed = crash_record.begin(dirs.logs, __version__)  # after the lock
+        if crashed is not None:
+            print(f"lamplight serve: {crashed.console()}", file=sys.stderr)
+        code = _serve(dirs.models, config, load, model, args.smoke_test, api.pool_mb)
+        crash_record.end(crash)  # a clean exit (SIGINT/SIGTERM too): nothing to report
+        return code
 
 
 def _log_to_stderr() -> None:

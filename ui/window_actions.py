@@ -195,7 +195,12 @@ def show_api_dialog(win: MainWindow) -> ApiDialog:
 
 
 def show_backend_page(win: MainWindow) -> None:
-    page = BackendPage(detect_hardware(), system_info(), win)
+    from app.engine.native_guard import store_file
+    from app.engine.native_libs import machine_key
+    from app.engine.native_paths import PathVerdicts
+
+    verdicts = PathVerdicts(store_file(win._dirs.root), machine_key())
+    page = BackendPage(detect_hardware(), system_info(), win, verdicts)
     page.show()
     win.backend_page = page
 

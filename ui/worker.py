@@ -25,13 +25,15 @@ from app.engine.backend import (
     PrefillProgress,
     Token,
 )
+from app.engine.crash_steps import EngineSteps, marked
 from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.engine.llama import Engine
 from app.engine.metrics import MessageMetrics
+from app.engine.native_guard import NativeGuard, store_file
 from app.engine.offload import fit_report, load_with_fallback
 from app.engine.templates import AUTO, PLAIN, ChatMessage, TemplateOverride
 from app.gguf.lora import LoraStack
-from app.models.default_model import ensure_default_model
+from app.models.default_model import default_model_if_present, ensure_default_model
 from app.remote.http import ServerUnreachable
 from app.util.errors import LamplightError
 from app.util.hashing import FingerprintCache
@@ -152,8 +154,11 @@ class EngineWorker(QObject):
         # the LoRA stack (a new model drops the old one's draft).
         self._draft_wanted: Path | None = None
         self._draft_checks: dict[tuple[object, ...], str] = {}
+        # What this thread is doing, for the crash record (a few writes per reply).
+        self.steps = EngineSteps()
 
     @Slot(str, object)
+    @marked("save")
     def save_snapshot(self, conv_id: str, keep: frozenset[str]) -> None:
         if (
             self._cache is None
@@ -179,6 +184,7 @@ class EngineWorker(QObject):
                 log.warning("could not delete the snapshot of %s: %s", conv_id, exc)
 
     @Slot(str)
+    @marked("restore")
     def restore_snapshot(self, conv_id: str) -> None:
         if self._cache is None or self._engine.model is None:
             why = "no model is loaded" if self._engine.model is None else "saving is off"
@@ -356,6 +362,7 @@ class EngineWorker(QObject):
         return out
 
     @Slot(str, object, object)
+    @marked()
     def load_model(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
         last = [-1.0]
 
@@ -373,6 +380,7 @@ class EngineWorker(QObject):
             fit = fit_report(path, config, self._local.hardware())
             if not fit.fits:
                 self.loadNote.emit(fit.warning(Path(path).name))
+            self.steps.loading(path, config, self._local.hardware().gpu_offload)
             info, note = load_with_fallback(self._local, path, config, progress)
             for extra in (note, *info.notes):
                 if extra:
@@ -384,6 +392,7 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Could not load the model: {exc}", self._engine.model is not None)
         else:
             self._switch(self._local)
+            self.steps.loaded(info, config, self._local.hardware().gpu_offload)
             self.pool.clear()
             self._template_choice = AUTO  # a load starts with the model's own template
             if len(self._lora_wanted) and self._engine.capabilities.lora:
@@ -414,6 +423,7 @@ class EngineWorker(QObject):
             self.loadFailed.emit(f"Could not connect: {exc}", self._engine.model is not None)
             return
         self._switch(backend)
+        self.steps.remote(info)
         self.pool.clear()
         self._template_choice = AUTO
         for note in info.notes:
@@ -457,7 +467,9 @@ class EngineWorker(QObject):
         self.connectionState.emit("connected", info.backend)
 
     @Slot(object)
+    @marked()
     def generate(self, job: GenerateJob) -> None:
+        self.steps.reply("chat", job.conv_id, job.params)
         key = _gui_key(job.conv_id) if job.conv_id else None
         try:
             self.pool.prepare(key, job.messages)
@@ -492,6 +504,7 @@ class EngineWorker(QObject):
     def _prewarm(self, messages: Sequence[ChatMessage], reply: str) -> None:
         if not self._engine.capabilities.prewarm:
             return
+        self.steps.mark("prewarm")
         try:
             self._engine.prewarm(messages, reply)
         except LamplightError as exc:
@@ -501,6 +514,7 @@ class EngineWorker(QObject):
         """Forward events as signals; returns the ``Finished`` (None after a failure)."""
         for event in events:
             if isinstance(event, Token):
+                self.steps.decoding()  # a marker write on the first token only
                 self.tokens.emit(request, event.text)
             elif isinstance(event, PrefillProgress):
                 self.prefillProgress.emit(request, event.done, event.total)
@@ -526,8 +540,10 @@ class EngineWorker(QObject):
     # -- API jobs ----------------------------------------------------------------------
 
     @Slot(object)
+    @marked()
     def generate_api(self, job: ApiJob) -> None:
         """Run an API request; exactly one terminal event reaches ``job.emit``."""
+        self.steps.reply("api", "", job.params)
         self.apiStarted.emit(job.id, job.client)
         relay = _ApiRelay(job)
         try:
@@ -618,6 +634,7 @@ class EngineWorker(QObject):
         # Tokens go to the client only: the scheduler counts them for the status bar.
         for event in events:
             if isinstance(event, Token):
+                self.steps.decoding()
                 relay.send(event)
             elif isinstance(event, Finished):
                 return event
@@ -704,6 +721,17 @@ class GenerateJob:
     stop: threading.Event
 
 
+def guarded_engine(models_dir: Path) -> Engine:
+    """The in-process engine, with native paths that crash on this machine switched off
+    (verdicts in the data folder, ``models_dir``'s parent); the checks run on the
+    embedded default model when it is there (small, and always the same)."""
+
+    guard = NativeGuard(
+        store_file(models_dir.parent), probe_model=lambda: default_model_if_present(models_dir)
+    )
+    return Engine(guard=guard)
+
+
 class EngineClient(QObject):
     """The GUI side: starts the worker thread, sends requests, stops and joins it.
 
@@ -729,7 +757,7 @@ class EngineClient(QObject):
     def __init__(
         self,
         models_dir: Path,
-        engine_factory: Callable[[], Backend] = Engine,
+        engine_factory: Callable[[], Backend] | None = None,
         store: ConversationStore | None = None,
         parent: QObject | None = None,
         pool_mb: int = DEFAULT_POOL_MB,
@@ -738,7 +766,8 @@ class EngineClient(QObject):
         self._thread = QThread()
         self._thread.setObjectName("lamplight-engine")
         _THREADS.add(self._thread)
-        self.worker = EngineWorker(engine_factory(), models_dir, store, pool_mb)
+        engine = engine_factory() if engine_factory else guarded_engine(models_dir)
+        self.worker = EngineWorker(engine, models_dir, store, pool_mb)
         self.worker.moveToThread(self._thread)
         self._loadRequested.connect(self.worker.load_model)
         self._generateRequested.connect(self.worker.generate)

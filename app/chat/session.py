@@ -38,7 +38,7 @@ from app.engine.templates import ChatMessage
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["send", "regenerate", "edit"]
+Kind = Literal["send", "regenerate", "edit", "answer"]
 
 
 class EngineLink(Protocol):
@@ -191,13 +191,30 @@ class ChatSession:
             prompt = [*msgs, Message("user", text)]
         before = list(msgs)
         self.conversation.messages = list(prompt)
-        self._start("send", prompt, params, text=text, before=before)
-        self._persist()  # the user's words are on disk before the reply starts
+        # The user's words are on disk before the worker can start on them: a crash
+        # while the reply is read or written loses no message (docs/notes/crashes.md).
+        self._start("send", prompt, params, text=text, before=before, persist=True)
+        return True
+
+    def answer_pending(self, params: SamplingParams) -> bool:
+        """Reply to the conversation's last message, a user turn left with no reply (the app
+        closed while it was being answered); nothing changes if the reply does not start."""
+        msgs = self.conversation.messages
+        if self.busy or not msgs or msgs[-1].role != "user":
+            return False
+        self.edit_index = None
+        self._start("answer", list(msgs), params)
         return True
 
     def regenerate(self, params: SamplingParams) -> bool:
-        """Ask for another last reply; the old one stays until the new one starts."""
+        """Ask for another last reply; the old one stays until the new one starts.
+
+        After a user turn left with no reply, that turn is answered instead: regenerating
+        the reply before it would drop the user's last message.
+        """
         msgs = self.conversation.messages
+        if msgs and msgs[-1].role == "user":
+            return self.answer_pending(params)
         last = max((i for i, m in enumerate(msgs) if m.role == "assistant"), default=-1)
         if self.busy or last < 0:
             return False
@@ -357,10 +374,13 @@ class ChatSession:
         text: str = "",
         edit_index: int | None = None,
         before: list[Message] | None = None,
+        persist: bool = False,
     ) -> None:
         conv = self.conversation
         conv.sampling = sampling_to_dict(params)
         conv.draft_path = self.draft_path if params.draft_model else ""
+        if persist:
+            self._persist()
         shown = Conversation(system_prompt=conv.system_prompt, messages=prompt)
         request = self._link.generate(conv.id, shown.chat(), params)
         self._request = _Request(
@@ -380,7 +400,7 @@ class ChatSession:
         if req.started:
             return
         req.started = True
-        if req.kind != "send":
+        if req.kind not in ("send", "answer"):
             self.conversation.messages = list(req.prompt)
             self._persist()
 

@@ -26,6 +26,11 @@ class HardwareInfo:
 
     gpu_offload: bool
     devices: tuple[Device, ...] = field(default_factory=tuple)
+    cpu_name: str = ""
+    cpu_flags: tuple[str, ...] = ()  # the instruction sets that decide the kernels
+    cpu_variant: str = ""  # the llama.cpp CPU module in use ("haswell"), or "built-in"
+    cpu_variants: tuple[str, ...] = ()  # every CPU module of this build
+    cpu_forced: bool = False  # chosen through LAMPLIGHT_CPU_VARIANT
 
     @property
     def label(self) -> str:
@@ -43,16 +48,34 @@ def detect_hardware() -> HardwareInfo:
     """Ask the loaded llama.cpp library which devices it has; never raises."""
     import llama_cpp
 
+    from app.engine.native_libs import BackendLoadError, cpu_flags, cpu_name, load_backends
+
+    try:
+        loaded = load_backends()
+        variant, variants, forced = loaded.cpu_variant, loaded.available, loaded.forced
+    except (BackendLoadError, OSError) as exc:
+        log.warning("llama.cpp backends: %s", exc)
+        variant, variants, forced = "", (), False
     try:
         gpu = bool(llama_cpp.llama_supports_gpu_offload())
     except (AttributeError, OSError):
         gpu = False
-    return HardwareInfo(gpu_offload=gpu, devices=tuple(_devices()))
+    return HardwareInfo(
+        gpu_offload=gpu,
+        devices=tuple(_devices()),
+        cpu_name=cpu_name(),
+        cpu_flags=cpu_flags(),
+        cpu_variant=variant,
+        cpu_variants=variants,
+        cpu_forced=forced,
+    )
 
 
 def _devices() -> list[Device]:
     try:
-        from llama_cpp._ggml import libggml as lib
+        from app.engine.native_libs import shared_library
+
+        lib = ctypes.CDLL(str(shared_library("ggml")))  # libllama's copy: its registry
 
         lib.ggml_backend_dev_count.restype = ctypes.c_size_t
         lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]

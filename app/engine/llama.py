@@ -47,6 +47,8 @@ from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.llama_log import install_log_route
 from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
+from app.engine.native_guard import NativeGuard, default_guard
+from app.engine.native_libs import load_backends
 from app.engine.overflow import Overflow, message_starts, reply_budget
 from app.engine.sampler import build_sampler
 from app.engine.templates import (
@@ -101,8 +103,12 @@ _CAPABILITIES_GPU = replace(_CAPABILITIES, gpu_offload=True, why_not={})
 class Engine:
     """Owns one model and its KV cache; streams replies as events."""
 
-    def __init__(self) -> None:
+    def __init__(self, guard: NativeGuard | None = None) -> None:
         install_log_route()
+        load_backends()  # the CPU variant for this processor, GPU modules: before any model
+        # Switches off native paths that crash on this machine (the window's and the
+        # server's engines get one on their data folder; see native_guard.default_guard).
+        self._guard = guard if guard is not None else default_guard()
         self._llm: Any = None
         self._info: ModelInfo | None = None
         self._template: ChatTemplate | None = None
@@ -117,6 +123,8 @@ class Engine:
         self._vocab: Vocab | None = None
         self._stop_ids: frozenset[int] = frozenset()  # the template's stop tokens with no text
         self._notes: tuple[str, ...] = ()
+        self._guard_notes: tuple[str, ...] = ()  # native paths off on this machine
+        self._extra_bufts = True  # the loaded model's; its draft loads the same way
         self._can_shift = False  # llama_memory_can_shift: drops need no re-reading
         # The last request's messages, and its overflow (what the model still sees).
         self._sent: tuple[list[ChatMessage], Overflow] | None = None
@@ -191,10 +199,15 @@ class Engine:
 
         if config.n_gpu_layers == AUTO:
             config = resolve(config, gguf, self.hardware())
+        guarded: tuple[str, ...] = ()
+        extra_bufts = True
+        if self._guard is not None:
+            prepared = self._guard.prepare(gguf.path, config, self.hardware().gpu_offload)
+            config, extra_bufts, guarded = prepared.config, prepared.extra_bufts, prepared.notes
         import llama_cpp
 
         t0 = time.perf_counter()
-        llm = open_llama(gguf, config, progress)
+        llm = open_llama(gguf, config, progress, extra_bufts)
         load_ms = (time.perf_counter() - t0) * 1000
         vocab = Vocab(llm)
         try:
@@ -220,9 +233,11 @@ class Engine:
         self._template = template
         self._inputs = inputs
         self._stop_ids = stop_ids
-        self._notes = (template.note,) if template.note else ()
-        if template.note:
-            log.warning("%s", template.note)
+        self._guard_notes = guarded
+        self._extra_bufts = extra_bufts
+        self._notes = (*guarded, *((template.note,) if template.note else ()))
+        for note in self._notes:
+            log.warning("%s", note)
         self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
         mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
         self._can_shift = bool(llama_cpp.llama_memory_can_shift(mem))
@@ -310,7 +325,7 @@ class Engine:
         config = replace(self._config, n_ctx=size)
         try:
             gguf = read_gguf_info(path)
-            draft_llm = open_llama(gguf, config, None)
+            draft_llm = open_llama(gguf, config, None, self._extra_bufts)
         except (ModelFileError, ModelLoadError) as exc:
             raise DraftError(f"The draft model was not loaded: {exc}") from exc
         self._drop_draft()
@@ -372,9 +387,9 @@ class Engine:
         self._stop_ids = (
             stop_ids if stop_ids is not None else self._vocab.stop_tokens(template.stop_strings)
         )
-        self._notes = (template.note,) if template.note else ()
-        if template.note:
-            log.warning("%s", template.note)
+        self._notes = (*self._guard_notes, *((template.note,) if template.note else ()))
+        for note in self._notes:
+            log.warning("%s", note)
         self._info = replace(self._info, template=template.label, notes=self._notes)
 
     def _render(self, messages: Sequence[ChatMessage]) -> tuple[str, str]:

@@ -18,8 +18,13 @@ log = logging.getLogger(__name__)
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
 
 
-def open_llama(gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None) -> Any:
+def open_llama(
+    gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None, extra_bufts: bool = True
+) -> Any:
     """A ``llama_cpp.Llama`` for ``gguf`` with ``config`` (``config.n_gpu_layers`` resolved).
+
+    ``extra_bufts`` False loads without llama.cpp's extra buffer types (the repacked
+    weights, AMX among them): ``app/engine/native_guard.py`` decides, per machine.
 
     ``gguf`` comes from ``read_gguf_info``, which refused the header values that make
     llama.cpp abort the process; the settings are checked here against their one
@@ -43,7 +48,7 @@ def open_llama(gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None) 
         return keep_going
 
     try:
-        with load_progress(on_progress):
+        with load_progress(on_progress, extra_bufts):
             return llama_cpp.Llama(
                 model_path=str(gguf.path),
                 n_ctx=config.n_ctx,
@@ -73,14 +78,14 @@ def open_llama(gguf: GgufInfo, config: LoadConfig, progress: ProgressFn | None) 
 
 
 @contextlib.contextmanager
-def load_progress(progress: ProgressFn | None) -> Iterator[None]:
-    """Give llama.cpp's model loader a progress callback.
+def load_progress(progress: ProgressFn | None, extra_bufts: bool = True) -> Iterator[None]:
+    """Give llama.cpp's model loader a progress callback (and ``use_extra_bufts``).
 
-    ``Llama`` exposes no progress hook, but builds its params through
+    ``Llama`` exposes neither, but builds its params through
     ``llama_model_default_params`` at load time; we hand it params that carry
     our callback. Only the engine thread loads models, so the swap is safe.
     """
-    if progress is None:
+    if progress is None and extra_bufts:
         yield
         return
     import llama_cpp.llama_cpp as lc
@@ -89,7 +94,7 @@ def load_progress(progress: ProgressFn | None) -> Iterator[None]:
 
     def on_progress(value: float, _user: Any) -> bool:
         try:
-            return bool(progress(float(value)))
+            return bool(progress(float(value))) if progress is not None else True
         except Exception:  # an exception must not unwind through C
             log.exception("load progress callback failed")
             return True
@@ -98,7 +103,9 @@ def load_progress(progress: ProgressFn | None) -> Iterator[None]:
 
     def params_with_progress() -> Any:
         params = original()
-        params.progress_callback = c_callback
+        if progress is not None:
+            params.progress_callback = c_callback
+        params.use_extra_bufts = extra_bufts
         return params
 
     lc.llama_model_default_params = params_with_progress

@@ -148,15 +148,13 @@ def accelerator_hint(backend: HardwareInfo) -> str:
         return ""
     if sys.platform == "darwin" and platform.machine() == "arm64":
         return (
-            "This llama.cpp build runs on the CPU only. For the Apple GPU: "
-            'CMAKE_ARGS="-DGGML_METAL=on" .venv/bin/pip install --force-reinstall '
-            "--no-cache-dir llama-cpp-python==0.3.36"
+            "This llama.cpp build runs on the CPU only. For the Apple GPU, rebuild it: "
+            'CMAKE_ARGS="-DGGML_METAL=on" python3 packaging/bootstrap.py run'
         )
     if _has_nvidia():
         return (
             "This llama.cpp build runs on the CPU only, and an NVIDIA GPU is present. "
-            'For CUDA: CMAKE_ARGS="-DGGML_CUDA=on" .venv/bin/pip install '
-            "--force-reinstall --no-cache-dir llama-cpp-python==0.3.36"
+            'For CUDA, rebuild it: CMAKE_ARGS="-DGGML_CUDA=on" python3 packaging/bootstrap.py run'
         )
     return ""
 

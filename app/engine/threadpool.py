@@ -97,6 +97,23 @@ def _lib_dir() -> Path:
     return Path(lib._base_path)
 
 
+def _library(directory: Path, stem: str) -> Path:
+    """The copy of ``lib<stem>`` in ``directory`` that llama.cpp uses; for the CPU code,
+    the variant module that was loaded (a backend-module build has no ``libggml-cpu``)."""
+    if stem == "ggml-cpu":
+        from app.engine.native_libs import BackendLoadError, load_backends
+
+        try:
+            state = load_backends()
+        except BackendLoadError as exc:
+            raise ThreadPoolUnavailable(str(exc)) from exc
+        if state.cpu_library is not None:
+            return state.cpu_library
+    from app.engine.native_libs import shared_library
+
+    return shared_library(stem, directory)
+
+
 def _bind(lib_dir: Path | None = None, symbols: dict[str, tuple[str, ...]] | None = None) -> _Api:
     """Bind the thread-pool functions from llama-cpp-python's shared libraries.
 
@@ -110,7 +127,7 @@ def _bind(lib_dir: Path | None = None, symbols: dict[str, tuple[str, ...]] | Non
     wanted = symbols or _SYMBOLS
     found: dict[str, Any] = {}
     for stem, names in wanted.items():
-        path = directory / f"lib{stem}.so"
+        path = _library(directory, stem)
         try:
             lib = ctypes.CDLL(str(path))  # already loaded by llama_cpp: the same handle
         except OSError as exc:

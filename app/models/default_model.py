@@ -23,6 +23,16 @@ def _package() -> object:
     return pkg
 
 
+def default_model_if_present(models_dir: Path) -> Path | None:
+    """The assembled default model in ``models_dir``, or None (nothing is assembled)."""
+    try:
+        name: str = _package().MODEL_NAME  # type: ignore[attr-defined]
+    except ModelFileError:
+        return None
+    target = models_dir / name
+    return target if target.is_file() else None
+
+
 def ensure_default_model(models_dir: Path) -> Path:
     """The default model's path in ``models_dir``, assembling and verifying it if needed.
 

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""llama-cpp-python built to run on any CPU of its platform, cached per machine.
+
+    python packaging/llama_build.py [--python PY]   # build if needed, install into PY's env
+
+A plain ``pip install llama-cpp-python`` compiles llama.cpp with
+``-march=native``: the result only runs on CPUs like the builder's (a bundle
+made on an AVX-512 machine dies with SIGILL elsewhere), and on a CPU with AMX
+it takes the AMX kernels that crash on some Sapphire Rapids parts. This script
+builds it the way llama.cpp's own releases are built instead:
+
+- ``GGML_BACKEND_DL=ON``: the CPU code and any GPU backend are modules that
+  ``app/engine/native_libs.py`` loads at start-up, choosing among them;
+- ``GGML_CPU_ALL_VARIANTS=ON``: one CPU module per instruction-set level, from
+  ``x64`` (any x86-64) up; the loader picks the best one this CPU runs, and
+  ``LAMPLIGHT_CPU_VARIANT`` forces one;
+- ``GGML_BACKEND_DIR=llama_cpp/lib``: the modules are installed next to
+  ``libllama`` in the wheel.
+
+On macOS only ``GGML_NATIVE=OFF`` is set (Apple's compiler targets every Apple
+CPU by default; Metal comes from llama-cpp-python's own build). ``CMAKE_ARGS``
+from the environment are added after these, so a CUDA or Vulkan build (README,
+"GPU builds") becomes one more backend module.
+
+The wheel is cached in the user cache directory, keyed by the llama-cpp-python
+version, the flags and the platform, so a fresh clone on the same machine (what
+CI uses) installs it in seconds. pip's own wheel cache is not used for this: it
+is keyed by the source URL alone and would hand back a build made with other
+``CMAKE_ARGS``.
+
+Stdlib only: it runs before the environment has anything installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pinned_version() -> str:
+    """The llama-cpp-python version pyproject.toml pins (``==``)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = re.search(r'"llama-cpp-python==([0-9][0-9A-Za-z.+-]*)"', text)
+    if found is None:
+        raise SystemExit("pyproject.toml does not pin llama-cpp-python with ==")
+    return found.group(1)
+
+
+VERSION = pinned_version()
+PORTABLE = (
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_BACKEND_DL=ON",
+    "-DGGML_CPU_ALL_VARIANTS=ON",
+    # STRING: ggml declares it a PATH, and CMake would make a relative PATH given on the
+    # command line absolute (the temporary source folder), installing the modules there.
+    "-DGGML_BACKEND_DIR:STRING=llama_cpp/lib",
+)
+MACOS = ("-DGGML_NATIVE=OFF",)
+STAMP_NAME = ".lamplight-llama-build"
+
+
+def say(msg: str) -> None:
+    print(f"[lamplight] {msg}", flush=True)
+
+
+def flags() -> tuple[str, ...]:
+    """The CMake flags for this platform, then the user's ``CMAKE_ARGS``."""
+    ours = MACOS if sys.platform == "darwin" else PORTABLE
+    extra = tuple(os.environ.get("CMAKE_ARGS", "").split())
+    return (*ours, *extra)
+
+
+def user_cache_dir() -> Path:
+    """platformdirs' ``user_cache_dir("lamplight")``, without platformdirs."""
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+        return base / "lamplight" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "lamplight"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lamplight"
+
+
+def build_key(version: str = VERSION) -> str:
+    """Names one build: version, flags, OS and machine."""
+    text = "\n".join((version, *flags(), sys.platform, platform.machine()))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def wheel_dir(version: str = VERSION) -> Path:
+    return user_cache_dir() / "wheels" / f"llama-cpp-python-{version}-{build_key(version)}"
+
+
+def cached_wheel(version: str = VERSION) -> Path | None:
+    found = sorted(wheel_dir(version).glob("llama_cpp_python-*.whl"))
+    return found[0] if found else None
+
+
+def build_wheel(python: str, version: str = VERSION) -> Path:
+    """Build the wheel (minutes: several CPU modules) into the cache; returns it."""
+    target = wheel_dir(version)
+    env = {
+        **os.environ,
+        "CMAKE_ARGS": " ".join(flags()),
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
+    }
+    say(f"building llama.cpp for any CPU ({' '.join(flags())}); about 20 minutes on two cores")
+    with tempfile.TemporaryDirectory(prefix="lamplight-wheel-") as tmp:
+        subprocess.run(
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-cache-dir",  # never a wheel built with other flags
+                "--no-binary",
+                "llama-cpp-python",
+                "-w",
+                tmp,
+                f"llama-cpp-python=={version}",
+            ],
+            check=True,
+            env=env,
+        )
+        built = next(Path(tmp).glob("llama_cpp_python-*.whl"))
+        target.mkdir(parents=True, exist_ok=True)
+        staging = target / (built.name + ".tmp")
+        shutil.copy2(built, staging)
+        os.replace(staging, target / built.name)  # atomic: never a half-copied wheel
+    wheel = cached_wheel(version)
+    assert wheel is not None
+    return wheel
+
+
+def ensure_installed(python: str, venv: Path) -> None:
+    """Install the portable build into ``venv`` unless it already has this very build."""
+    stamp = venv / STAMP_NAME
+    key = build_key()
+    if stamp.is_file() and stamp.read_text(encoding="utf-8").strip() == key:
+        return
+    wheel = cached_wheel() or build_wheel(python)
+    say(f"installing {wheel.name} (build {key})")
+    subprocess.run(
+        [python, "-m", "pip", "install", "--no-deps", "--force-reinstall", str(wheel)], check=True
+    )
+    stamp.write_text(key, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--python", default=sys.executable, help="the environment's python")
+    parser.add_argument("--print-key", action="store_true", help="print the build key and exit")
+    args = parser.parse_args(argv)
+    if args.print_key:
+        print(build_key())
+        return 0
+    # Not resolve(): a venv's python is a symlink to the base interpreter.
+    venv = Path(args.python).absolute().parent.parent
+    ensure_installed(args.python, venv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
