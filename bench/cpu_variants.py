@@ -58,6 +58,7 @@ def measure(model: Path, n_prompt: int, n_decode: int, threads: int, extra_bufts
     cp.n_batch = cp.n_ubatch = n_prompt
     cp.n_threads = cp.n_threads_batch = threads
     cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    cp.no_perf = False  # llama.cpp's own timers: what this bench reports
     ctx = lc.llama_init_from_model(model_p, cp)
     vocab = lc.llama_model_get_vocab(model_p)
     n_vocab = lc.llama_vocab_n_tokens(vocab)
@@ -65,13 +66,17 @@ def measure(model: Path, n_prompt: int, n_decode: int, threads: int, extra_bufts
     # Warm-up (first-touch of the weights, thread start), then reset the timers.
     warm = (lc.llama_token * 8)(*ids[:8])
     lc.llama_decode(ctx, lc.llama_batch_get_one(warm, 8))
+    lc.llama_synchronize(ctx)
     lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
     lc.llama_perf_context_reset(ctx)
     tokens = (lc.llama_token * n_prompt)(*ids)
+    # llama.cpp books a batch's time when it synchronizes: after each call, as a reply does.
     assert lc.llama_decode(ctx, lc.llama_batch_get_one(tokens, n_prompt)) == 0
+    lc.llama_synchronize(ctx)
     for i in range(n_decode):
         one = (lc.llama_token * 1)((i * 31) % n_vocab)
         assert lc.llama_decode(ctx, lc.llama_batch_get_one(one, 1)) == 0
+        lc.llama_synchronize(ctx)
     perf = lc.llama_perf_context(ctx)
     return {
         "variant": loaded.cpu_variant,

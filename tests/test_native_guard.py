@@ -134,10 +134,16 @@ def test_exit_codes_that_are_crashes() -> None:
 
 @pytest.mark.slow
 def test_the_real_check_passes_on_this_machine(model_path: Path) -> None:
-    """The child loads the real model with the path on and evaluates a batch."""
+    """The child loads the real model with the path on and evaluates a batch. The one
+    crash known on CPUs we test on is the AMX kernels behind the repacked weights."""
+    from app.engine.native_libs import cpu_flags
+
     for path in (None, RiskyPath.EXTRA_BUFTS, RiskyPath.FLASH_ATTN):
         result = run_probe(path, model_path, threads=1)
-        assert result.conclusive and not result.crashed, result
+        assert result.conclusive, result
+        if result.crashed and path is RiskyPath.EXTRA_BUFTS and "amx_tile" in cpu_flags():
+            continue  # llama.cpp issue 20824: what the guard is for
+        assert not result.crashed, result
         assert result.detail == "a test run in a separate process worked"
 
 
