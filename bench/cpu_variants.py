@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -100,29 +99,7 @@ def native_lib(explicit: str | None) -> Path | None:
         return lib
     print("building a native llama-cpp-python for comparison (~8 min)...", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp:
-        env = {
-            **os.environ,
-            "CMAKE_ARGS": "-DGGML_NATIVE=ON",
-            "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
-        }
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--no-cache-dir",
-                "--no-binary",
-                "llama-cpp-python",
-                "-w",
-                tmp,
-                f"llama-cpp-python=={llama_build.VERSION}",
-            ],
-            check=True,
-            env=env,
-        )
-        wheel = next(Path(tmp).glob("*.whl"))
+        wheel = llama_build.pip_wheel(sys.executable, "-DGGML_NATIVE=ON", Path(tmp))
         base.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(base, [n for n in zf.namelist() if n.startswith("llama_cpp/lib/")])

@@ -179,6 +179,20 @@ def smoke(cli: Path, data: Path, env: dict[str, str], prefix: list[str]) -> dict
         "model": result["model"],
         "cpu_variant": variant,
         "decode_tok_s": tok_s,
+        "native_checks": native_checks(data),
+    }
+
+
+def native_checks(data: Path) -> dict[str, str]:
+    """What the frozen app's native-path checks (its own child processes) concluded."""
+    try:
+        machines = json.loads((data / "native_paths.json").read_text())["machines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return {
+        f"{path} ({key.rsplit('/', 1)[-1]})": entry.get("reason", "")
+        for key, entries in machines.items()
+        for path, entry in entries.items()
     }
 
 

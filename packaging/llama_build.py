@@ -105,34 +105,26 @@ def cached_wheel(version: str = VERSION) -> Path | None:
     return found[0] if found else None
 
 
+def pip_wheel(python: str, cmake_args: str, out: Path, version: str = VERSION) -> Path:
+    """``pip wheel`` llama-cpp-python from source with ``cmake_args`` into ``out``."""
+    env = {
+        **os.environ,
+        "CMAKE_ARGS": cmake_args,
+        "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
+    }
+    cmd = [python, "-m", "pip", "wheel", "--no-deps", "--no-binary", "llama-cpp-python"]
+    # --no-cache-dir: never a wheel pip built earlier with other flags.
+    cmd += ["--no-cache-dir", "-w", str(out), f"llama-cpp-python=={version}"]
+    subprocess.run(cmd, check=True, env=env)
+    return next(out.glob("llama_cpp_python-*.whl"))
+
+
 def build_wheel(python: str, version: str = VERSION) -> Path:
     """Build the wheel (minutes: several CPU modules) into the cache; returns it."""
     target = wheel_dir(version)
-    env = {
-        **os.environ,
-        "CMAKE_ARGS": " ".join(flags()),
-        "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
-    }
     say(f"building llama.cpp for any CPU ({' '.join(flags())}); about 20 minutes on two cores")
     with tempfile.TemporaryDirectory(prefix="lamplight-wheel-") as tmp:
-        subprocess.run(
-            [
-                python,
-                "-m",
-                "pip",
-                "wheel",
-                "--no-deps",
-                "--no-cache-dir",  # never a wheel built with other flags
-                "--no-binary",
-                "llama-cpp-python",
-                "-w",
-                tmp,
-                f"llama-cpp-python=={version}",
-            ],
-            check=True,
-            env=env,
-        )
-        built = next(Path(tmp).glob("llama_cpp_python-*.whl"))
+        built = pip_wheel(python, " ".join(flags()), Path(tmp), version)
         target.mkdir(parents=True, exist_ok=True)
         staging = target / (built.name + ".tmp")
         shutil.copy2(built, staging)

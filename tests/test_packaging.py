@@ -242,4 +242,7 @@ def test_frozen_app_builds_and_passes_its_smoke_test(tmp_path: Path) -> None:
         assert summary["smoke"]["cpu_variant"] not in ("", "built-in"), summary["smoke"]
         assert summary["smoke_baseline"]["cpu_variant"] == "x64"
         assert summary["smoke_baseline"]["generated_tokens"] > 0
+        # The frozen app ran its native-path check child (`lamplight probe-native-path`).
+        checks = summary["smoke"]["native_checks"]
+        assert checks and all("separate process" in why for why in checks.values()), checks
     assert summary["serve"]["completion_tokens"] > 0  # `serve --smoke-test` on 127.0.0.1
