@@ -246,3 +246,26 @@ def test_frozen_app_builds_and_passes_its_smoke_test(tmp_path: Path) -> None:
         checks = summary["smoke"]["native_checks"]
         assert checks and all("separate process" in why for why in checks.values()), checks
     assert summary["serve"]["completion_tokens"] > 0  # `serve --smoke-test` on 127.0.0.1
+
+
+def test_the_portable_build_is_keyed_by_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    """packaging/llama_build.py: every CPU module, installed in the wheel, and a cached
+    wheel is never reused for other CMAKE_ARGS (pip's own cache would be)."""
+    import importlib.metadata
+
+    sys.path.insert(0, str(ROOT / "packaging"))
+    try:
+        import llama_build  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(ROOT / "packaging"))
+    assert importlib.metadata.version("llama-cpp-python") == llama_build.VERSION
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    plain = llama_build.build_key()
+    if sys.platform != "darwin":
+        assert "-DGGML_CPU_ALL_VARIANTS=ON" in llama_build.flags()
+        # A PATH given with -D would be made absolute (the temporary source folder).
+        assert "-DGGML_BACKEND_DIR:STRING=llama_cpp/lib" in llama_build.flags()
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on")
+    assert llama_build.flags()[-1] == "-DGGML_CUDA=on"
+    assert llama_build.build_key() != plain
+    assert llama_build.wheel_dir().name.endswith(llama_build.build_key())
