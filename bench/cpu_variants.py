@@ -47,21 +47,22 @@ def measure(model: Path, n_prompt: int, n_decode: int, threads: int, extra_bufts
     loaded = load_backends()
     import llama_cpp as lc
 
-    lc.llama_backend_init()
-    mp = lc.llama_model_default_params()
-    mp.use_extra_bufts = extra_bufts
-    mp.n_gpu_layers = 0
-    model_p = lc.llama_model_load_from_file(str(model).encode(), mp)
-    cp = lc.llama_context_default_params()
-    cp.n_ctx = n_prompt + n_decode + 16
-    cp.n_batch = cp.n_ubatch = n_prompt
-    cp.n_threads = cp.n_threads_batch = threads
-    cp.flash_attn_type = lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
-    cp.no_perf = False  # llama.cpp's own timers: what this bench reports
-    ctx = lc.llama_init_from_model(model_p, cp)
-    vocab = lc.llama_model_get_vocab(model_p)
-    n_vocab = lc.llama_vocab_n_tokens(vocab)
-    ids = [lc.llama_vocab_bos(vocab)] + [(i * 7919) % n_vocab for i in range(1, n_prompt)]
+    from app.engine.path_probe import open_raw
+
+    opened = open_raw(
+        model,
+        extra_bufts=extra_bufts,
+        gpu=False,
+        flash=False,
+        n_ctx=n_prompt + n_decode + 16,
+        n_batch=n_prompt,
+        threads=threads,
+        n_ids=n_prompt,
+        perf=True,  # llama.cpp's own timers: what this bench reports
+    )
+    assert not isinstance(opened, str), opened
+    model_p, ctx, ids = opened
+    n_vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model_p))
     # Warm-up (first-touch of the weights, thread start), then reset the timers.
     warm = (lc.llama_token * 8)(*ids[:8])
     lc.llama_decode(ctx, lc.llama_batch_get_one(warm, 8))

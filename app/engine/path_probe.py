@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from app.engine.native_paths import RiskyPath
 
@@ -121,6 +122,51 @@ def _tail(raw: bytes) -> str:
 # -- the child ------------------------------------------------------------------
 
 
+def open_raw(
+    model: Path,
+    *,
+    extra_bufts: bool,
+    gpu: bool,
+    flash: bool,
+    n_ctx: int,
+    n_batch: int,
+    threads: int,
+    n_ids: int,
+    perf: bool = False,
+) -> tuple[Any, Any, list[int]] | str:
+    """A bare llama.cpp model and context (after ``load_backends``) and ``n_ids`` token
+    ids to feed it (BOS, then ids spread over the vocabulary); or why not.
+
+    Also used by ``bench/cpu_variants.py``; free with ``llama_free`` and
+    ``llama_model_free``.
+    """
+    import llama_cpp as lc
+
+    lc.llama_backend_init()
+    mparams = lc.llama_model_default_params()
+    mparams.use_extra_bufts = extra_bufts
+    mparams.n_gpu_layers = 999 if gpu else 0
+    llm_model = lc.llama_model_load_from_file(str(model).encode(), mparams)
+    if not llm_model:
+        return "llama.cpp could not load the model"
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = n_ctx
+    cparams.n_batch = cparams.n_ubatch = n_batch
+    cparams.n_threads = cparams.n_threads_batch = threads
+    cparams.flash_attn_type = (
+        lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    )
+    cparams.no_perf = not perf
+    ctx = lc.llama_init_from_model(llm_model, cparams)
+    if not ctx:
+        lc.llama_model_free(llm_model)
+        return "llama.cpp could not create a context"
+    vocab = lc.llama_model_get_vocab(llm_model)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    ids = [lc.llama_vocab_bos(vocab)] + [(i * 7919) % n_vocab for i in range(1, n_ids)]
+    return llm_model, ctx, ids
+
+
 def _child(path: RiskyPath | None, model: Path, threads: int) -> dict[str, object]:
     from app.engine.native_libs import load_backends
 
@@ -129,29 +175,19 @@ def _child(path: RiskyPath | None, model: Path, threads: int) -> dict[str, objec
     load_backends()
     import llama_cpp as lc
 
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    mparams.use_extra_bufts = path is RiskyPath.EXTRA_BUFTS
-    mparams.n_gpu_layers = 999 if path is RiskyPath.GPU_OFFLOAD else 0
-    llm_model = lc.llama_model_load_from_file(str(model).encode(), mparams)
-    if not llm_model:
-        return {"ok": False, "error": "llama.cpp could not load the model"}
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = 256
-    cparams.n_batch = cparams.n_ubatch = 64
-    cparams.n_threads = cparams.n_threads_batch = threads
-    cparams.flash_attn_type = (
-        lc.LLAMA_FLASH_ATTN_TYPE_ENABLED
-        if path is RiskyPath.FLASH_ATTN
-        else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED
+    opened = open_raw(
+        model,
+        extra_bufts=path is RiskyPath.EXTRA_BUFTS,
+        gpu=path is RiskyPath.GPU_OFFLOAD,
+        flash=path is RiskyPath.FLASH_ATTN,
+        n_ctx=256,
+        n_batch=64,
+        threads=threads,
+        n_ids=PROBE_TOKENS,
     )
-    ctx = lc.llama_init_from_model(llm_model, cparams)
-    if not ctx:
-        lc.llama_model_free(llm_model)
-        return {"ok": False, "error": "llama.cpp could not create a context"}
-    vocab = lc.llama_model_get_vocab(llm_model)
-    n_vocab = lc.llama_vocab_n_tokens(vocab)
-    ids = [lc.llama_vocab_bos(vocab)] + [(i * 7919) % n_vocab for i in range(1, PROBE_TOKENS)]
+    if isinstance(opened, str):
+        return {"ok": False, "error": opened}
+    llm_model, ctx, ids = opened
     tokens = (lc.llama_token * len(ids))(*ids)
     rc = lc.llama_decode(ctx, lc.llama_batch_get_one(tokens, len(ids)))
     for _ in range(2):  # one-token steps: the matrix-vector kernels
