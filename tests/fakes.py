@@ -72,6 +72,8 @@ class FakeEngine:
         self.loads = 0
         self.requests: list[list[ChatMessage]] = []
         self.fail_with: Exception | None = None
+        # With fail_with set: fail after this many words of the reply (0: before any).
+        self.fail_after = 0
         self.kv_tokens: list[int] = []
         self.template = AUTO  # the last set_template (the fake renders nothing)
         self.base_model = False  # what the next load reports as ModelInfo.base_model
@@ -177,7 +179,7 @@ class FakeEngine:
         if self._model is None:
             raise NoModelLoaded("No model is loaded. Open a model first.")
         self.requests.append(list(messages))
-        if self.fail_with is not None:
+        if self.fail_with is not None and self.fail_after <= 0:
             raise self.fail_with
         if params.output_format != "text":  # honours its capabilities: no grammar
             raise SettingError("output_format", "The fake engine has no grammar sampler.")
@@ -221,6 +223,8 @@ class FakeEngine:
                 self.kv_tokens = prompt + _words("assistant " + "".join(parts))
                 yield Finished("".join(parts), metrics)
                 return
+            if self.fail_with is not None and i >= self.fail_after:
+                raise self.fail_with  # part way: the server went away, the decode failed
             time.sleep(self.delay)
             text = word if i == 0 else " " + word
             parts.append(text)

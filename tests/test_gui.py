@@ -134,16 +134,30 @@ def test_new_chat_during_a_reply_stops_it_first(
     assert window.messages == [] and "w3" not in window.transcript.toPlainText()
 
 
-def test_failure_shows_the_message_and_returns_the_text(
+def test_failure_shows_the_message_and_keeps_it_unanswered(
     qtbot: QtBot, window: MainWindow, fake: FakeEngine
 ) -> None:
+    """A failed reply leaves the message in the transcript (and the file), marked not
+    answered with an Answer link; what the user typed meanwhile stays in the box."""
     fake.fail_with = overflow()
+    fake.prefill_delay = 0.3
     with qtbot.waitSignal(window.replyEnded, timeout=5000) as blocker:
         send(qtbot, window, "A very long message")
+        qtbot.keyClicks(window.chat_input, "typed while waiting")
     assert blocker.args == ["failed"]
-    assert "context holds 2048" in window.transcript.toPlainText()
-    assert window.chat_input.toPlainText() == "A very long message"
-    assert window.messages == []
+    shown = window.transcript.toPlainText()
+    assert "context holds 2048" in shown
+    assert "A very long message" in shown and "not answered yet" in shown
+    assert window.chat_input.toPlainText() == "typed while waiting"
+    assert [(m.role, m.content) for m in window.messages] == [("user", "A very long message")]
+    saved = window._store.load(window.conversation.id)
+    assert [m.content for m in saved.messages] == ["A very long message"]
+    fake.fail_with = None
+    with qtbot.waitSignal(window.replyEnded, timeout=5000) as blocker:
+        window._on_message_action("answer", 0)
+    assert blocker.args == ["finished"]
+    assert [m.role for m in window.messages] == ["user", "assistant"]
+    assert window.chat_input.toPlainText() == "typed while waiting"
 
 
 def test_html_in_messages_is_shown_as_text(

@@ -1,17 +1,26 @@
 """Randomized interleavings of everything a user can do to a conversation.
 
 A Hypothesis state machine drives ``ChatSession`` and the real engine worker
-thread (``EngineClient``) with random sequences of send, stop (before and after
-the first token), new chat, open another, regenerate, edit, fork, delete, model
-reload, setting change, injected generate and save failures, and quit-and-restart
-(a new session and worker reading the same data directory). Actions are taken
-while replies stream; invariants are checked whenever the app has settled:
+thread (``EngineClient``) with random sequences of typing into the input box
+(at any time), send, stop (before and after the first token), new chat, open
+another, regenerate, edit, switching between versions, fork, delete, import,
+model reload, setting changes (overflow policy, system prompt), generate
+failures before and part way through a reply, save failures, quit-and-restart
+and crash-and-restart (the worker dies without the session saving; a new
+session and worker read the same data directory). Actions are taken while
+replies stream; invariants are checked whenever the app has settled:
 
 - what the session shows is what is on disk (unless a save was made to fail);
 - roles alternate in every saved conversation;
 - exactly one terminal event per request;
 - a snapshot disappears only with its conversation;
-- a conversation reopened after a restart equals what was shown before it.
+- a conversation reopened after a restart equals what was shown before it,
+  its other versions included;
+- every word the user typed is in the input box or in a conversation that was
+  not deleted (shown, saved, or kept as another version), after failures and
+  crashes too;
+- a message a conversation held is never dropped from it (regenerate and edit
+  keep what they replace; a merged message keeps the text it had).
 
 The fake backend runs thousands of steps; the real model runs a short sequence.
 """
@@ -19,6 +28,7 @@ The fake backend runs thousands of steps; the real model runs a short sequence.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -63,7 +73,6 @@ class RecordingView:
     def __init__(self) -> None:
         self.shown: list[Message] = []
         self.notices: list[str] = []
-        self.given_back: list[str] = []
 
     def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
         self.shown = list(conv.messages)
@@ -77,9 +86,6 @@ class RecordingView:
 
     def open_failed(self, message: str) -> None:
         self.notices.append(message)
-
-    def give_back(self, text: str) -> None:
-        self.given_back.append(text)
 
     def notice(self, text: str) -> None:
         self.notices.append(text)
@@ -136,6 +142,7 @@ class Harness(QObject):
         self.model_path = model
         self.load_config = load
         self.loading = False
+        self.dead = False  # crashed: nothing reaches the session any more
         w = self.client.worker
         w.tokens.connect(self._on_tokens)
         w.finished.connect(self._on_finished)
@@ -149,22 +156,26 @@ class Harness(QObject):
 
     @Slot(int, str)
     def _on_tokens(self, request: int, text: str) -> None:
-        self.session.on_tokens(request, text)
+        if not self.dead:
+            self.session.on_tokens(request, text)
 
     @Slot(int, str, object)
     def _on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
         self._count(request)
-        self.session.on_finished(request, text, metrics)
+        if not self.dead:
+            self.session.on_finished(request, text, metrics)
 
     @Slot(int, str, object)
     def _on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
         self._count(request)
-        self.session.on_cancelled(request, text, metrics)
+        if not self.dead:
+            self.session.on_cancelled(request, text, metrics)
 
     @Slot(int, str)
     def _on_failed(self, request: int, message: str) -> None:
         self._count(request)
-        self.session.on_failed(request, message)
+        if not self.dead:
+            self.session.on_failed(request, message)
 
     @Slot(object)
     def _on_loaded(self, info: ModelInfo) -> None:
@@ -209,6 +220,12 @@ class Harness(QObject):
         assert self.client.shutdown()
         QCoreApplication.processEvents()
 
+    def crash(self) -> None:
+        """The process dies wherever it is: no stop, no save; only the files remain."""
+        self.dead = True
+        assert self.client.shutdown()
+        QCoreApplication.processEvents()
+
 
 def roles_alternate(messages: Sequence[Message]) -> bool:
     return all(a.role != b.role for a, b in itertools.pairwise(messages))
@@ -237,6 +254,11 @@ class Interleavings(RuleBasedStateMachine):
         self.snapshots_seen: set[str] = set()
         self.deleted: set[str] = set()
         self.save_failure_armed = False
+        self.box = ""  # the input box
+        self.words = itertools.count()
+        self.typed: dict[str, str] = {}  # each typed word -> the conversation it went to
+        # conversation id -> {message id: its text}: what each conversation has held
+        self.held: dict[str, dict[str, str]] = {}
 
     def _start(self) -> Harness:
         h = Harness(self.tmp / "data", type(self).backend, self.model_path, self.load_config)
@@ -253,12 +275,32 @@ class Interleavings(RuleBasedStateMachine):
     def start(self) -> None:
         pass
 
+    # -- the input box ----------------------------------------------------------------
+
+    @rule()
+    def type_word(self) -> None:
+        word = f"w{next(self.words)}x"
+        self.typed[word] = ""
+        self.box = f"{self.box} {word}".strip()
+
+    def _submit(self, fallback: str) -> str:
+        """What the user sends: the box's text (emptied once the session took it)."""
+        return self.box or fallback
+
+    def _taken(self, sent: bool, text: str) -> None:
+        if sent and text == self.box:
+            for word in text.split():
+                if word in self.typed:
+                    self.typed[word] = self.s.conversation.id
+            self.box = ""
+
     # -- actions (taken with or without a reply streaming) ----------------------------
 
     @rule(text=st.sampled_from(["hi", "tell me more", "why?", "ok\n\nnext"]))
     def send(self, text: str) -> None:
         if not self.s.busy and self.s.model is not None:
-            self.s.send(text, self.params)
+            text = self._submit(text)
+            self._taken(self.s.send(text, self.params), text)
 
     @rule(ms=st.integers(0, 40))
     def let_time_pass(self, ms: int) -> None:
@@ -290,12 +332,25 @@ class Interleavings(RuleBasedStateMachine):
         if self.s.model is not None:
             self.s.regenerate(self.params)
 
+    @rule()
+    def answer_pending(self) -> None:
+        if self.s.model is not None:
+            self.s.answer_pending(self.params)
+
     @rule(pick=st.integers(0, 50), text=st.sampled_from(["edited", "again?"]))
     def edit(self, pick: int, text: str) -> None:
         users = [i for i, m in enumerate(self.s.conversation.messages) if m.role == "user"]
         if users and not self.s.busy and self.s.model is not None:
             self.s.begin_edit(users[pick % len(users)])
-            self.s.send(text, self.params)
+            text = self._submit(text)
+            self._taken(self.s.send(text, self.params), text)
+
+    @rule(pick=st.integers(0, 50), step=st.sampled_from([-1, 1]))
+    def switch_version(self, pick: int, step: int) -> None:
+        msgs = self.s.conversation.messages
+        with_versions = [i for i in range(len(msgs)) if self.s.conversation.version_of(i)[1] > 1]
+        if with_versions:
+            self.s.switch_version(with_versions[pick % len(with_versions)], step)
 
     @rule(pick=st.integers(0, 50))
     def fork(self, pick: int) -> None:
@@ -315,32 +370,73 @@ class Interleavings(RuleBasedStateMachine):
         self.deleted.add(target)
         self.s.delete(target)
 
+    @rule(trailing_user=st.booleans(), then_regenerate=st.booleans())
+    def import_conversation(self, trailing_user: bool, then_regenerate: bool) -> None:
+        """An exported chat comes back (a user turn left unanswered at its end, or not)."""
+        data = self.s.conversation.to_dict()
+        word = ""
+        if trailing_user:
+            word = f"w{next(self.words)}x"
+            if data["messages"] and data["messages"][-1]["role"] == "user":
+                data["messages"][-1]["content"] += f" {word}"
+            else:
+                data["messages"].append({"role": "user", "content": word})
+        if not data["messages"]:
+            return
+        try:
+            conv = self.h.store.import_json(json.dumps(data))
+        except OSError:
+            return  # a save made to fail: the word is still in the file
+        if word:
+            self.typed[word] = conv.id
+        self.s.open(conv.id)
+        if then_regenerate and self.s.model is not None:
+            self.s.when_idle(lambda: self.s.regenerate(self.params) and None)
+
     @rule()
     def reload_model(self) -> None:
         self.s.when_idle(self.h.load)
 
-    @rule(temperature=st.sampled_from([0.0, 0.7]), compact=st.booleans())
-    def change_setting(self, temperature: float, compact: bool) -> None:
-        self.params = replace(self.params, temperature=temperature)
+    @rule(
+        temperature=st.sampled_from([0.0, 0.7]),
+        compact=st.booleans(),
+        overflow=st.sampled_from(["truncate_middle", "rolling_window", "stop"]),
+        system=st.sampled_from(["", "Be brief."]),
+    )
+    def change_setting(self, temperature: float, compact: bool, overflow: str, system: str) -> None:
+        self.params = replace(self.params, temperature=temperature, overflow=overflow)
+        if not self.s.busy:
+            self.s.set_system_prompt(system)
         if compact:  # a model setting: the model is loaded again
             self.h.load_config = replace(self.h.load_config, n_batch=256)
             self.s.when_idle(self.h.load)
 
-    @rule()
-    def generate_fails_once(self) -> None:
+    @rule(part_way=st.sampled_from([0, 2]), how=st.sampled_from(["send", "regen", "edit"]))
+    def generate_fails_once(self, part_way: int, how: str) -> None:
+        """The engine or server fails before the first token or part way through."""
         fake = self.h.client.worker._engine
-        if isinstance(fake, FakeEngine) and not self.s.busy and self.s.model is not None:
-            fake.fail_with = DecodeError("llama.cpp failed while generating (code -1).")
-            self.s.regenerate(self.params) or self.s.send("fail please", self.params)
+        if not isinstance(fake, FakeEngine) or self.s.busy or self.s.model is None:
+            return
+        fake.fail_with = DecodeError("llama.cpp failed while generating (code -1).")
+        fake.fail_after = part_way
+        try:
+            if how == "regen" and self.s.regenerate(self.params):
+                pass
+            elif how == "edit" and any(m.role == "user" for m in self.s.conversation.messages):
+                self.edit(0, "edited")
+            else:
+                self.send("fail please")
             self.h.settle()
+        finally:
             fake.fail_with = None
+            fake.fail_after = 0
 
     @rule()
     def save_fails_once(self) -> None:
         store = self.h.store
         original = store.save
 
-        def failing(conv: Conversation) -> None:
+        def failing(conv: Conversation) -> int:
             store.save = original  # type: ignore[method-assign]
             raise OSError(28, "No space left on device")
 
@@ -351,13 +447,25 @@ class Interleavings(RuleBasedStateMachine):
     def quit_and_restart(self) -> None:
         self.h.quit()
         shown_id = self.s.conversation.id  # after quit: queued actions may have switched
-        shown = list(self.s.conversation.messages)
+        shown = list(self.s.conversation.every_message())
         unsaved = self.s.unsaved
         self.h = self._start()
         if shown and not unsaved and shown_id not in self.deleted:
             self.s.open(shown_id, restore=True)
             self.h.settle()
-            assert same_messages(self.s.conversation.messages, shown), "reopened != shown"
+            assert same_messages(self.s.conversation.every_message(), shown), "reopened != shown"
+
+    @rule(ms=st.integers(0, 30))
+    def crash_and_restart(self, ms: int) -> None:
+        """The app dies at any point (mid-reply too); what is on disk must be whole."""
+        if self.s.unsaved or self.save_failure_armed:
+            return  # a write that failed is lost with the process; that is the disk's doing
+        self.h.pump(ms / 1000)
+        self.h.crash()
+        self.h = self._start()
+        for row in self.h.store.list():
+            assert not row.error, row.error
+        self.check_held(on_disk_only=True)
 
     @invariant()
     def count_step(self) -> None:
@@ -390,6 +498,7 @@ class Interleavings(RuleBasedStateMachine):
         if conv.messages and conv.id not in self.deleted and not self.s.unsaved:
             on_disk = h.store.load(conv.id)
             assert same_messages(on_disk.messages, conv.messages)
+            assert same_messages(on_disk.every_message(), conv.every_message())
             assert same_messages(h.view.shown, conv.messages)
         for row in h.store.list():
             saved = h.store.load(row.id)
@@ -402,6 +511,31 @@ class Interleavings(RuleBasedStateMachine):
         orphans = {c for c in now if not h.store.transcript_path(c).exists()} - unsaved
         assert not orphans, f"snapshots without a transcript: {orphans}"
         self.snapshots_seen = now
+        if not self.s.unsaved:
+            self.check_held()
+
+    def check_held(self, on_disk_only: bool = False) -> None:
+        """No typed word and no message a conversation held is lost."""
+        texts: dict[str, dict[str, str]] = {}
+        for row in self.h.store.list():
+            texts[row.id] = {m.id: m.content for m in self.h.store.load(row.id).every_message()}
+        conv = self.s.conversation
+        if not on_disk_only and conv.messages:
+            texts[conv.id] = {m.id: m.content for m in conv.every_message()}
+        everything = " ".join(t for held in texts.values() for t in held.values())
+        for word, where in self.typed.items():
+            if where in self.deleted or (where and where not in texts and on_disk_only):
+                continue
+            assert word in self.box.split() or word in everything.split(), f"{word} lost"
+        for conv_id, held in self.held.items():
+            if conv_id in self.deleted or conv_id not in texts:
+                continue
+            now = texts[conv_id]
+            for mid, text in held.items():
+                assert mid in now, f"message {mid} dropped from {conv_id}"
+                assert text in now[mid], f"message {mid} lost text"
+        for conv_id, now in texts.items():
+            self.held.setdefault(conv_id, {}).update(now)
 
     def teardown(self) -> None:
         try:

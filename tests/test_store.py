@@ -359,7 +359,7 @@ def test_import_of_an_export_gets_a_new_id(store: ConversationStore) -> None:
         ("", "not valid JSON"),
         ("[]", "imported file: not a JSON object"),
         ('{"format": 1}', "imported file: no message list"),
-        ('{"format": 2, "messages": []}', "imported file: unknown format 2"),
+        ('{"format": 3, "messages": []}', "imported file: unknown format 3"),
         ('{"format": 1, "messages": [{"role": "x", "content": "y"}]}', "no valid role"),
     ],
 )

@@ -94,15 +94,11 @@ class ChatPane(QWidget):
     def has_text(self) -> bool:
         return bool(self.chat_input.toPlainText().strip())
 
-    def take_text(self) -> str:
-        text = self.chat_input.toPlainText().strip()
-        self.chat_input.clear()
-        return text
+    def text(self) -> str:
+        return self.chat_input.toPlainText().strip()
 
-    def give_back(self, text: str) -> None:
-        """Put unsent text back, unless the user has typed something new meanwhile."""
-        if not self.has_text():
-            self.chat_input.setPlainText(text)
+    def clear_text(self) -> None:
+        self.chat_input.clear()
 
     def show_edit(self, index: int | None, text: str = "") -> None:
         if index is None:

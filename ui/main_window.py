@@ -309,15 +309,22 @@ class MainWindow(QMainWindow):
         waiting = self.api.waiting_note()
         if waiting:
             self.transcript.add_notice(waiting)
-        self.session.send(self.chat.take_text(), self._settings.sampling)
+        # The box is emptied only once the message is the session's (nothing is dropped).
+        if self.session.send(self.chat.text(), self._settings.sampling):
+            self.chat.clear_text()
         if waiting:  # until the reply's first words replace it
             self.status_speed.setText("waiting for the API request…")
 
     def send_dropping_older(self) -> None:
-        """Send what is in the input box once with older messages dropped to make room."""
-        if self.chat.has_text() and not self.busy and self._model is not None:
-            once = replace(self._settings.sampling, overflow="truncate_middle")
-            self.session.send(self.chat.take_text(), once)
+        """Answer the message left unanswered (or send the box's text) once, with older
+        messages dropped to make room."""
+        if self.busy or self._model is None or self._loading:
+            return
+        once = replace(self._settings.sampling, overflow="truncate_middle")
+        if self.session.answer_pending(once):
+            return
+        if self.chat.has_text() and self.session.send(self.chat.text(), once):
+            self.chat.clear_text()
 
     def regenerate(self) -> None:
         """Replace the last reply with a new one (the prompt's KV cache is reused)."""
@@ -369,6 +376,10 @@ class MainWindow(QMainWindow):
             self.fork_at(index)
         elif action == "regenerate":
             self.regenerate()
+        elif action == "answer":
+            self.answer_pending()
+        elif action in ("prev-version", "next-version"):
+            self.session.switch_version(index, -1 if action == "prev-version" else 1)
         elif action == "drop-older":
             self.send_dropping_older()
 

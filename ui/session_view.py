@@ -42,7 +42,11 @@ class WindowView:
                 w._settings.sampling = params
                 w.sampling_panel.set_params(params)
         if conv.messages:
-            w.transcript.show_messages(conv.messages)
+            w.transcript.show_messages(
+                conv.messages,
+                [conv.version_of(i) for i in range(len(conv.messages))],
+                answerable=not w.session.busy and conv.messages[-1].role == "user",
+            )
         else:
             w.transcript.clear_conversation()
             w.status_speed.setText("")
@@ -59,10 +63,11 @@ class WindowView:
     def reply_begun(self, shown: Sequence[Message], added_user: bool) -> None:
         w = self._win
         w.chat.show_edit(None)
+        conv = w.conversation
         if added_user:
             w.transcript.add_user_message(shown[-1].content, len(shown) - 1)
         else:
-            w.transcript.show_messages(shown)
+            w.transcript.show_messages(shown, [conv.version_of(i) for i in range(len(shown))])
         w.transcript.begin_reply(len(shown))
         w.perf_panel.start_reply()
         w.chat.begin_stream()
@@ -74,7 +79,14 @@ class WindowView:
         w = self._win
         w.chat.end_stream()
         footer = reply_footer(metrics) if metrics is not None else ""
-        w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
+        if w.transcript.streaming:
+            w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
+        elif error:  # the transcript was shown again (what the session kept): say why
+            w.transcript.add_notice(f"No reply: {error}")
+        conv = w.conversation
+        w.transcript.set_versions(
+            conv.messages, [conv.version_of(i) for i in range(len(conv.messages))]
+        )
         if metrics is not None and metrics.dropped_count:
             w.transcript.mark_forgotten(w.conversation.messages)
         w.perf_panel.set_history(w.reply_metrics)
@@ -122,12 +134,6 @@ class WindowView:
         w = self._win
         QMessageBox.warning(w, "Could not open the conversation", message)
         w.refresh_sidebar()
-
-    def give_back(self, text: str) -> None:
-        w = self._win
-        w.chat.give_back(text)
-        if w.session.edit_index is not None:
-            w.chat.show_edit(w.session.edit_index)
 
     def notice(self, text: str) -> None:
         w = self._win

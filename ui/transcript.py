@@ -26,10 +26,11 @@ from ui.draft_stats import reply_footer
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 ACTION_SCHEME = "lamplight"
-ACTIONS = ("edit", "fork", "regenerate", "drop-older")
+ACTIONS = ("edit", "fork", "regenerate", "drop-older", "answer", "prev-version", "next-version")
 
 
 FORGOTTEN = "not in the model's memory"
+UNANSWERED = "not answered yet"
 
 
 def stamp_text(created: float, now: float | None = None) -> str:
@@ -55,8 +56,23 @@ def _header_html(
     note: str = "",
     created: float | None = None,
     names: dict[str, str] | None = None,
+    version: tuple[int, int] = (1, 1),
 ) -> str:
     name = (names or {}).get(role) or ("You" if role == "user" else "Assistant")
+    position, count = version
+    switch = ""
+    if count > 1:
+        # "‹ 2/3 ›": the other versions regenerate and edit kept (links only where there is one).
+        def arrow(sign: str, action: str, live: bool) -> str:
+            if not live:
+                return f"<span style='color:#c0c0c0'>{sign}</span>"
+            href = f"{ACTION_SCHEME}://{key}/{action}/{index}"
+            return f'<a href="{href}" style="color:#6b7a90">{sign}</a>'
+
+        switch = (
+            f"&nbsp;&nbsp;<small>{arrow('‹', 'prev-version', position > 1)} "
+            f"{position}/{count} {arrow('›', 'next-version', position < count)}</small>"
+        )
     # A finished message (one with actions) can always be copied.
     shown = (*actions, "copy") if actions else ()
     links = " · ".join(
@@ -68,7 +84,8 @@ def _header_html(
     sep = "&nbsp;&nbsp;&nbsp;" if links else ""
     aside = f"&nbsp;&nbsp;<small><i>· {html.escape(note)}</i></small>" if note else ""
     return (
-        f"<span style='color:#888888'><b>{name}</b>{stamp}{sep}<small>{links}</small>{aside}</span>"
+        f"<span style='color:#888888'><b>{name}</b>{stamp}{switch}{sep}<small>{links}</small>"
+        f"{aside}</span>"
     )
 
 
@@ -111,6 +128,7 @@ class TranscriptView(QTextBrowser):
         self._frames: list[QTextFrame] = []
         self._texts: dict[int, str] = {}  # message index -> its source text (for Copy)
         self._times: dict[int, float] = {}  # message index -> when it was written
+        self._versions: dict[int, tuple[int, int]] = {}  # message index -> (position, count)
         self._last_reply = -1
         self._key = secrets.token_hex(8)
         # Header names by role instead of You/Assistant (continue-the-text mode's).
@@ -144,17 +162,32 @@ class TranscriptView(QTextBrowser):
         self._frames = []
         self._texts = {}
         self._times = {}
+        self._versions = {}
         self._last_reply = -1
         self._show_placeholder()
 
-    def show_messages(self, messages: Sequence[Message]) -> None:
-        """Render a whole conversation (on open, edit, regenerate)."""
+    def show_messages(
+        self,
+        messages: Sequence[Message],
+        versions: Sequence[tuple[int, int]] = (),
+        answerable: bool = False,
+    ) -> None:
+        """Render a whole conversation (on open, edit, regenerate).
+
+        ``versions``: each message's (position, count) among its versions;
+        ``answerable``: a last user message without a reply offers Answer.
+        """
         self.clear_conversation()
+        self._versions = {i: v for i, v in enumerate(versions) if v[1] > 1}
         last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         for i, m in enumerate(messages):
             note = FORGOTTEN if m.forgotten else ""
             if m.role == "user":
-                self.add_user_message(m.content, i, note, m.created)
+                last = answerable and i == len(messages) - 1
+                actions = ("answer", "edit", "fork") if last else ("edit", "fork")
+                self.add_user_message(
+                    m.content, i, note or (UNANSWERED if last else ""), m.created, actions
+                )
             elif m.role == "assistant":
                 metrics = m.message_metrics()
                 self._times[i] = m.created
@@ -183,11 +216,7 @@ class TranscriptView(QTextBrowser):
             fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
         frame = cursor.insertFrame(fmt)
         inner = frame.firstCursorPosition()
-        inner.insertHtml(
-            _header_html(
-                self._key, role, index, actions, note, self._times.get(index), self.role_names
-            )
-        )
+        inner.insertHtml(self._header(role, index, actions, note))
         inner.insertBlock(QTextBlockFormat(), self._body_format)
         while len(self._frames) <= index:
             self._frames.append(frame)
@@ -199,11 +228,34 @@ class TranscriptView(QTextBrowser):
             return
         cursor = self._frames[index].firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(
-            _header_html(
-                self._key, role, index, actions, note, self._times.get(index), self.role_names
-            )
+        cursor.insertHtml(self._header(role, index, actions, note))
+
+    def _header(self, role: str, index: int, actions: tuple[str, ...], note: str) -> str:
+        return _header_html(
+            self._key,
+            role,
+            index,
+            actions,
+            note,
+            self._times.get(index),
+            self.role_names,
+            self._versions.get(index, (1, 1)),
         )
+
+    def set_versions(
+        self, messages: Sequence[Message], versions: Sequence[tuple[int, int]]
+    ) -> None:
+        """Show each message's "‹ 2/3 ›" where it changed (after a reply replaced one)."""
+        for i, v in enumerate(versions):
+            if self._versions.get(i, (1, 1)) == v or i >= len(messages):
+                continue
+            self._versions[i] = v
+            m = messages[i]
+            if m.role == "user":
+                actions: tuple[str, ...] = ("edit", "fork")
+            else:
+                actions = ("regenerate", "fork") if i == self._last_reply else ("fork",)
+            self._set_header(i, m.role, actions, FORGOTTEN if m.forgotten else "")
 
     def mark_forgotten(self, messages: Sequence[Message]) -> None:
         """Say on each forgotten message's header that the model no longer sees it."""
@@ -221,12 +273,17 @@ class TranscriptView(QTextBrowser):
             self._set_header(index, "assistant", ("regenerate", "fork"))
 
     def add_user_message(
-        self, text: str, index: int = 0, note: str = "", created: float | None = None
+        self,
+        text: str,
+        index: int = 0,
+        note: str = "",
+        created: float | None = None,
+        actions: tuple[str, ...] = ("edit", "fork"),
     ) -> None:
         at_bottom = self._at_bottom()
         self._times[index] = time.time() if created is None else created
         self._texts[index] = text
-        frame = self._new_frame("user", index, ("edit", "fork"), note)
+        frame = self._new_frame("user", index, actions, note)
         cursor = frame.lastCursorPosition()
         cursor.insertHtml(render_markdown(text, self._dark(), self._code_link(index)))
         self._follow(at_bottom)

@@ -12,7 +12,9 @@ from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.util.errors import LamplightError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: ``alternatives`` (earlier versions kept by regenerate and edit)
+READABLE_VERSIONS = (1, 2)
+MAX_BRANCHES = 100_000  # the file's size limit bounds them first
 TITLE_CHARS = 60  # an automatic title
 TITLE_MAX = 200  # a title the user chose, or a stored one
 NAME_MAX = 1000
@@ -59,6 +61,19 @@ class Message:
 
 
 @dataclass
+class Branch:
+    """A version of the conversation's tail that is not shown now.
+
+    It follows the message with id ``after`` ("" for the start of the conversation),
+    where the active path (or another branch) goes on differently: a reply replaced by
+    regenerate, or an edited message and everything that came after it.
+    """
+
+    after: str
+    messages: list[Message]
+
+
+@dataclass
 class Conversation:
     """A saved chat: its transcript and what it ran on."""
 
@@ -78,6 +93,9 @@ class Conversation:
     # conversation's saved cache (see ``app.chat.snapshot``).
     draft_path: str = ""
     messages: list[Message] = field(default_factory=list)
+    # Other versions of the conversation from some message on (see ``Branch``); the active
+    # path is ``messages``. Flat, so a file's nesting depth does not grow with edits.
+    alternatives: list[Branch] = field(default_factory=list)
 
     def chat(self) -> list[ChatMessage]:
         """The messages the model sees, system prompt first (not the forgotten ones)."""
@@ -105,6 +123,105 @@ class Conversation:
         if not self.title:
             self.title = "New chat"
 
+    # -- versions ----------------------------------------------------------------------
+
+    def _point(self, index: int) -> str:
+        """The id the versions of message ``index`` follow ("" for the first message)."""
+        return self.messages[index - 1].id if index > 0 else ""
+
+    def versions(self, index: int) -> list[list[Message]]:
+        """Every version of the tail from message ``index`` on, oldest first (the active
+        one among them); one entry when there are no alternatives."""
+        if not 0 <= index < len(self.messages):
+            return []
+        point = self._point(index)
+        tails = [b.messages for b in self.alternatives if b.after == point and b.messages]
+        tails.append(self.messages[index:])
+        return sorted(tails, key=lambda t: t[0].created)
+
+    def version_of(self, index: int) -> tuple[int, int]:
+        """(position, count) of message ``index``'s version, 1-based: "2/3"."""
+        if not 0 <= index < len(self.messages):
+            return (0, 0)
+        point = self._point(index)
+        if not any(b.after == point and b.messages for b in self.alternatives):
+            return (1, 1)  # the common case, without sorting
+        tails = self.versions(index)
+        active = self.messages[index]
+        return (next(i for i, t in enumerate(tails) if t[0] is active) + 1, len(tails))
+
+    def keep_replaced(self, index: int, replaced: list[Message]) -> None:
+        """Keep ``replaced`` (the tail from message ``index`` that a new version replaces)
+        as an alternative. Call before ``messages`` changes."""
+        if replaced:
+            self.alternatives.append(Branch(self._point(index), list(replaced)))
+
+    def switch_version(self, index: int, position: int) -> bool:
+        """Show version ``position`` (1-based) of the tail from message ``index`` on;
+        the one shown now is kept as an alternative. False when there is no such one."""
+        tails = self.versions(index)
+        if not 1 <= position <= len(tails):
+            return False
+        chosen = tails[position - 1]
+        if chosen[0] is self.messages[index]:
+            return False
+        point = self._point(index)
+        branch = next(b for b in self.alternatives if b.messages is chosen)
+        self.alternatives.remove(branch)
+        self.alternatives.append(Branch(point, self.messages[index:]))
+        self.messages = self.messages[:index] + chosen
+        return True
+
+    def reveal(self, message_id: str) -> int | None:
+        """Switch versions so that message ``message_id`` is shown; its index, or None."""
+        for _ in range(len(self.alternatives) + 1):  # each step puts one branch on the path
+            shown = {m.id: i for i, m in enumerate(self.messages)}
+            if message_id in shown:
+                return shown[message_id]
+            holder = self._holder(message_id)
+            # Climb to the branch that starts on the shown path (bounded: a damaged file
+            # could link branches in a circle).
+            for _ in range(len(self.alternatives)):
+                if holder is None or holder.after == "" or holder.after in shown:
+                    break
+                holder = self._holder(holder.after)
+            if holder is None or not (holder.after == "" or holder.after in shown):
+                return None
+            index = 0 if holder.after == "" else shown[holder.after] + 1
+            if index == len(self.messages):  # the shown path ends where the branch starts
+                self.alternatives.remove(holder)
+                self.messages = self.messages + holder.messages
+                continue
+            tails = self.versions(index)
+            self.switch_version(index, [id(t) for t in tails].index(id(holder.messages)) + 1)
+        return None
+
+    def _holder(self, message_id: str) -> Branch | None:
+        return next(
+            (b for b in self.alternatives if any(m.id == message_id for m in b.messages)), None
+        )
+
+    def every_message(self) -> list[Message]:
+        """The shown messages, then those of every alternative (for search and export)."""
+        return [*self.messages, *(m for b in self.alternatives for m in b.messages)]
+
+    def prefix_alternatives(self, upto: int) -> list[Branch]:
+        """The alternatives that belong to messages ``0..upto`` (what a fork keeps):
+        versions of those messages, and whatever branches inside those versions."""
+        ids = {m.id for m in self.messages[:upto]} | {""}
+        kept: list[Branch] = []
+        pending = list(self.alternatives)
+        grew = True
+        while grew:
+            grew = False
+            for b in list(pending):
+                if b.after in ids:
+                    kept.append(b)
+                    pending.remove(b)
+                    ids |= {m.id for m in b.messages}
+                    grew = True
+        return kept
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT_VERSION, **asdict(self)}
 
@@ -124,7 +241,7 @@ class Conversation:
         if not isinstance(data, dict):
             raise ConversationError(f"{where}: not a JSON object", damaged=True)
         version = data.get("format")
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
             newer = _is_int(version) and version > FORMAT_VERSION
             raise ConversationError(
                 f"{where}: unknown format {short_repr(version)}"
@@ -138,6 +255,8 @@ class Conversation:
             data.get("created"), time.time() if fallback_time is None else fallback_time
         )
         messages = [_message(m, i, where, created) for i, m in enumerate(raw_messages)]
+        alternatives = _branches(data.get("alternatives"), where, created)
+        _unique_ids(messages, alternatives)
         conv_id = data.get("id")
         if not is_valid_id(conv_id):
             raise ConversationError(f"{where}: bad id {short_repr(conv_id)}", damaged=True)
@@ -158,7 +277,40 @@ class Conversation:
             sampling=sampling if _is_flat(sampling) else None,
             draft_path=_path(data.get("draft_path")),
             messages=messages,
+            alternatives=alternatives,
         )
+
+
+def _branches(raw: Any, where: str, created: float) -> list[Branch]:
+    """Stored alternatives; a branch point that is not an id is read as the start (the
+    text stays reachable), an empty branch is dropped (it holds nothing)."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConversationError(f"{where}: the alternatives are not a list", damaged=True)
+    if len(raw) > MAX_BRANCHES:
+        raise ConversationError(f"{where}: more than {MAX_BRANCHES} alternatives", damaged=True)
+    out = []
+    for n, b in enumerate(raw):
+        if not isinstance(b, dict) or not isinstance(b.get("messages"), list):
+            raise ConversationError(f"{where}: alternative {n + 1} has no messages", damaged=True)
+        msgs = [
+            _message(m, i, f"{where}: alternative {n + 1}", created)
+            for i, m in enumerate(b["messages"])
+        ]
+        after = b.get("after")
+        if msgs:
+            out.append(Branch(after if is_valid_id(after) else "", msgs))
+    return out
+
+
+def _unique_ids(messages: list[Message], alternatives: list[Branch]) -> None:
+    """Give a repeated message id a new one: versions are found by id."""
+    seen: set[str] = set()
+    for m in [*messages, *(m for b in alternatives for m in b.messages)]:
+        if m.id in seen:
+            m.id = new_id()
+        seen.add(m.id)
 
 
 def _message(m: Any, i: int, where: str, created: float) -> Message:
@@ -272,13 +424,25 @@ def metrics_from_dict(data: dict[str, Any]) -> MessageMetrics:
 
 
 def to_markdown(conv: Conversation) -> str:
-    """The conversation as Markdown text (no metrics, no cache)."""
+    """The conversation as Markdown text (no metrics, no cache); the versions not shown
+    follow under "Other versions", each after the message it branches from."""
     lines = [f"# {conv.title or 'Conversation'}", ""]
     if conv.model_name:
         lines += [f"*Model: {conv.model_name}*", ""]
     if conv.system_prompt.strip():
         lines += ["**System**", "", conv.system_prompt.strip(), ""]
     names = {"user": "You", "assistant": "Assistant", "system": "System"}
-    for m in conv.messages:
-        lines += [f"**{names.get(m.role, m.role)}**", "", m.content.strip(), ""]
+    for i, m in enumerate(conv.messages):
+        position, count = conv.version_of(i)
+        version = f" *(version {position} of {count})*" if count > 1 else ""
+        lines += [f"**{names.get(m.role, m.role)}**{version}", "", m.content.strip(), ""]
+    if conv.alternatives:
+        lines += ["---", "", "## Other versions", ""]
+        where = {m.id: m for m in conv.every_message()}
+        for n, b in enumerate(conv.alternatives, 1):
+            parent = where.get(b.after)
+            start = "the start" if parent is None else f"“{' '.join(parent.content.split())[:40]}”"
+            lines += [f"### Version {n + 1} after {start}", ""]
+            for m in b.messages:
+                lines += [f"**{names.get(m.role, m.role)}**", "", m.content.strip(), ""]
     return "\n".join(lines).rstrip() + "\n"

@@ -5,14 +5,22 @@ copy), the request in flight, the edit point, and saving. The window shows
 what it says; the engine worker runs what it asks.
 
 Rules it keeps, whatever order clicks arrive in:
-- Operations are transactions. A regenerate or an edit replaces messages only
-  once the new reply has started (its first token); a failure, or a stop before
-  the first token, restores exactly what was there.
+- Nothing the user wrote or saw is dropped. A regenerate or an edit replaces
+  messages only once the new reply has started (its first token), and what it
+  replaces is kept as an alternative version ("< 1/2 >"). When a reply fails or
+  is stopped before its first token, a regenerate restores exactly what was
+  there; a sent or edited message stays in the transcript, unanswered (the
+  error says why; answering it later is "Answer"); a reply that had started
+  keeps the text shown so far.
+- A user turn left without a reply is answered, never replaced: regenerate
+  answers it, and a message sent after it is merged into it.
+- A transcript never grows past what the store can read back: a message that
+  would leave no room for a reply is refused before anything changes.
 - Every state the user has seen is saved before the next action runs: actions
   that leave the conversation (new chat, open, fork, reload, quit) are queued
   behind the running reply, which is stopped, recorded and saved first.
-- Roles alternate: a reply stopped before its first token is still recorded
-  (empty), and a message sent after a user turn with no reply is merged into it.
+- Roles alternate: a reply to a new message stopped before its first token is
+  still recorded (empty).
 - A transcript that cannot be written stays open and marked unsaved; the app
   does not switch away from it, and the next action tries again.
 
@@ -23,6 +31,7 @@ so it is always ordered after any write of the same conversation.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -30,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
-from app.chat.store import ConversationStore
+from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
 from app.config.params import SamplingParams, sampling_to_dict
 from app.engine.backend import ModelInfo
 from app.engine.metrics import MessageMetrics
@@ -39,6 +48,9 @@ from app.engine.templates import ChatMessage
 log = logging.getLogger(__name__)
 
 Kind = Literal["send", "regenerate", "edit", "answer"]
+# Room kept in a transcript for the next reply: every backend caps a reply's text at a
+# few MB, and JSON's escapes can make that up to three times as long on disk.
+REPLY_ROOM = 16 << 20
 
 
 class EngineLink(Protocol):
@@ -78,9 +90,6 @@ class SessionView(Protocol):
     def open_failed(self, message: str) -> None:
         """A conversation could not be opened (the open one stays)."""
 
-    def give_back(self, text: str) -> None:
-        """Put text the user wrote back into the input box."""
-
     def notice(self, text: str) -> None:
         """A one-line note for the user."""
 
@@ -99,7 +108,6 @@ class _Request:
     kind: Kind
     before: list[Message]  # the messages before the operation
     prompt: list[Message]  # the branch the reply answers
-    text: str = ""  # what the user typed (given back on failure)
     edit_index: int | None = None
     started: bool = False
     sent: list[Message | None] = field(default_factory=list)  # what the engine was given
@@ -131,6 +139,7 @@ class ChatSession:
         self._queue: deque[Callable[[], None]] = deque()
         self._deleted: set[str] = set()
         self.on_idle: Callable[[], None] | None = None  # after a reply and queued actions ran
+        self._saved_bytes = 0  # the open transcript's size when last written (room_for)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -171,21 +180,26 @@ class ChatSession:
         return False
 
     def send(self, text: str, params: SamplingParams) -> bool:
-        """Ask for a reply to ``text`` (replacing the edited message when editing)."""
+        """Ask for a reply to ``text`` (replacing the edited message when editing).
+
+        False when nothing was sent: no text, a reply running, or no room left in the
+        transcript (a note says so); the caller keeps the text where the user typed it.
+        """
         text = text.strip()
-        if not text or self.busy:
+        if not text or self.busy or not self.room_for(text):
             return False
         msgs = self.conversation.messages
         if self.edit_index is not None and 0 <= self.edit_index < len(msgs):
             index = self.edit_index
             prompt = [*msgs[:index], Message("user", text)]
-            self._start("edit", prompt, params, text=text, edit_index=index)
+            self._start("edit", prompt, params, edit_index=index)
             return True
         self.edit_index = None
         if msgs and msgs[-1].role == "user":
-            # A user turn with no reply (an old file, a crash mid-reply): merge, so
+            # A user turn with no reply (a failed reply, a crash mid-reply): merge, so
             # roles alternate for templates that require it.
             merged = Message("user", f"{msgs[-1].content}\n\n{text}", created=msgs[-1].created)
+            merged.id = msgs[-1].id
             prompt = [*msgs[:-1], merged]
         else:
             prompt = [*msgs, Message("user", text)]
@@ -193,14 +207,27 @@ class ChatSession:
         self.conversation.messages = list(prompt)
         # The user's words are on disk before the worker can start on them: a crash
         # while the reply is read or written loses no message (docs/notes/crashes.md).
-        self._start("send", prompt, params, text=text, before=before, persist=True)
+        self._start("send", prompt, params, before=before, persist=True)
         return True
+
+    def room_for(self, text: str) -> bool:
+        """Whether ``text`` and a reply of the largest size still fit in the transcript
+        (``store.MAX_TRANSCRIPT_BYTES``); a note says so when not."""
+        needed = self._saved_bytes + len(json.dumps(text)) + REPLY_ROOM
+        if needed <= MAX_TRANSCRIPT_BYTES:
+            return True
+        self._view.notice(
+            "This conversation is full: a saved conversation holds at most "
+            f"{MAX_TRANSCRIPT_BYTES >> 20} MB. Fork it or start a new chat to go on; "
+            "your message stays in the box."
+        )
+        return False
 
     def answer_pending(self, params: SamplingParams) -> bool:
         """Reply to the conversation's last message, a user turn left with no reply (the app
         closed while it was being answered); nothing changes if the reply does not start."""
         msgs = self.conversation.messages
-        if self.busy or not msgs or msgs[-1].role != "user":
+        if self.busy or not msgs or msgs[-1].role != "user" or not self.room_for(""):
             return False
         self.edit_index = None
         self._start("answer", list(msgs), params)
@@ -216,7 +243,7 @@ class ChatSession:
         if msgs and msgs[-1].role == "user":
             return self.answer_pending(params)
         last = max((i for i, m in enumerate(msgs) if m.role == "assistant"), default=-1)
-        if self.busy or last < 0:
+        if self.busy or last < 0 or not self.room_for(""):
             return False
         self._start("regenerate", list(msgs[:last]), params)
         return True
@@ -338,6 +365,7 @@ class ChatSession:
         req = self._request
         if req is None or req.id != request:
             return
+        text = _shown(req, text)
         self._commit_branch(req)
         self._forget(req, metrics)
         self._record(text, metrics)
@@ -347,7 +375,8 @@ class ChatSession:
         req = self._request
         if req is None or req.id != request:
             return
-        if req.started or req.kind == "send" or text:
+        text = _shown(req, text)
+        if req.started or text or req.kind in ("send", "edit"):
             # A stopped reply stays as the user saw it; an empty one keeps roles alternating.
             self._commit_branch(req)
             self._forget(req, metrics)
@@ -361,8 +390,47 @@ class ChatSession:
         req = self._request
         if req is None or req.id != request:
             return
-        self._restore(req)
-        self._end("", None, message, kept=False)
+        text = _shown(req, "")
+        if text:
+            # It failed part way: the text shown so far stays, with the error beside it.
+            self._commit_branch(req)
+            self._record(text, None)
+        elif req.kind == "edit":
+            # The edited message stays, unanswered; the version it replaced is kept.
+            self._commit_branch(req)
+        elif req.kind == "send":
+            # The message stays, unanswered (it was saved before the reply was asked for).
+            self._persist()
+        else:
+            self._restore(req)
+        self._end(text, None, message, kept=False)
+
+    def switch_version(self, index: int, step: int) -> bool:
+        """Show the previous (``step`` -1) or next (+1) version of message ``index`` and
+        what follows it; the engine's cache keeps the shared prefix, so the next reply
+        reads only what differs. Not while a reply runs."""
+        conv = self.conversation
+        position, count = conv.version_of(index)
+        if self.busy or count < 2 or not conv.switch_version(index, position + step):
+            return False
+        self.edit_index = None
+        self._persist()
+        self._view.show_conversation(conv, opened=False, restoring=False)
+        return True
+
+    def reveal(self, message_id: str) -> int | None:
+        """Show the version that holds ``message_id`` (a search hit in another version);
+        its index. Not while a reply runs."""
+        conv = self.conversation
+        if self.busy:
+            return None
+        before = [m.id for m in conv.messages]
+        index = conv.reveal(message_id)
+        if index is not None and [m.id for m in conv.messages] != before:
+            self.edit_index = None
+            self._persist()
+            self._view.show_conversation(conv, opened=False, restoring=False)
+        return index
 
     # -- internals -----------------------------------------------------------------------
 
@@ -371,7 +439,6 @@ class ChatSession:
         kind: Kind,
         prompt: list[Message],
         params: SamplingParams,
-        text: str = "",
         edit_index: int | None = None,
         before: list[Message] | None = None,
         persist: bool = False,
@@ -388,7 +455,6 @@ class ChatSession:
             kind=kind,
             before=list(before if before is not None else conv.messages),
             prompt=prompt,
-            text=text,
             edit_index=edit_index,
             sent=shown.sent(),
         )
@@ -401,17 +467,17 @@ class ChatSession:
             return
         req.started = True
         if req.kind not in ("send", "answer"):
-            self.conversation.messages = list(req.prompt)
+            conv = self.conversation
+            # What the new version replaces stays as an alternative ("< 1/2 >").
+            at = len(req.prompt) - 1 if req.kind == "edit" else len(req.prompt)
+            conv.keep_replaced(at, req.before[at:])
+            conv.messages = list(req.prompt)
             self._persist()
 
     def _restore(self, req: _Request) -> None:
         """The reply did not get going: exactly what was there before comes back."""
         changed = self.conversation.messages != req.before
         self.conversation.messages = list(req.before)
-        if req.text:
-            self._view.give_back(req.text)
-        if req.kind == "edit":
-            self.edit_index = req.edit_index
         if changed:
             self._persist()
 
@@ -444,9 +510,11 @@ class ChatSession:
         self, text: str, metrics: MessageMetrics | None, error: str, kept: bool = True
     ) -> None:
         self._request = None
-        self._view.reply_ended(text, metrics if kept else None, error)
         if not kept and self.conversation.messages:
+            # Shown again first: the transcript may have changed (an unanswered message, a
+            # partial reply, a restored version); then the error goes under it.
             self._view.show_conversation(self.conversation, opened=False, restoring=False)
+        self._view.reply_ended(text, metrics if kept else None, error)
         self._drain()
 
     def _drain(self) -> None:
@@ -466,7 +534,7 @@ class ChatSession:
             conv.model_name = self.model.name
             conv.model_path = str(self.model.path)
         try:
-            self.store.save(conv)
+            self._saved_bytes = self.store.save(conv)
         except (OSError, ConversationError) as exc:
             log.warning("saving %s failed: %s", conv.id, exc)
             self.unsaved = True
@@ -525,3 +593,10 @@ class ChatSession:
         self._view.row_saved(copy.id)
         # No restore: the engine's cache holds the shared prefix already.
         self._open(copy.id, restore=False)
+
+
+def _shown(req: _Request, text: str) -> str:
+    """The reply's text: the backend's, or what was streamed when that is longer (a
+    backend that ends a stopped or failed reply without its text)."""
+    streamed = "".join(req.parts)
+    return text if len(text) >= len(streamed) else streamed

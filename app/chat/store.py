@@ -187,13 +187,29 @@ class ConversationStore:
             raise ConversationError(f"{path.name}: holds conversation {conv.id}", damaged=True)
         return conv
 
-    def save(self, conv: Conversation) -> None:
+    def save(self, conv: Conversation) -> int:
+        """Write the transcript; its size in bytes.
+
+        Raises:
+            ConversationError: it would be larger than ``load`` reads (nothing written).
+            OSError: the write failed.
+        """
         conv.updated = time.time()
         path = self.transcript_path(conv.id)
-        atomic_write_text(path, json.dumps(conv.to_dict(), indent=1))
+        text = json.dumps(conv.to_dict(), indent=1)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > MAX_TRANSCRIPT_BYTES:
+            # Never write a file that cannot be opened again; the session keeps room for a
+            # reply (``room_for``) so that this is not reached in use.
+            raise ConversationError(
+                f"it would take {size / 1e6:.0f} MB, over the {MAX_TRANSCRIPT_BYTES >> 20} MB "
+                "a conversation can hold"
+            )
+        atomic_write_text(path, text)
         # Indexed with the stamp of what was written: a crash before this line leaves a
         # stale stamp, which the next search's ``sync`` repairs.
         self.index.update(conv, _stamp(path))
+        return size
 
     def search(self, text: str) -> builtins.list[SearchHit]:
         """Messages of any saved conversation that contain every word of ``text``.
@@ -244,6 +260,7 @@ class ConversationStore:
             raise ConversationError(f"cannot fork at message {upto + 1}")
         fork = copy.deepcopy(conv)
         fork.id = new_id()
+        fork.alternatives = fork.prefix_alternatives(upto)
         fork.messages = fork.messages[: upto + 1]
         fork.forked_from = conv.id
         fork.created = time.time()
