@@ -313,3 +313,24 @@ def test_the_store_never_writes_a_transcript_it_could_not_read(
     with pytest.raises(ConversationError, match="over the"):
         store.save(conv)
     assert not store.transcript_path(conv.id).exists()
+
+
+def test_regenerate_after_an_imported_unanswered_question_answers_it(
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine
+) -> None:
+    """A transcript left by a crash, or an import, ends with a user turn: regenerate
+    answers it instead of replacing it with another version of the reply before it."""
+    data = chat("q1", "a1", "the unanswered question").to_dict()
+    conv = window._store.import_json(json.dumps(data))
+    with qtbot.waitSignal(window.conversationOpened, timeout=5000):
+        window.open_conversation(conv.id)
+    assert "not answered yet" in window.transcript.toPlainText()
+    with qtbot.waitSignal(window.replyEnded, timeout=5000):
+        window.regenerate()
+    assert [m.content for m in window.conversation.messages] == [
+        "q1",
+        "a1",
+        "the unanswered question",
+        "first reply",
+    ]
+    assert not window.conversation.alternatives

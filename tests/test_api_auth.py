@@ -63,6 +63,21 @@ def test_a_busy_port_exits_2_before_loading(tmp_path: Path) -> None:
     assert f"Port {port}" in err and "in use" in err
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--cors-origin", "*"], "any web page"),  # every page could read the replies
+        (["--max-body-mb", "64"], "at most 8 MB"),
+    ],
+)
+def test_unsafe_or_oversized_setups_exit_2(tmp_path: Path, args: list[str], said: str) -> None:
+    missing = str(tmp_path / "nowhere.gguf")
+    env = {"LAMPLIGHT_API_KEY": ""}
+    code, err = run_serve(tmp_path, "--port", "0", *args, "--model", missing, env=env)
+    assert code == 2 and said in err, err
+    assert "could not be loaded" not in err
+
+
 def test_bad_load_values_exit_2(tmp_path: Path) -> None:
     code, err = run_serve(tmp_path, "--port", "0", "--n-ctx", "-5")
     assert code == 2, err
@@ -109,7 +124,10 @@ def test_the_right_key_works(keyed: Served) -> None:
 
 def test_the_key_can_come_from_the_environment(model_path: Path, tmp_path: Path) -> None:
     args = ["--port", "0", "--threads", "1", "--n-ctx", "512", "--model", str(model_path)]
+    args += ["--host", "localhost", "--cors-origin", "*"]  # `*` is allowed with a key
     with running(tmp_path / "data", args, env={"LAMPLIGHT_API_KEY": KEY}) as served:
+        # The address bound, not a name that may resolve elsewhere (::1 first).
+        assert served.url.startswith("http://127.0.0.1:"), served.url
         c = openai.OpenAI(base_url=served.url, api_key="nope", max_retries=0)
         with c, pytest.raises(openai.AuthenticationError):
             c.models.list()

@@ -150,9 +150,8 @@ def test_error_statuses_and_shapes(serve: Serve) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         c.chat.completions.create(model=MODEL, messages=USER, temperature=9)
     assert bad.value.param == "temperature" and "between 0.0 and 5.0" in bad.value.message
-    with pytest.raises(openai.NotFoundError) as missing:
-        c.chat.completions.create(model="gpt-4o", messages=USER)
-    assert (missing.value.code, missing.value.param) == ("model_not_found", "model")
+    # Any model name gets the loaded model (clients default to "gpt-4o" and the like).
+    assert c.chat.completions.create(model="gpt-4o", messages=USER).model == MODEL
     with pytest.raises(openai.APIStatusError) as big:
         c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 5000}])
     assert big.value.status_code == 413 and big.value.code == "request_too_large"
@@ -317,7 +316,10 @@ def test_stream_disconnect_stops_the_job(serve: Serve) -> None:
     with httpx2.stream(
         "POST", server.url + "/chat/completions", json={"messages": USER, "stream": True}
     ) as r:
-        for line in r.iter_lines():
+        # Held: a line iterator dropped after `break` is closed at once, and with it the
+        # connection (httpcore closes a stream whose iterator ends early).
+        lines = r.iter_lines()
+        for line in lines:
             if "t2" in line:  # three tokens in
                 break
         job = gw.submitted[-1]

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.api.errors import ApiError, failure_event
-from app.api.gateway import ApiFailure
-from app.api.schema import BASE, load_body, parse_chat, parse_completion
+from app.api.errors import ApiError, cut_short, failure_event
+from app.api.gateway import ApiFailure, ApiJob, StopCause
+from app.api.schema import BASE, MAX_JSON_ITEMS, load_body, parse_chat, parse_completion
 from app.api.sse import ChunkWriter, Reply, timings, usage
 from app.config.params import SamplingParams
 from app.engine.backend import Finished
@@ -240,6 +240,19 @@ def test_body_limits() -> None:
     assert parse_chat(body).messages[0].content == "a\ufffdb"
 
 
+def test_a_body_of_many_tiny_values_is_refused_before_parsing() -> None:
+    """json holds the GIL for a whole parse, and its time follows the values, not the
+    bytes: 8 MB of ``[]`` took seconds and hundreds of MB. Bounded before it starts."""
+    hostile = b'{"messages": [], "junk": [' + b",".join([b"[]"] * (MAX_JSON_ITEMS // 2)) + b"]}"
+    with pytest.raises(ApiError) as err:
+        load_body(hostile)
+    assert (err.value.status, err.value.code) == (413, "request_too_large")
+    assert f"{MAX_JSON_ITEMS:,}" in err.value.message
+    # A long chat (4,096 messages, commas in the text) is far under the bound.
+    long_chat = json.dumps(chat(messages=[{"role": "user", "content": "a, b, c"}] * 4096))
+    assert len(parse_chat(load_body(long_chat.encode())).messages) == 4096
+
+
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
     lambda inner: (
@@ -338,7 +351,6 @@ def test_usage_and_timings() -> None:
         ("stop_string", "stop"),
         ("max_tokens", "length"),
         ("context_full", "length"),
-        ("cancelled", "stop"),
     ],
 )
 def test_whole_responses_validate(stop_reason: str, finish: str) -> None:
@@ -350,7 +362,7 @@ def test_whole_responses_validate(stop_reason: str, finish: str) -> None:
     assert chat_reply.usage and chat_reply.usage.prompt_tokens_details
     assert chat_reply.usage.prompt_tokens_details.cached_tokens == 15
     assert body["timings"]["cache_n"] == 15
-    assert ("stop_reason" in body["choices"][0]) == (stop_reason == "cancelled")
+    assert set(body["choices"][0]) == {"index", "logprobs", "message", "finish_reason"}
     text = Completion.model_validate(Reply("completion", "cmpl-1", "m", 1).body(done))
     assert text.object == "text_completion" and text.choices[0].text == done.text
     assert text.choices[0].finish_reason == finish
@@ -421,3 +433,47 @@ def test_error_bodies() -> None:
     assert json.loads(raw) == {
         "error": {"message": "Boom.", "type": "server_error", "param": None, "code": "engine_error"}
     }
+
+
+def job_stopped_by(why: StopCause) -> ApiJob:
+    job = ApiJob("chatcmpl-1", "chat", "m", [], SamplingParams())
+    if why:
+        job.halt(why)
+    return job
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "why", "status", "code", "retry"),
+    [
+        ("cancelled", "operator", 503, "request_stopped", False),
+        ("cancelled", "shutdown", 503, "server_shutting_down", True),
+        ("cancelled", "client", 503, "request_cancelled", True),
+        ("cancelled", "", 503, "request_cancelled", True),
+        ("connection_lost", "", 502, "upstream_connection_lost", True),
+        ("server_error", "", 502, "upstream_error", True),
+        ("size_limit", "", 502, "upstream_reply_too_large", True),
+        ("time_limit", "", 504, "upstream_timeout", True),
+        ("some_future_cap", "", 500, "incomplete_reply", True),
+        ("", "", 500, "incomplete_reply", True),
+    ],
+)
+def test_a_reply_cut_short_is_an_error_not_a_stop(
+    stop_reason: str, why: StopCause, status: int, code: str, retry: bool
+) -> None:
+    """Only whole replies get a finish_reason; the rest say they are incomplete."""
+    failure = cut_short(job_stopped_by(why), Finished("Half a", metrics(stop_reason)))
+    assert failure is not None
+    assert (failure.status, failure.code, failure.retry) == (status, code, retry)
+    assert "3 tokens" in failure.message and "incomplete" in failure.message
+    headers = dict(ApiError.from_failure(failure).response_headers())
+    assert (headers.get(b"x-should-retry") == b"false") == (not retry)
+    assert (b"retry-after" in headers) == (status == 503 and retry)
+    for whole in ("eos", "stop_string", "max_tokens", "context_full"):
+        assert cut_short(job_stopped_by(why), Finished("x", metrics(whole))) is None
+
+
+def test_halt_keeps_the_first_reason() -> None:
+    job = job_stopped_by("operator")
+    job.halt("shutdown")
+    job.halt("client")
+    assert job.stop.is_set() and job.stopped_by == "operator"

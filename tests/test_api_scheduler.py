@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+import app.api.scheduler as scheduler_module
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob
 from app.api.scheduler import ApiScheduler, QueueFull
 from app.config.params import SamplingParams
@@ -157,10 +159,50 @@ def test_stop_running_and_cancel_all() -> None:
     assert s.stop_running() is True and a.stop.is_set() and not b.stop.is_set()
     s.cancel_all()
     assert all(j.stop.is_set() for j in (a, b, c))
-    assert [i for i, _ in seen] == [b.id, c.id] and s.queued() == []
-    a.emit(done("cancelled"))
-    assert gw.submitted == [a] and s.running() is None
+    # Who stopped each: the server tells a client whose reply was cut short why.
+    assert [j.stopped_by for j in (a, b, c)] == ["operator", "shutdown", "shutdown"]
+    # All end at once, the running one too (its engine may take a while to stop).
+    assert [i for i, _ in seen] == [b.id, c.id, a.id] and s.queued() == []
+    assert s.running() is None
+    a.emit(done("cancelled"))  # the engine's own end, later: dropped
+    assert gw.submitted == [a] and len(seen) == 3
     assert [o.finish for o in s.recent()] == ["cancelled", "cancelled", "cancelled"]
+
+
+def test_withdraw_ends_only_a_waiting_job() -> None:
+    gw = ManualGateway()
+    s = ApiScheduler(gw)
+    seen: list[tuple[str, ApiEvent]] = []
+    a, b = make_job(1, seen), make_job(2, seen)
+    s.enqueue(a)
+    s.enqueue(b)
+    assert s.withdraw(a) is False and not a.stop.is_set()  # running: left alone
+    assert s.withdraw(b) is True and b.stopped_by == "client" and s.queued() == []
+    assert s.withdraw(b) is False
+    assert gw.submitted == [a] and [i for i, _ in seen] == [b.id]
+
+
+def test_retry_after_follows_how_long_replies_take(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    fake_time = SimpleNamespace(monotonic=lambda: clock[0], time=time.time)
+    monkeypatch.setattr(scheduler_module, "time", fake_time)
+    gw = ManualGateway()
+    s = ApiScheduler(gw, max_queue=1)
+    assert s.retry_after() == 2  # nothing ran yet
+    for seconds in (6.2, 7.5, 9.0):
+        job = make_job(int(seconds))
+        s.enqueue(job)
+        clock[0] += seconds
+        job.emit(done())
+    assert s.retry_after() == 8  # the median, rounded up
+    s.enqueue(make_job(99))
+    with pytest.raises(QueueFull, match="Try again in 8 s"):
+        s.enqueue(make_job(100))
+    for _ in range(3):
+        clock[0] += 500
+        gw.submitted[-1].emit(done())
+        s.enqueue(make_job(101))
+    assert s.retry_after() == 30  # at most 30 s
 
 
 def test_length_and_recent_keeps_sixteen() -> None:

@@ -175,9 +175,12 @@ def test_same_seed_same_text(client: openai.OpenAI, served: Served) -> None:
     assert a and a == b
 
 
-def test_unknown_model_is_404(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.NotFoundError) as caught:
-        client.chat.completions.create(model="no-such-model", messages=HELLO, max_tokens=4)
+def test_any_model_name_gets_the_loaded_model(client: openai.OpenAI, served: Served) -> None:
+    """As llama-server: clients that send their default name ("gpt-3.5-turbo") work."""
+    r = client.chat.completions.create(model="gpt-3.5-turbo", messages=HELLO, max_tokens=4)
+    assert r.model == served.model and r.choices[0].message.content
+    with pytest.raises(openai.NotFoundError) as caught:  # a lookup by name is still one
+        client.models.retrieve("gpt-3.5-turbo")
     assert caught.value.code == "model_not_found"
 
 

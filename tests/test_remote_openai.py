@@ -24,12 +24,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config.params import LoadConfig, SamplingParams, SettingError
-from app.engine.backend import Backend, Finished, KvState, Token
+from app.engine.backend import (
+    SERVER_ERROR,
+    SIZE_LIMIT,
+    TIME_LIMIT,
+    Backend,
+    Finished,
+    KvState,
+    Token,
+)
 from app.engine.templates import ChatMessage
 from app.gguf.lora import LoraError, LoraStack
 from app.remote import openai_compat
 from app.remote.connection import Connection
-from app.remote.http import EventStream, ServerUnreachable
+from app.remote.http import TOKEN_SLACK, EventStream, ServerUnreachable
 from app.remote.openai_compat import (
     WHY_NOT,
     ApiKeyRefused,
@@ -40,14 +48,23 @@ from app.remote.openai_compat import (
 )
 from app.util.errors import (
     ContextOverflowError,
-    DecodeError,
     LamplightError,
     ModelLoadError,
     NoModelLoaded,
 )
 from tests.server_fixture import RunningServer, free_port, running_llama_server
 
-STOP_REASONS = {"eos", "stop_string", "max_tokens", "context_full", "cancelled", "connection_lost"}
+STOP_REASONS = {
+    "eos",
+    "stop_string",
+    "max_tokens",
+    "context_full",
+    "cancelled",
+    "connection_lost",
+    SIZE_LIMIT,
+    TIME_LIMIT,
+    SERVER_ERROR,
+}
 FEW_SHOT = [
     ChatMessage("user", "Give a JSON object with the number one."),
     ChatMessage("assistant", '{"n": 1}'),
@@ -238,9 +255,9 @@ def count_messages_sent(backend: OpenAIBackend, monkeypatch: pytest.MonkeyPatch)
     sent: list[int] = []
     real = EventStream
 
-    def counting(client: Any, path: str, body: Any, stop: threading.Event) -> Any:
+    def counting(client: Any, path: str, body: Any, stop: threading.Event, *args: Any) -> Any:
         sent.append(len(body["messages"]))
-        return real(client, path, body, stop)
+        return real(client, path, body, stop, *args)
 
     monkeypatch.setattr(openai_compat, "EventStream", counting)
     monkeypatch.setattr(backend, "_chars_per_token", openai_compat.DEFAULT_CHARS_PER_TOKEN)
@@ -336,7 +353,8 @@ def test_api_key(keyed_server: RunningServer) -> None:
         assert b.ping() == ""
         _, done = run(b, [ChatMessage("user", "hi")], SamplingParams.greedy(2))
         assert done.metrics.generated_tokens == 2
-        b._client.headers["Authorization"] = "Bearer revoked"  # the key changed on the server
+        for client in (b._client, b._streams):  # the key changed on the server
+            client.headers["Authorization"] = "Bearer revoked"
         with pytest.raises(ApiKeyRefused, match="Check the API key"):
             list(b.generate([ChatMessage("user", "hi")], SamplingParams.greedy(2)))
     finally:
@@ -543,17 +561,20 @@ def test_other_servers_errors() -> None:
         assert "needs more than 4096 tokens but the context holds 4096" in str(info.value)
         assert ContextOverflowError.MARK in str(info.value)
 
-        # An error event after some text: the reply fails with the server's words.
+        # An error event after some text: the reply ends there, its text kept, with the
+        # server's words.
         server.script = [sse([chunk("x"), {"error": {"message": "out of memory"}}])]
-        with pytest.raises(LamplightError, match="out of memory"):
-            list(b.generate([ChatMessage("user", "hi")], SamplingParams(max_tokens=8)))
+        _, done = run(b, [ChatMessage("user", "hi")], SamplingParams(max_tokens=8))
+        assert done.text == "x" and done.metrics.stop_reason == SERVER_ERROR
+        assert any("out of memory" in n for n in done.metrics.notes)
 
-        # Damaged JSON after some text: the reply fails, and is not asked for again
-        # (its text would show twice).
+        # Damaged JSON after some text: the same, and it is not asked for again (its
+        # text would show twice).
         server.bodies.clear()
         server.script = [sse([chunk("x"), "{not json"])]
-        with pytest.raises(DecodeError, match="not valid JSON"):
-            list(b.generate([ChatMessage("user", "hi")], SamplingParams(max_tokens=8)))
+        _, done = run(b, [ChatMessage("user", "hi")], SamplingParams(max_tokens=8))
+        assert done.text == "x" and done.metrics.stop_reason == SERVER_ERROR
+        assert any("not valid JSON" in n for n in done.metrics.notes)
         assert len(server.bodies) == 1
 
         # The connection drops after the last chunk: nothing is lost.
@@ -566,7 +587,7 @@ def test_other_servers_errors() -> None:
         server.script = [sse([chunk("y")] * 40)]
         _, done = run(b, [ChatMessage("user", "hi")], SamplingParams(max_tokens=4))
         assert done.metrics.stop_reason == "max_tokens"
-        assert len(done.text) == 4 + openai_compat.EXTRA_SLACK + 1
+        assert len(done.text) == 4 + TOKEN_SLACK + 1
 
 
 # -- damaged streams ---------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Model → "Local API server…": turn the OpenAI-compatible server on or off and set it up.
 
-The address, port, CORS origins and queue size are saved with the settings; the API
-key goes to the system keyring (``app.remote.keys``, id ``api-server``), never to a
-file. A setup the server would refuse (an address other than loopback without a key,
-a port in use) is not applied: the dialog says why and keeps what was typed.
+The address, port, CORS origins, queue size and request size limit are saved with the
+settings; the API key goes to the system keyring (``app.remote.keys``, id
+``api-server``), never to a file. A setup the server would refuse (an address other
+than loopback, or every web origin ``*``, without a key; a port in use) is not
+applied: the dialog says why and keeps what was typed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.api.runner import MAX_BODY_MB
 from app.config.params import API_SPEC_BY_NAME, ApiSettings, SettingError, validate_api
 from app.remote import keys
 from ui.api_status import KEY_ID, ApiControl, api_config
@@ -106,7 +108,8 @@ class ApiDialog(QDialog):
         self.origins_edit.setPlaceholderText("none: browsers' cross-site requests are refused")
         self.origins_edit.setToolTip(
             "Web pages allowed to call the API from a browser, like "
-            "http://localhost:3000, separated by spaces or commas."
+            "http://localhost:3000, separated by spaces or commas. * (every page) "
+            "needs an API key."
         )
         self.queue_box = QSpinBox(self)
         self.queue_box.setObjectName("apiQueue")
@@ -114,6 +117,11 @@ class ApiDialog(QDialog):
         assert spec.minimum is not None and spec.maximum is not None
         self.queue_box.setRange(int(spec.minimum), int(spec.maximum))
         self.queue_box.setToolTip(spec.help)
+        self.body_box = QSpinBox(self)
+        self.body_box.setObjectName("apiMaxBody")
+        self.body_box.setRange(1, MAX_BODY_MB)  # the server takes no more (ApiConfig)
+        self.body_box.setSuffix(" MB")
+        self.body_box.setToolTip(API_SPEC_BY_NAME["max_body_mb"].help)
         self.status = QLabel("", self)
         self.status.setObjectName("apiStatusLine")
         self.status.setWordWrap(True)
@@ -128,6 +136,7 @@ class ApiDialog(QDialog):
         form.addRow("API key", key_row)
         form.addRow("Allowed web origins", self.origins_edit)
         form.addRow("Queue size", self.queue_box)
+        form.addRow("Largest request", self.body_box)
         self.buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok
             | QDialogButtonBox.StandardButton.Apply
@@ -158,6 +167,7 @@ class ApiDialog(QDialog):
         self.key_edit.setText(key)
         self.origins_edit.setText(" ".join(s.cors_origins))
         self.queue_box.setValue(s.max_queue)
+        self.body_box.setValue(s.max_body_mb)  # one over the limit shows (and saves) as it
         self._show_state()
 
     def _show_state(self) -> None:
@@ -199,6 +209,7 @@ class ApiDialog(QDialog):
             "port": self.port_box.value(),
             "cors_origins": origins,
             "max_queue": self.queue_box.value(),
+            "max_body_mb": self.body_box.value(),
         }
         settings = validate_api(values, self._settings)
         key = keys.check_key(self.key_edit.text())

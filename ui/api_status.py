@@ -178,7 +178,8 @@ class ApiControl(QObject):
         self._bar.showMessage(f"Copied {self.server.url}", 4000)
 
     def stop_running(self) -> None:
-        """Stop the API request that is running (its client gets finish_reason "stop")."""
+        """Stop the API request that is running; its client is told the reply was cut
+        short (``request_stopped``), not handed half a reply as a whole one."""
         if self.server is not None and self.server.scheduler.stop_running():
             self._bar.showMessage("Stopping the API request…", 3000)
         self.poll()

@@ -75,17 +75,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--n-ctx", type=int, default=None, help="context size in tokens")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for llama.cpp")
     p.add_argument(
-        "--max-queue", type=int, default=None, help="requests running or waiting (default 8)"
+        "--max-queue",
+        type=int,
+        default=None,
+        help="requests running or waiting; more get 429 with Retry-After (default: the "
+        "saved setting)",
     )
     p.add_argument(
         "--cors-origin",
         action="append",
         default=None,
         metavar="ORIGIN",
-        help="allow browser calls from ORIGIN (https://host:port); repeatable; default: none",
+        help="allow browser calls from ORIGIN (https://host:port); repeatable; default: "
+        "none; '*' (every web page) needs --api-key",
     )
     p.add_argument(
-        "--max-body-mb", type=int, default=None, help="largest request body in MB (default 8)"
+        "--max-body-mb",
+        type=int,
+        default=None,
+        help="largest request body in MB, at most 8 (default: the saved setting)",
     )
     p.add_argument(
         "--smoke-test",

@@ -4,6 +4,12 @@
 type and code; 4xx answers a retry cannot fix carry ``x-should-retry: false`` so
 the ``openai`` client does not resend them; 429 and 503 carry ``Retry-After``.
 Qt-free and Starlette-free: ``limits`` sends these as raw ASGI messages.
+
+A reply cut short (the window's Stop, the server stopping, a lost upstream server)
+is an error too (``cut_short``), as llama-server does: a stream ends with one
+``data: {"error": ...}`` event and no ``[DONE]`` (the ``openai`` client raises
+``APIError``), a whole response is a 5xx. An ordinary ``finish_reason: "stop"``
+would let the client take half a reply for all of it.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from app.api.gateway import ApiFailure
+from app.api.gateway import ApiFailure, ApiJob
+from app.api.sse import FINISH
+from app.engine.backend import Finished
 from app.util.errors import LamplightError
 
 # status -> (type, code) when the raiser names none.
@@ -58,7 +66,9 @@ class ApiError(LamplightError):
     @classmethod
     def from_failure(cls, failure: ApiFailure) -> ApiError:
         """The error for a job's terminal ``ApiFailure`` (Retry-After on a 503)."""
-        headers = {"Retry-After": "2"} if failure.status == 503 else {}
+        headers = {"Retry-After": "2"} if failure.status == 503 and failure.retry else {}
+        if not failure.retry:
+            headers["x-should-retry"] = "false"
         return cls(
             failure.status,
             failure.message,
@@ -84,6 +94,66 @@ class ApiError(LamplightError):
 
 def error_body(message: str, type: str, code: str | None, param: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# Replies the model's own server cut (Lamplight connected to a remote one): the
+# stop reasons of ``app.remote`` (``app.engine.backend``'s SIZE_LIMIT and the like).
+_UPSTREAM: dict[str, tuple[int, str, str]] = {
+    "connection_lost": (
+        502,
+        "upstream_connection_lost",
+        "The connection to the model's server was lost",
+    ),
+    "server_error": (502, "upstream_error", "The model's server failed"),
+    "size_limit": (
+        502,
+        "upstream_reply_too_large",
+        "The model's server sent more text than the tokens asked for could make; it was cut",
+    ),
+    "time_limit": (504, "upstream_timeout", "The model's server fell silent or took too long"),
+}
+
+
+def cut_short(job: ApiJob, done: Finished) -> ApiFailure | None:
+    """The failure a reply that ended before its end becomes (None: it is whole)."""
+    m = done.metrics
+    if m.stop_reason in FINISH:
+        return None
+    after = f"after {m.generated_tokens} token{'s' if m.generated_tokens != 1 else ''}"
+    upstream = _UPSTREAM.get(m.stop_reason)
+    if upstream is not None:
+        status, code, what = upstream
+        return ApiFailure(status, "server_error", code, f"{what} {after}; the reply is incomplete.")
+    if m.stop_reason != "cancelled":
+        return ApiFailure(
+            500,
+            "server_error",
+            "incomplete_reply",
+            f"The reply ended early ({m.stop_reason or 'no reason given'}) {after}; "
+            "it is incomplete.",
+        )
+    if job.stopped_by == "operator":
+        return ApiFailure(
+            503,
+            "server_error",
+            "request_stopped",
+            f"The reply was stopped at the server (Lamplight's Stop) {after}; it is incomplete.",
+            retry=False,  # the person at the server stopped it: sending it again defeats that
+        )
+    if job.stopped_by == "shutdown":
+        return ApiFailure(
+            503,
+            "server_error",
+            "server_shutting_down",
+            f"The server stopped {after}; the reply is incomplete. "
+            "Send the request again once the server is back.",
+        )
+    return ApiFailure(
+        503,
+        "server_error",
+        "request_cancelled",
+        f"The reply was stopped {after}; it is incomplete.",
+    )
 
 
 def failure_event(failure: ApiFailure) -> bytes:

@@ -3,8 +3,9 @@
 The server thread builds an ``ApiJob`` and submits it; the engine worker runs it on
 its own thread, through the same ``Backend`` the GUI uses, and reports back through
 ``job.emit``: ``Token`` events, then exactly one terminal event (``Finished`` or
-``ApiFailure``). ``job.stop`` may be set from any thread (a client disconnect, the
-UI's Stop, shutdown) and ends the job promptly.
+``ApiFailure``). ``job.halt(why)`` may be called from any thread (a client disconnect,
+the UI's Stop, shutdown): it sets ``job.stop``, which ends the job promptly, and keeps
+the first reason, so the server can tell the client why its reply was cut short.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from app.util.errors import ContextOverflowError, LamplightError, NoModelLoaded
 log = logging.getLogger(__name__)
 
 ApiKind = Literal["chat", "completion"]
+# Who stopped a job: its client went away, the window's Stop, the server stopping.
+StopCause = Literal["", "client", "operator", "shutdown"]
 
 # SamplingParams field -> the API request field a refusal names.
 _API_PARAM = {"json_schema": "response_format", "output_format": "response_format"}
@@ -37,6 +40,7 @@ class ApiFailure:
     code: str  # "context_length_exceeded", "model_not_loaded", ...
     message: str
     param: str | None = None
+    retry: bool = True  # False: the client should not send it again (x-should-retry)
 
 
 ApiEvent = Token | Finished | ApiFailure
@@ -56,6 +60,13 @@ class ApiJob:
     stop: threading.Event = field(default_factory=threading.Event)
     # Thread-safe and never blocking; the worker calls it on its own thread.
     emit: Callable[[ApiEvent], None] = lambda _event: None
+    stopped_by: StopCause = ""  # the first ``halt`` reason ("" while nobody stopped it)
+
+    def halt(self, why: StopCause) -> None:
+        """Stop the job for ``why`` (the first reason given is the one kept)."""
+        if not self.stopped_by:  # a benign race: two stoppers at once both set stop
+            self.stopped_by = why
+        self.stop.set()
 
 
 class EngineGateway(Protocol):

@@ -101,9 +101,10 @@ class ConcurrencyLimit:
 
 
 class HostCheck:
-    def __init__(self, app: Asgi, host: str) -> None:
+    def __init__(self, app: Asgi, host: str, url: str = "") -> None:
         self.app = app
         self.host = host.lower().strip("[]")
+        self.url = url  # the bound address, which the refusal names
 
     def allowed(self, name: str) -> bool:
         name = name.lower()
@@ -116,7 +117,7 @@ class HostCheck:
             if not self.allowed(name):
                 error = ApiError(
                     400,
-                    f"Host {name!r} is not this server; use 127.0.0.1 or localhost "
+                    f"Host {name!r} is not this server; use {self.url or 'its address'} "
                     "(a web page cannot reach this server through another name).",
                     code="invalid_host",
                 )

@@ -3,8 +3,10 @@
 The socket is bound on the caller's thread, so a busy port is an ``OSError`` the UI
 can show (not uvicorn's ``sys.exit`` on its thread); then uvicorn serves it with
 the h11 protocol on an asyncio loop, without lifespan, signal handlers (none are
-installed off the main thread), access log or server header. ``stop()`` ends every
-job, asks uvicorn to exit, and joins the thread (forcing it after 5 s).
+installed off the main thread), access log or server header. Request bodies are parsed
+on one more thread (``lamplight-api-parse``), never on the event loop. ``stop()`` ends
+every job, asks uvicorn to exit, and joins both threads (forcing uvicorn after 5 s).
+``url`` names the address the socket is bound to (``localhost`` binds 127.0.0.1).
 
 Starlette and uvicorn are imported here only inside ``start()``: importing this
 module (the GUI does, at start-up) loads neither.
@@ -18,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,9 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 THREAD_NAME = "lamplight-api"
+PARSER_THREAD = "lamplight-api-parse"
 START_SECONDS = 5.0
 JOIN_SECONDS = 5.0
 MIN_BODY = 1024
+# A chat body is text: 8 MB is millions of tokens, beyond any context. Larger bodies
+# only cost memory and parse time (``schema.parse_request``).
+MAX_BODY_MB = 8
+MAX_WAIT_S = 300.0  # a request still waiting after this gets 503 + Retry-After
 
 
 class ApiConfigError(LamplightError):
@@ -47,8 +55,9 @@ class ApiConfig:
     port: int = 1234
     api_key: str = ""
     cors_origins: tuple[str, ...] = ()
-    max_queue: int = 8
-    max_body_bytes: int = 8 * 2**20
+    max_queue: int = 32  # running or waiting; a waiting request costs a deque slot
+    max_body_bytes: int = MAX_BODY_MB * 2**20
+    max_wait_s: float = MAX_WAIT_S
 
     def problem(self) -> str:
         """Why these settings cannot be used ("" when they can)."""
@@ -67,10 +76,22 @@ class ApiConfig:
         bad = [o for o in self.cors_origins if not is_origin(o)]
         if bad:
             return f"{bad[0]!r} is not a web origin (https://host:port)."
+        if "*" in self.cors_origins and not self.api_key:
+            return (
+                "Allowing every web origin (*) lets any web page you visit use the model "
+                "and read its replies: set an API key first (or list the pages' origins)."
+            )
         if self.max_queue < 1:
             return "The queue must hold at least one request."
         if self.max_body_bytes < MIN_BODY:
             return f"The request size limit must be at least {MIN_BODY} bytes."
+        if self.max_body_bytes > MAX_BODY_MB * 2**20:
+            return (
+                f"The request size limit can be at most {MAX_BODY_MB} MB "
+                f"(got {self.max_body_bytes / 2**20:g} MB)."
+            )
+        if not self.max_wait_s > 0:
+            return "The longest wait in the queue must be more than 0 seconds."
         return ""
 
 
@@ -114,17 +135,20 @@ class ApiServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
+        self._parser: ThreadPoolExecutor | None = None
         self._address: tuple[str, int] = (config.host, config.port)
         self._lock = threading.Lock()
 
     @property
     def address(self) -> tuple[str, int]:
-        """The host and port it listens on (the real port after ``port=0``)."""
+        """The address and port the socket is bound to (``localhost`` binds, and so
+        reads, ``127.0.0.1``; the real port after ``port=0``)."""
         return self._address
 
     @property
     def url(self) -> str:
-        """The base URL clients use: ``http://127.0.0.1:1234/v1``."""
+        """The base URL clients use: ``http://127.0.0.1:1234/v1``, with the address
+        bound (a name such as ``localhost`` may resolve to another, ``::1`` first)."""
         host, port = self._address
         if host in ("0.0.0.0", ""):
             host = "127.0.0.1"
@@ -158,9 +182,12 @@ class ApiServer:
             from app.api.server import H11, build_app
 
             sock = bind(self.config.host, self.config.port)
-            port = int(sock.getsockname()[1])
-            self._address = (self.config.host.strip("[]"), port)
-            app = build_app(self.gateway, self.scheduler, self.config)
+            bound = sock.getsockname()
+            port = int(bound[1])
+            self._address = (str(bound[0]), port)
+            parser = ThreadPoolExecutor(1, thread_name_prefix=PARSER_THREAD)
+            parser.submit(int)  # its thread starts now: it lives exactly as long as the server
+            app = build_app(self.gateway, self.scheduler, self.config, self.url, parser)
             config = uvicorn.Config(
                 app,
                 http=H11,
@@ -182,6 +209,7 @@ class ApiServer:
                 target=self._serve, args=(server, sock), name=THREAD_NAME, daemon=True
             )
             self._server, self._thread, self._socket = server, thread, sock
+            self._parser = parser
             thread.start()
         deadline = time.monotonic() + START_SECONDS
         while not server.started and thread.is_alive() and time.monotonic() < deadline:
@@ -204,14 +232,16 @@ class ApiServer:
         self.scheduler.cancel_all()
         with self._lock:
             server, thread, sock = self._server, self._thread, self._socket
-            self._server = self._thread = self._socket = None
-        if server is None or thread is None:
-            return
-        server.should_exit = True
-        thread.join(JOIN_SECONDS)
-        if thread.is_alive():
-            log.warning("API server did not stop in %.0f s; forcing it", JOIN_SECONDS)
-            server.force_exit = True
+            parser = self._parser
+            self._server = self._thread = self._socket = self._parser = None
+        if server is not None and thread is not None:
+            server.should_exit = True
             thread.join(JOIN_SECONDS)
+            if thread.is_alive():
+                log.warning("API server did not stop in %.0f s; forcing it", JOIN_SECONDS)
+                server.force_exit = True
+                thread.join(JOIN_SECONDS)
         if sock is not None:
             sock.close()
+        if parser is not None:  # a parse under way ends (bounded: see schema.MAX_JSON_ITEMS)
+            parser.shutdown(wait=True, cancel_futures=True)

@@ -7,11 +7,19 @@ and API tokens never interleave. A job stopped while it waits ends here
 (``cancelled``) and never reaches the engine. Every method is thread-safe: the
 server's event loop enqueues and abandons, the worker emits, the UI polls
 ``running()`` / ``queued()`` with a timer and calls ``stop_running()``.
+
+A waiting job costs a slot in a deque and an open connection, so the queue is long
+(``max_queue``, 32 by default) rather than refusing early: the ``openai`` client's two
+retries of a 429 come within seconds, too soon for a reply to end. A refusal's
+``Retry-After`` is how long recent replies took (``retry_after``); how long a job may
+wait is bounded by the server (``ApiConfig.max_wait_s``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -26,6 +34,7 @@ from app.util.errors import LamplightError
 log = logging.getLogger(__name__)
 
 RECENT = 16
+RETRY_AFTER_S = (1, 30)  # the bounds of the Retry-After a refusal suggests
 
 
 class QueueFull(LamplightError):
@@ -85,13 +94,14 @@ def cancelled_event() -> Finished:
 class ApiScheduler:
     """FIFO of API jobs, at most one submitted to ``gateway`` at a time."""
 
-    def __init__(self, gateway: EngineGateway, max_queue: int = 8) -> None:
+    def __init__(self, gateway: EngineGateway, max_queue: int = 32) -> None:
         self._gateway = gateway
         self.max_queue = max(1, max_queue)
         self._lock = threading.Lock()
         self._running: _Entry | None = None
         self._queue: deque[_Entry] = deque()
         self._recent: deque[Outcome] = deque(maxlen=RECENT)
+        self._durations: deque[float] = deque(maxlen=RECENT)  # seconds recent jobs ran
         self._entries: dict[int, _Entry] = {}  # id(job) -> entry, until it ends
 
     def enqueue(self, job: ApiJob) -> int:
@@ -106,7 +116,8 @@ class ApiScheduler:
             if size >= self.max_queue:
                 raise QueueFull(
                     f"The server is busy: {size} requests are running or waiting "
-                    f"(the limit is {self.max_queue}). Try again shortly."
+                    f"(the limit is {self.max_queue}). Try again in "
+                    f"{self._retry_after()} s."
                 )
             job.emit = lambda event: self._on_event(entry, event)
             self._entries[id(job)] = entry
@@ -128,6 +139,17 @@ class ApiScheduler:
         with self._lock:
             return [e.view() for e in self._queue]
 
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: what a recent reply took (1 to 30)."""
+        with self._lock:
+            return self._retry_after()
+
+    def _retry_after(self) -> int:
+        if not self._durations:
+            return 2
+        low, high = RETRY_AFTER_S
+        return max(low, min(high, math.ceil(statistics.median(self._durations))))
+
     def recent(self) -> list[Outcome]:
         """The last 16 outcomes, oldest first."""
         with self._lock:
@@ -139,30 +161,41 @@ class ApiScheduler:
             entry = self._running
         if entry is None:
             return False
-        entry.job.stop.set()
+        entry.job.halt("operator")
         return True
 
     def cancel_all(self) -> None:
-        """Stop the running job and end every waiting one (shutdown)."""
+        """End every job now (shutdown): the running one is stopped and ends here, its
+        engine's own terminal event dropped when it comes."""
         with self._lock:
             waiting = list(self._queue)
             self._queue.clear()
             running = self._running
         for entry in waiting:
-            entry.job.stop.set()
+            entry.job.halt("shutdown")
             self._end_unsubmitted(entry)
         if running is not None:
-            running.job.stop.set()
+            running.job.halt("shutdown")
+            # Its client hears now, however long the engine takes to stop: the server
+            # is going away, and a stream cut by it would end without a word.
+            stopped = MessageMetrics(stop_reason="cancelled", generated_tokens=running.tokens)
+            self._on_event(running, Finished("", stopped))
 
     def abandon(self, job: ApiJob) -> None:
         """The client went away: stop ``job``; a waiting one ends here."""
-        job.stop.set()
+        job.halt("client")
+        self.withdraw(job)
+
+    def withdraw(self, job: ApiJob) -> bool:
+        """End ``job`` here if it is still waiting (True); a running one is left alone."""
         with self._lock:
             entry = self._entries.get(id(job))
             if entry is None or entry is self._running or entry not in self._queue:
-                return
+                return False
             self._queue.remove(entry)
+        entry.job.halt("client")
         self._end_unsubmitted(entry)
+        return True
 
     # -- internals ---------------------------------------------------------------------
 
@@ -198,6 +231,7 @@ class ApiScheduler:
                 self._entries.pop(id(entry.job), None)
                 self._recent.append(self._outcome(entry, event))
                 if entry is self._running:
+                    self._durations.append(time.monotonic() - entry.started)
                     self._running = following = self._queue.popleft() if self._queue else None
                     if following is not None:
                         following.started = time.monotonic()

@@ -7,9 +7,15 @@ starts (``runner.ApiServer.start``), so the GUI's start-up never loads Starlette
 Tokens come back from the engine worker through ``job.emit``, which posts them to
 this request's ``asyncio.Queue`` with ``call_soon_threadsafe``. A streamed response
 starts (200) only with its first token: a job that fails before it (an overflowing
-prompt, a model that changed) gets its real status code; a failure after it is one
-``data: {"error": ...}`` event without ``[DONE]``. A client that goes away, while
-waiting or while streaming, sets ``job.stop`` and is dropped from the queue.
+prompt, a model that changed) gets its real status code; a failure after it, or a
+reply cut short (``errors.cut_short``), is one ``data: {"error": ...}`` event without
+``[DONE]``. A client that goes away, while waiting or while streaming, sets
+``job.stop`` and is dropped from the queue.
+
+Bodies are parsed on a worker thread, one at a time (``schema.parse_request``), so a
+large one never stalls the event loop and the other clients. The ``model`` a request
+names is not checked: the loaded model answers any name, as llama-server does (clients
+have a default name, "gpt-3.5-turbo" and the like), and the response says which.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,10 +40,10 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.api import limits
-from app.api.errors import ApiError, failure_event
-from app.api.gateway import ApiEvent, ApiFailure, ApiJob, EngineGateway, model_id
+from app.api.errors import ApiError, cut_short, failure_event
+from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
 from app.api.scheduler import ApiScheduler, JobView, QueueFull
-from app.api.schema import ApiRequest, load_body, parse_chat, parse_completion
+from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
 from app.engine.backend import Finished, ModelInfo, Token
 
@@ -72,6 +79,13 @@ def _terminal(event: ApiEvent) -> bool:
     return isinstance(event, Finished | ApiFailure)
 
 
+def _ending(job: ApiJob, event: ApiEvent) -> ApiEvent:
+    """``event``, or the failure a reply cut short becomes."""
+    if isinstance(event, Finished):
+        return cut_short(job, event) or event
+    return event
+
+
 class JobStream(StreamingResponse):
     """A streamed reply whose end, however it comes (a disconnect included), runs
     ``on_close``: the job is stopped and dropped unless it finished."""
@@ -90,9 +104,17 @@ class JobStream(StreamingResponse):
 
 
 class Handlers:
-    def __init__(self, gateway: EngineGateway, scheduler: ApiScheduler) -> None:
+    def __init__(
+        self,
+        gateway: EngineGateway,
+        scheduler: ApiScheduler,
+        max_wait_s: float,
+        parser: Executor,
+    ) -> None:
         self.gateway = gateway
         self.scheduler = scheduler
+        self.max_wait_s = max_wait_s
+        self.parser = parser  # one thread: bodies are parsed one at a time, off the loop
 
     # -- models ------------------------------------------------------------------------
 
@@ -198,15 +220,20 @@ class Handlers:
     # -- completions -------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        return await self.complete(request, parse_chat(load_body(await request.body())))
+        return await self.complete(request, await self.parse("chat", request))
 
     async def completion(self, request: Request) -> Response:
-        return await self.complete(request, parse_completion(load_body(await request.body())))
+        return await self.complete(request, await self.parse("completion", request))
+
+    async def parse(self, kind: ApiKind, request: Request) -> ApiRequest:
+        """The request's body, checked on the parser's thread (one body at a time, so
+        the memory parses take is bounded too)."""
+        raw = await request.body()
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.parser, parse_request, kind, raw)
 
     async def complete(self, request: Request, req: ApiRequest) -> Response:
-        info = self.loaded()
-        if req.model and req.model not in self.names(info):
-            raise self.unknown_model(req.model, info)
+        info = self.loaded()  # whatever ``req.model`` says: see the module's docstring
         client = request.client
         address = f"{client.host}:{client.port}" if client else ""
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
@@ -224,12 +251,13 @@ class Handlers:
         try:
             self.scheduler.enqueue(job)
         except QueueFull as exc:
-            raise ApiError(429, str(exc), headers={"Retry-After": "2"}) from exc
+            wait = str(self.scheduler.retry_after())
+            raise ApiError(429, str(exc), headers={"Retry-After": wait}) from exc
         reply = Reply(req.kind, job.id, job.model_id, int(time.time()))
         events = await self.wait(request, job, queue, first_token=req.stream)
         if events is None:  # the client went away before its answer began
             return Response(status_code=204)
-        last = events[-1]
+        last = events[-1] = _ending(job, events[-1])
         if isinstance(last, ApiFailure):
             raise ApiError.from_failure(last)
         if not req.stream:
@@ -247,7 +275,7 @@ class Handlers:
     ) -> list[ApiEvent] | None:
         """Events up to the terminal one (or the first token), or None if the client left."""
         events: list[ApiEvent] = []
-        gone = False
+        gone = timed_out = False
         async with anyio.create_task_group() as group:
 
             async def watch() -> None:
@@ -260,7 +288,10 @@ class Handlers:
             group.start_soon(watch)
             try:
                 while True:
-                    event = await queue.get()
+                    event = await self.next_event(job, queue, waited=bool(events))
+                    if event is None:
+                        timed_out = True
+                        break
                     events.append(event)
                     if _terminal(event) or (first_token and isinstance(event, Token)):
                         break
@@ -269,10 +300,34 @@ class Handlers:
                     _terminal(events[-1]) or (first_token and isinstance(events[-1], Token))
                 )
                 if not answered:  # the client left, or the server is stopping
-                    job.stop.set()
                     self.scheduler.abandon(job)
             group.cancel_scope.cancel()
+        if timed_out and not gone:
+            raise self.queue_timeout()
         return None if gone else events
+
+    async def next_event(
+        self, job: ApiJob, queue: asyncio.Queue[ApiEvent], waited: bool
+    ) -> ApiEvent | None:
+        """The job's next event; None when it is still queued after ``max_wait_s``
+        (its place is given up)."""
+        if waited:
+            return await queue.get()
+        with anyio.move_on_after(self.max_wait_s):
+            return await queue.get()
+        if self.scheduler.withdraw(job):
+            return None
+        return await queue.get()  # it runs (a long prompt, say): its answer comes
+
+    def queue_timeout(self) -> ApiError:
+        wait = self.scheduler.retry_after()
+        return ApiError(
+            503,
+            f"The request waited {self.max_wait_s:g} s in the queue without starting; "
+            f"try again in {wait} s.",
+            code="queue_timeout",
+            headers={"Retry-After": str(wait)},
+        )
 
     def stream(
         self,
@@ -286,7 +341,7 @@ class Handlers:
         def write(events: list[ApiEvent]) -> bytes:
             nonlocal ended
             out = bytearray()
-            for event in events:
+            for event in map(lambda e: _ending(job, e), events):
                 if isinstance(event, Token):
                     out += writer.token(event.text)
                 elif isinstance(event, Finished):
@@ -307,7 +362,6 @@ class Handlers:
 
         def on_close() -> None:
             if not ended:
-                job.stop.set()
                 self.scheduler.abandon(job)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -366,8 +420,16 @@ class H11(H11Protocol):
         self.transport.close()
 
 
-def build_app(gateway: EngineGateway, scheduler: ApiScheduler, config: ApiConfig) -> Starlette:
-    handlers = Handlers(gateway, scheduler)
+def build_app(
+    gateway: EngineGateway,
+    scheduler: ApiScheduler,
+    config: ApiConfig,
+    url: str,
+    parser: Executor,
+) -> Starlette:
+    """The app for ``config``; ``url`` is the base URL of the address it is bound to,
+    ``parser`` the one thread that parses request bodies."""
+    handlers = Handlers(gateway, scheduler, config.max_wait_s, parser)
     routes = [
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),
@@ -377,7 +439,7 @@ def build_app(gateway: EngineGateway, scheduler: ApiScheduler, config: ApiConfig
     ]
     middleware = [
         Middleware(limits.ConcurrencyLimit, limit=CONCURRENCY),
-        Middleware(limits.HostCheck, host=config.host),
+        Middleware(limits.HostCheck, host=config.host, url=url),
     ]
     if config.cors_origins:
         middleware.append(

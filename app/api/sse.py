@@ -21,18 +21,20 @@ from app.engine.metrics import MessageMetrics
 
 DONE = b"data: [DONE]\n\n"
 
-# The engine's stop_reason -> OpenAI's finish_reason.
-_FINISH = {
+# The engine's stop_reason for a reply that ended as it should -> OpenAI's
+# finish_reason. Any other reason ("cancelled", "connection_lost", one added later)
+# means the reply was cut short: the server answers that as an error
+# (``errors.cut_short``), never as an ordinary "stop" a client would take as whole.
+FINISH = {
     "eos": "stop",
     "stop_string": "stop",
-    "cancelled": "stop",
     "max_tokens": "length",
     "context_full": "length",
 }
 
 
 def finish_reason(stop_reason: str) -> str:
-    return _FINISH.get(stop_reason, "stop")
+    return FINISH.get(stop_reason, "stop")
 
 
 def usage(metrics: MessageMetrics) -> dict[str, Any]:
@@ -87,8 +89,6 @@ class Reply:
         else:
             choice["text"] = done.text
         choice["finish_reason"] = finish_reason(m.stop_reason)
-        if m.stop_reason == "cancelled":
-            choice["stop_reason"] = "cancelled"
         return {
             "id": self.id,
             "object": self.object,
@@ -162,8 +162,6 @@ class ChunkWriter:
             choice["text"] = ""
         choice["logprobs"] = None
         choice["finish_reason"] = finish_reason(m.stop_reason)
-        if m.stop_reason == "cancelled":
-            choice["stop_reason"] = "cancelled"
         events = [self.chunk([choice], timings=timings(m))]
         if self.include_usage:
             events.append(self.chunk([], usage=usage(m), timings=timings(m)))

@@ -41,16 +41,16 @@ from typing import Literal, Protocol
 from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
 from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
 from app.config.params import SamplingParams, sampling_to_dict
-from app.engine.backend import ModelInfo
+from app.engine.backend import MAX_REPLY_BYTES, ModelInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 
 log = logging.getLogger(__name__)
 
 Kind = Literal["send", "regenerate", "edit", "answer"]
-# Room kept in a transcript for the next reply: every backend caps a reply's text at a
-# few MB, and JSON's escapes can make that up to three times as long on disk.
-REPLY_ROOM = 16 << 20
+# Room kept in a transcript for the next reply: every backend caps a reply's text at
+# MAX_REPLY_BYTES, and JSON's escapes can make that up to four times as long on disk.
+REPLY_ROOM = 4 * MAX_REPLY_BYTES
 
 
 class EngineLink(Protocol):

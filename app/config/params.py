@@ -650,7 +650,7 @@ class ApiSettings:
     host: str = "127.0.0.1"  # loopback; any other address needs an API key
     port: int = API_PORT  # 0: any free port
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call it (none: CORS off)
-    max_queue: int = 8  # requests waiting or running; more get 429
+    max_queue: int = 32  # requests waiting or running; more get 429 (waiting costs nothing)
     max_body_mb: int = 8  # a larger request body gets 413
     pool_mb: int = 256  # RAM for KV snapshots of recent API and chat prompts
 
@@ -694,7 +694,7 @@ API_SPECS: tuple[FieldSpec, ...] = (
         "api",
         "Larger request bodies are refused with 413.",
         1,
-        256,
+        8,
         target="api",
     ),
     FieldSpec(

@@ -28,6 +28,32 @@ from app.util.errors import LamplightError
 ProgressFn = Callable[[float], bool]
 """Load progress 0..1; return False to cancel the load."""
 
+# A reply's size in bytes, whatever the backend: a server that ignores the token limit
+# (or sends megabytes per "token") must not fill the transcript, whose file has a limit
+# of its own (app.chat.store.MAX_TRANSCRIPT_BYTES).
+MAX_REPLY_BYTES = 4 << 20
+MIN_REPLY_BYTES = 64 << 10
+REPLY_BYTES_PER_TOKEN = 256  # generous: a token is a few bytes, a server's delta a few tokens
+
+# Stop reasons a reply may end with besides the engine's own ("eos", "stop_string",
+# "max_tokens", "context_full", "cancelled", "connection_lost"). Each keeps the text so
+# far and explains itself in ``metrics.notes``; all mean "the reply is incomplete".
+SIZE_LIMIT = "size_limit"  # the reply reached ``reply_byte_cap``
+TIME_LIMIT = "time_limit"  # the server fell silent, or took longer than a reply may
+SERVER_ERROR = "server_error"  # the server failed after the reply had begun
+
+
+def reply_byte_cap(max_tokens: int) -> int:
+    """The most UTF-8 bytes a reply of ``max_tokens`` tokens may hold."""
+    return min(MAX_REPLY_BYTES, max(MIN_REPLY_BYTES, max_tokens * REPLY_BYTES_PER_TOKEN))
+
+
+def cut_to_bytes(text: str, max_bytes: int) -> str:
+    """The longest start of ``text`` whose UTF-8 encoding fits ``max_bytes``."""
+    if len(text) * 4 <= max_bytes:  # fits whatever its characters
+        return text
+    return text.encode("utf-8", "replace")[: max(0, max_bytes)].decode("utf-8", "ignore")
+
 
 class LoadCancelled(LamplightError):
     """The user cancelled a model load."""

@@ -10,9 +10,10 @@ and evaluates only what is new.
 What lives where:
 
 - the KV cache is in the server's slot ``Connection.slot``; snapshots are files
-  in the server's ``--slot-save-path`` (one per conversation, overwritten), and
-  the Lamplight snapshot on this machine keeps the compatibility header, the
-  tokens and the text, and names the server file;
+  in the server's ``--slot-save-path`` (a ring of ``SLOT_FILES`` per connection
+  and slot, each conversation keeping its own while it is among the most recently
+  saved), and the Lamplight snapshot on this machine keeps the compatibility
+  header, the tokens and the text, and names the server file;
 - LoRA adapters are the ones the server loaded at start (``--lora``); every
   request sends every adapter with an explicit scale (llama.cpp issue #28674).
 
@@ -20,6 +21,10 @@ A context overflow follows the in-process policies: whole turns are dropped
 before sending (measured with ``/tokenize``); the server re-reads what follows
 them, since it cannot shift a slot on request. A reply that fills the context
 drops turns and continues in a new request.
+
+The server is not trusted to stop: a reply is cut on this side at ``n_predict``
+(+ ``TOKEN_SLACK``) tokens, at ``reply_byte_cap`` bytes and at its time bounds
+(``app.remote.http.Limits``), and every field of every answer is type-checked.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import re
 import secrets
 import threading
 import time
@@ -37,6 +44,9 @@ from typing import Any
 
 from app.config.params import LoadConfig, SamplingParams, SettingError, grammar_for
 from app.engine.backend import (
+    SERVER_ERROR,
+    SIZE_LIMIT,
+    TIME_LIMIT,
     Capabilities,
     DraftInfo,
     EngineEvent,
@@ -47,6 +57,7 @@ from app.engine.backend import (
     PrefillProgress,
     ProgressFn,
     Token,
+    cut_to_bytes,
 )
 from app.engine.context_map import ContextMap, common_prefix
 from app.engine.hardware import HardwareInfo
@@ -69,17 +80,26 @@ from app.engine.templates import (
 from app.gguf.lora import LoraError, LoraStack, stack_key
 from app.remote.connection import Connection
 from app.remote.http import (
+    DEFAULT_LIMITS,
+    TOKEN_SLACK,
+    Budget,
     EventStream,
+    Limits,
     ServerError,
+    ServerSilent,
     ServerUnreachable,
     call,
     cannot_connect,
     client_for,
+    end_early,
     end_lost,
     make_client,
+    sentence,
+    too_large,
     unfinished,
     where,
 )
+from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import (
     ApiKeyRefused,
     DecodeError,
@@ -94,6 +114,9 @@ log = logging.getLogger(__name__)
 
 LOAD_WAIT_S = 600.0  # a server still loading a big model answers 503 meanwhile
 MAX_CONTINUATIONS = 8  # a reply that fills the context this many times ends there
+MAX_COUNT = (1 << 31) - 1  # a count or token id beyond this from the server is not believed
+SLOT_FILES = 16  # slot files per connection and slot on the server (docs: the ring)
+_FILE_NAME = re.compile(r"lamplight-[0-9a-f]{8,64}(-(\d{1,3}|pool))?\.bin")
 LORA_CHANGED_NOTE = "the LoRA stack changed"
 _MIROSTAT = {"off": 0, "v1": 1, "v2": 2}
 _STATE_FORMAT = "lamplight-llama-server-slot"
@@ -117,10 +140,16 @@ class _Prompt:
 class LlamaServerBackend:
     """A ``Backend`` that drives one slot of a llama-server."""
 
-    def __init__(self, connection: Connection, api_key: str = "") -> None:
+    def __init__(
+        self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self.connection = connection
         self._api_key = api_key
-        self._client: Any = None
+        self._limits = limits
+        self._client: Any = None  # JSON calls, on kept-alive connections
+        self._streams: Any = None  # replies, a connection each (see app.remote.http)
+        self._files: dict[str, str] = {}  # conversation key -> slot file, most recent last
+        self._restored = ""  # the slot file last restored (its key is not known yet)
         self._info: ModelInfo | None = None
         self._props: dict[str, Any] = {}
         self._template: ChatTemplate | None = None
@@ -180,70 +209,75 @@ class LlamaServerBackend:
         """Connect: wait for the server's model, read its settings, template and adapters.
 
         ``path`` is ignored (a llama-server serves one model); ``config`` too: the
-        context size and threads are the server's command line.
+        context size and threads are the server's command line. Every wait is bounded
+        (``Limits``); the model in use stays until the new one is ready.
 
         Raises:
-            ModelLoadError: the server cannot be reached or is not a llama-server.
+            ModelLoadError: the server cannot be reached, is not a llama-server, or was
+                not ready in time.
             LoadCancelled: ``progress`` returned False while waiting.
         """
         t0 = time.perf_counter()
-        client = make_client(self.connection.url, self._api_key, self.connection.verify_tls)
+        conn = self.connection
+        try:
+            client = make_client(conn.url, self._api_key, conn.verify_tls)
+            streams = make_client(conn.url, self._api_key, conn.verify_tls, keep_alive=False)
+        except LamplightError as exc:
+            raise ModelLoadError(cannot_connect(conn, exc)) from None
         try:
             self._wait_ready(client, progress)
-            props = call(client, "GET", "/props")
-            models = call(client, "GET", "/v1/models")
-            adapters = call(client, "GET", "/lora-adapters")
-        except (ServerUnreachable, ServerError) as exc:
+            call_s = self._limits.call_s
+            props = call(client, "GET", "/props", timeout=call_s)
+            models = call(client, "GET", "/v1/models", timeout=call_s)
+            adapters = call(client, "GET", "/lora-adapters", timeout=call_s)
+            n_ctx = _check_props(props, conn)
+        except BaseException as exc:
             client.close()
-            raise ModelLoadError(cannot_connect(self.connection, exc)) from None
-        except BaseException:
-            client.close()
+            streams.close()
+            if isinstance(exc, ServerUnreachable | ServerError):
+                raise ModelLoadError(cannot_connect(conn, exc)) from None
             raise
-        if not isinstance(props, dict) or "default_generation_settings" not in props:
-            client.close()
-            raise ModelLoadError(
-                f"The server at {where(self.connection.url)} does not look like llama-server "
-                "(no /props). Add it as an OpenAI-compatible server instead."
-            )
-        old = self._client
-        self._client = client
-        if old is not None:
-            old.close()
+        old = (self._client, self._streams)
+        self._client, self._streams = client, streams
+        for each in old:
+            if each is not None:
+                each.close()
         self._props = props
         self._special = {}
         self._adapters = _adapters(adapters)
         self._stack = LoraStack()
         self._kv_lora = ()
         self._map.clear()
+        self._files.clear()
+        self._restored = ""
         self._inputs = self._template_inputs(props)
         template = build_template(AUTO, self._inputs, self._has_token)
         self._template = template
         meta = _model_meta(models)
-        model_path = str(props.get("model_path") or props.get("model_alias") or "model")
+        model_path = _text(props.get("model_path"), 1000) or _text(props.get("model_alias"), 1000)
+        model_path = model_path or "model"
         name = PurePosixPath(model_path.replace("\\", "/")).name or model_path
-        n_ctx = _int(props["default_generation_settings"].get("n_ctx"), 0)
-        if n_ctx <= 0:
-            raise ModelLoadError("The server did not say its context size (/props n_ctx).")
-        build = str(props.get("build_info", ""))[:100]
+        build = _text(props.get("build_info"), 100)
         size = _int(meta.get("size"), 0)
-        ident = json.dumps([self.connection.url, model_path, size, meta.get("n_params"), build])
+        n_params = _int(meta.get("n_params"), 0)
+        ident = json.dumps([conn.url, model_path, size, n_params, build])
         notes = (template.note,) if template.note else ()
         self._info = ModelInfo(
             path=Path(model_path),
             name=name,
-            architecture=str(meta.get("ftype") or props.get("model_ftype") or "")[:60],
-            n_params=_int(meta.get("n_params"), 0),
+            architecture=(_text(meta.get("ftype"), 60) or _text(props.get("model_ftype"), 60)),
+            n_params=n_params,
             file_size=size,
             n_ctx=n_ctx,
             n_ctx_train=_int(meta.get("n_ctx_train"), n_ctx),
             n_threads=0,
             n_gpu_layers=0,
             template=template.label,
-            backend=f"llama-server at {where(self.connection.url)}",
+            backend=f"llama-server at {where(conn.url)}",
             load_ms=(time.perf_counter() - t0) * 1000,
             notes=notes,
             capabilities=self.capabilities,
-            server=self.connection.url,
+            server=conn.url,
             fingerprint={
                 "name": name,
                 "size": size,
@@ -253,28 +287,47 @@ class LlamaServerBackend:
             adapters=tuple(a["path"] for a in self._adapters),
             template_inputs=self._inputs,
             base_model=looks_like_base_model(
-                (str(props.get("model_alias") or ""), name),
+                (_text(props.get("model_alias"), 1000), name),
                 has_template=bool(self._inputs.embedded),
             ),
         )
-        log.info(
-            "connected to llama-server %s (%s, n_ctx %d)", where(self.connection.url), name, n_ctx
-        )
+        log.info("connected to llama-server %s (%s, n_ctx %d)", where(conn.url), name, n_ctx)
         return self._info
 
     def _wait_ready(self, client: Any, progress: ProgressFn | None) -> None:
-        deadline = time.monotonic() + LOAD_WAIT_S
+        """Wait while the server loads its model (503), at most ``Limits.ready_s``.
+
+        Raises:
+            ModelLoadError: a ``/health`` that is not llama-server's, or not ready in time.
+            ServerUnreachable, ServerError, LoadCancelled.
+        """
+        limit = self._limits.ready_s
+        deadline = time.monotonic() + limit
+        host = where(self.connection.url)
         step = 0
         while True:
             try:
-                health = call(client, "GET", "/health", timeout=10.0)
+                health = call(client, "GET", "/health", timeout=min(10.0, self._limits.call_s))
+            except ServerError as exc:
+                if exc.status != 503:
+                    raise
+                if time.monotonic() > deadline:
+                    raise ModelLoadError(
+                        f"Could not connect to {self.connection.name}: the server at {host} "
+                        f"was still loading its model after {limit:.0f} s ({exc})."
+                    ) from None
+            else:
                 if isinstance(health, dict) and health.get("status") == "ok":
                     if progress is not None:
                         progress(1.0)
                     return
-            except ServerError as exc:
-                if exc.status != 503 or time.monotonic() > deadline:
-                    raise
+                # vLLM, a proxy's page, another server: 200, but not llama-server's answer.
+                raise ModelLoadError(
+                    f"Could not connect to {self.connection.name}: the server at {host} "
+                    "answers /health but not as llama-server does (it said "
+                    f"{_snippet(health)}). If it is another kind of server, add it as an "
+                    "OpenAI-compatible server instead."
+                )
             step += 1
             # The server does not say how far its load is: an honest creep, never 100 %.
             if progress is not None and not progress(min(0.9, step / (step + 20))):
@@ -333,9 +386,12 @@ class LlamaServerBackend:
         return self._special[text]
 
     def unload(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        self._client = None
+        for client in (self._client, self._streams):
+            if client is not None:
+                client.close()
+        self._client = self._streams = None
+        self._files.clear()
+        self._restored = ""
         self._info = None
         self._template = None
         self._inputs = TemplateInputs()
@@ -422,6 +478,9 @@ class LlamaServerBackend:
     def export_state(self, key: str = "") -> KvState:
         """Save the slot on the server (``--slot-save-path``) as this conversation's file.
 
+        The file is one of ``SLOT_FILES`` names per connection and slot (``_file_name``),
+        so the server keeps a bounded number of them, whatever is deleted here.
+
         Raises:
             LamplightError: the server could not save it, or holds other tokens.
         """
@@ -445,6 +504,10 @@ class LlamaServerBackend:
     def import_state(self, kv: KvState) -> None:
         """Restore the conversation's file into the slot, after checking the server is the same.
 
+        A file another conversation has since overwritten restores another token count
+        and is refused here; were the counts equal, the server itself compares each
+        prompt with the tokens its slot holds, so the reply is still right (it re-reads).
+
         Raises:
             LamplightError: a different server, model or context now; a missing file.
         """
@@ -453,19 +516,21 @@ class LlamaServerBackend:
         if not kv.tokens:
             return
         try:
-            ref = json.loads(bytes(kv.state))
-            name, n_saved = str(ref["file"]), int(ref["n_saved"])
-            if ref.get("format") != _STATE_FORMAT:
+            ref = parse_json(bytes(kv.state)[:4096], 4)
+            name, n_saved = ref["file"], ref["n_saved"]
+            if ref.get("format") != _STATE_FORMAT or not isinstance(n_saved, int):
                 raise ValueError(ref.get("format"))
-        except (ValueError, KeyError, TypeError):
+            if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+                raise ValueError(name)
+        except (DataFileError, ValueError, KeyError, TypeError, AttributeError):
             raise LamplightError("it is not a llama-server slot snapshot") from None
         props = self._call("GET", "/props")
-        now = str(props.get("model_path")) if isinstance(props, dict) else ""
-        if now != str(self._props.get("model_path")):
+        now = _text(props.get("model_path"), 1000) if isinstance(props, dict) else ""
+        if now != _text(self._props.get("model_path"), 1000):
             raise LamplightError(f"the server now runs another model ({now or 'unknown'})")
-        if props.get("build_info") != self._props.get("build_info"):
+        if not isinstance(props, dict) or props.get("build_info") != self._props.get("build_info"):
             raise LamplightError("the server now runs another llama.cpp build")
-        n_ctx = _int(props.get("default_generation_settings", {}).get("n_ctx"), 0)
+        n_ctx = _int(_settings(props).get("n_ctx"), 0)
         if n_ctx != info.n_ctx:
             raise LamplightError(f"the server's context size changed ({info.n_ctx} → {n_ctx})")
         try:
@@ -479,11 +544,37 @@ class LlamaServerBackend:
             raise LamplightError(f"the server restored {restored} tokens, not {n_saved}")
         self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
         self._kv_lora = stack_key(_signature(self._stack))
+        self._restored = name
 
     def _file_name(self, key: str) -> str:
-        # One file per conversation and client, so saving again overwrites it.
-        digest = hashlib.sha256(f"{self.connection.id}\n{key}".encode()).hexdigest()[:24]
-        return f"lamplight-{digest}.bin"
+        """The slot file for conversation ``key``: one of a ring of ``SLOT_FILES`` names.
+
+        A conversation keeps its name while it is among the ``SLOT_FILES`` most recently
+        saved this session; a new one starts at the name its key hashes to (its own
+        name in an earlier session, most likely) or takes the one just restored for it,
+        else the first free name, else the least recently saved one. ``key`` "" (the
+        RAM pool's stashes) has a name of its own.
+        """
+        base = hashlib.sha256(f"{self.connection.id}\n{self.connection.slot}".encode())
+        prefix = f"lamplight-{base.hexdigest()[:24]}"
+        if not key:
+            return f"{prefix}-pool.bin"
+        name = self._files.pop(key, "")
+        used = set(self._files.values())
+        if not name:
+            start = int(hashlib.sha256(key.encode()).hexdigest(), 16) % SLOT_FILES
+            ring = [f"{prefix}-{(start + i) % SLOT_FILES:02d}.bin" for i in range(SLOT_FILES)]
+            restored, self._restored = self._restored, ""
+            free = [n for n in ring if n not in used]
+            if restored in ring and restored not in used:
+                name = restored
+            elif free:
+                name = free[0]
+            else:
+                oldest = next(iter(self._files))
+                name = self._files.pop(oldest)
+        self._files[key] = name  # now the most recent
+        return name
 
     # -- generation --------------------------------------------------------------
 
@@ -495,7 +586,14 @@ class LlamaServerBackend:
     ) -> Generator[EngineEvent, None, None]:
         """Stream the reply from the server (see ``Backend.generate``).
 
-        A connection that drops mid-reply ends it with the text so far and a note.
+        Once text has come, nothing ends the reply without it: a connection that drops
+        (``connection_lost``), a server error (``server_error``), silence or the reply's
+        time bound (``time_limit``), text past ``reply_byte_cap`` (``size_limit``) or
+        tokens past ``n_predict`` (``max_tokens``) end it with the text so far and a note.
+
+        Raises:
+            NoModelLoaded, ChatTemplateError, SettingError, ContextOverflowError,
+            ApiKeyRefused, DecodeError, ServerUnreachable (also silence before any text).
         """
         info = self._require()
         # A chosen template that fails on this conversation gives way to its fallback here.
@@ -538,24 +636,43 @@ class LlamaServerBackend:
         )
         if template_note:
             metrics.notes.append(template_note)
-        reply = ""
+        parts: list[str] = []
+        bounds = self._limits.budget(params.max_tokens)
+        shown = 0  # bytes of reply text so far
         for _ in range(MAX_CONTINUATIONS):
-            body = self._body(prompt.tokens, params, grammar, seed, n_ctx, metrics)
-            ended = yield from self._stream(body, prompt, metrics, t0, stop)
-            reply += ended.text
-            if (
-                metrics.stop_reason != "context_full"
-                or metrics.generated_tokens >= params.max_tokens
-            ):
+            try:
+                body = self._body(prompt.tokens, params, grammar, seed, n_ctx, metrics)
+                ended = yield from self._stream(
+                    body, prompt, metrics, t0, stop, bounds, bounds.max_bytes - shown
+                )
+                parts.append(ended.text)
+                shown += len(ended.text.encode("utf-8"))
+                if (
+                    metrics.stop_reason != "context_full"
+                    or metrics.generated_tokens >= params.max_tokens
+                ):
+                    break
+                # The reply filled the context: drop older turns, then go on in a new
+                # request whose prompt ends with the reply so far.
+                if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
+                    break
+                base = self._prompt(overflow.messages)
+                reply = "".join(parts)
+                prompt = replace(
+                    base, tokens=base.tokens + self._tokenize(reply), text=base.text + reply
+                )
+            except LamplightError as exc:
+                if not shown:
+                    raise
+                # A continuation failed: what the earlier requests sent is kept.
+                if isinstance(exc, ServerSilent):
+                    end_early(metrics, TIME_LIMIT, str(exc))
+                elif isinstance(exc, ServerUnreachable):
+                    end_lost(metrics, str(exc))
+                else:
+                    end_early(metrics, SERVER_ERROR, sentence(str(exc)))
                 break
-            # The reply filled the context: drop older turns, then go on in a new request
-            # whose prompt ends with the reply so far.
-            if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
-                break
-            base = self._prompt(overflow.messages)
-            prompt = replace(
-                base, tokens=base.tokens + self._tokenize(reply), text=base.text + reply
-            )
+        reply = "".join(parts)
         if overflow.dropped_count:
             metrics.dropped_from = overflow.dropped_from
             metrics.dropped_count = overflow.dropped_count
@@ -626,18 +743,29 @@ class LlamaServerBackend:
         metrics: MessageMetrics,
         t0: float,
         stop: threading.Event,
+        bounds: Budget,
+        room: int,
     ) -> Generator[EngineEvent, None, Finished]:
         """One ``/completion`` stream; returns how it ended (``context_full`` when the
-        reply reached the context's end). Updates the tracked tokens as they arrive."""
-        assert self._client is not None
+        reply reached the context's end). Updates the tracked tokens as they arrive.
+
+        The stream is cut on this side when the server sends more than ``n_predict``
+        (+ ``TOKEN_SLACK``) tokens, more than ``room`` bytes of text, or runs out of
+        ``bounds``; an error after the first token ends it with the text so far.
+        """
+        assert self._streams is not None
         keep = common_prefix(self._map.tokens, prompt.tokens)
-        reply = ""
+        parts: list[str] = []
+        size = 0
         final: dict[str, Any] = {}
         first_request = not metrics.token_times_ms and not metrics.evaluated_tokens
         t_prefill = time.perf_counter()
-        stream = EventStream(self._client, "/completion", body, stop)
+        stream = EventStream(self._streams, "/completion", body, stop, bounds)
         generated: list[int] = []
+        n_tokens = 0  # as the server counts them (ids), for a server that ignores n_predict
+        most = int(body["n_predict"]) + TOKEN_SLACK
         prefilled = False
+        cut = ""  # why this side ended the stream
         try:
             for event in _events(stream):
                 progress = event.get("prompt_progress")
@@ -657,26 +785,55 @@ class LlamaServerBackend:
                         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
                 piece = event.get("content")
                 ids = event.get("tokens")
-                if isinstance(ids, list):
-                    generated += [i for i in ids if isinstance(i, int)]
+                ids = [i for i in ids if _int(i, -1) >= 0] if isinstance(ids, list) else []
+                n_tokens += max(len(ids), 1 if isinstance(piece, str) and piece else 0)
+                generated += ids[: max(0, most - len(generated))]
                 if isinstance(piece, str) and piece:
                     piece = clean_text(piece)
-                    reply += piece
-                    metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
-                    metrics.generated_tokens += 1
-                    yield Token(piece)
+                    n = len(piece.encode("utf-8"))
+                    if size + n > room:
+                        piece = cut_to_bytes(piece, room - size)
+                        n = len(piece.encode("utf-8"))
+                        cut = SIZE_LIMIT
+                    if piece:
+                        parts.append(piece)
+                        size += n
+                        metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
+                        metrics.generated_tokens += 1
+                        yield Token(piece)
+                if cut or n_tokens > most:
+                    cut = cut or "max_tokens"
+                    break
         except ServerUnreachable as exc:
-            self._after_reply(prompt, generated, reply, prefilled, keep)
+            self._after_reply(prompt, generated, "".join(parts), prefilled, keep)
             end_lost(metrics, str(exc))
-            return Finished(reply, metrics)
+            return Finished("".join(parts), metrics)
         except ServerError as exc:
-            self._map.truncate(keep)
-            raise _generation_error(exc) from None
+            if not parts:
+                self._map.truncate(keep)
+                raise _generation_error(exc) from None
+            self._after_reply(prompt, generated, "".join(parts), prefilled, keep)
+            end_early(metrics, SERVER_ERROR, sentence(str(exc)))
+            return Finished("".join(parts), metrics)
         finally:
             stream.close()
-        if stream.stopped:
+        reply = "".join(parts)
+        if stream.stopped or stream.timed_out or cut:
             self._after_reply(prompt, generated, reply, prefilled, keep)
-            metrics.stop_reason = "cancelled"
+            if stream.timed_out and not reply and not stream.stopped:
+                raise ServerSilent(stream.timed_out)  # nothing to keep: the reply failed
+            if stream.stopped:
+                metrics.stop_reason = "cancelled"
+            elif stream.timed_out:
+                end_early(metrics, TIME_LIMIT, stream.timed_out)
+            elif cut == SIZE_LIMIT:
+                end_early(metrics, SIZE_LIMIT, too_large(bounds.max_bytes))
+            else:
+                metrics.stop_reason = "max_tokens"
+                metrics.notes.append(
+                    f"the server sent more than the {body['n_predict']} tokens asked for; "
+                    "the reply was cut off here"
+                )
             return Finished(reply, metrics)
         if not final:
             self._after_reply(prompt, generated, reply, prefilled, keep)
@@ -800,7 +957,7 @@ class LlamaServerBackend:
             "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
         )
         ids = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+        if not isinstance(ids, list) or not all(_int(i, -1) >= 0 for i in ids):
             raise ServerError(0, "The server's /tokenize answer has no token list.")
         return [int(i) for i in ids]
 
@@ -809,7 +966,7 @@ class LlamaServerBackend:
             self._client = make_client(
                 self.connection.url, self._api_key, self.connection.verify_tls
             )
-        return call(self._client, method, path, body)
+        return call(self._client, method, path, body, timeout=self._limits.call_s)
 
     def _require(self) -> ModelInfo:
         if self._info is None:
@@ -903,11 +1060,58 @@ def _family(has_token: Any) -> str:
     return ""
 
 
+def _check_props(props: Any, connection: Connection) -> int:
+    """The context size from llama-server's ``/props``.
+
+    Raises:
+        ModelLoadError: not llama-server's answer, or no context size in it.
+    """
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    if not isinstance(settings, dict):
+        raise ModelLoadError(
+            f"Could not connect to {connection.name}: the server at {where(connection.url)} "
+            "does not look like llama-server (its /props has no generation settings). If it "
+            "is another kind of server, add it as an OpenAI-compatible server instead."
+        )
+    n_ctx = _int(settings.get("n_ctx"), 0)
+    if n_ctx <= 0:
+        raise ModelLoadError(
+            f"Could not connect to {connection.name}: the server did not say its context "
+            "size (/props n_ctx)."
+        )
+    return n_ctx
+
+
+def _settings(props: Any) -> dict[str, Any]:
+    settings = props.get("default_generation_settings") if isinstance(props, dict) else None
+    return settings if isinstance(settings, dict) else {}
+
+
+def _text(value: Any, limit: int) -> str:
+    """``value`` if it is a string (cut to ``limit`` characters), else ""."""
+    return clean_text(value[:limit]) if isinstance(value, str) else ""
+
+
+def _snippet(value: Any) -> str:
+    """What a server answered, short, for a message."""
+    if value is None:
+        return "nothing"
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join(text.split())
+    return repr(text[:120] + ("…" if len(text) > 120 else ""))
+
+
 def _int(value: Any, default: int) -> int:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+    """``value`` if it is an int (not a bool) in ±MAX_COUNT, else ``default``."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_COUNT:
+        return value
+    return default
 
 
 def _float(value: Any, default: float) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return default
+    """``value`` if it is a finite number (not a bool), else ``default``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    if isinstance(value, int) and abs(value) > MAX_COUNT:  # float() of a huge int raises
+        return default
+    return float(value) if math.isfinite(value) else default

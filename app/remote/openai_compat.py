@@ -45,6 +45,10 @@ from urllib.parse import urlsplit
 
 from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
+    MAX_REPLY_BYTES,
+    SERVER_ERROR,
+    SIZE_LIMIT,
+    TIME_LIMIT,
     Backend,
     Capabilities,
     DraftInfo,
@@ -55,6 +59,7 @@ from app.engine.backend import (
     ModelInfo,
     ProgressFn,
     Token,
+    cut_to_bytes,
 )
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
@@ -63,15 +68,23 @@ from app.engine.templates import ChatMessage, TemplateOverride, clean_text
 from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
+    DEFAULT_LIMITS,
     JSON_DEPTH,
+    TOKEN_SLACK,
+    Budget,
     EventStream,
+    Limits,
     ServerError,
+    ServerSilent,
     ServerUnreachable,
     call,
     cannot_connect,
     client_for,
+    end_early,
     end_lost,
     make_client,
+    sentence,
+    too_large,
     unfinished,
     where,
 )
@@ -96,7 +109,6 @@ EXTRA_FIELDS = ("top_k", "min_p", "repeat_penalty", "repetition_penalty")
 """Sent besides the OpenAI fields: llama-server and LM Studio read ``repeat_penalty``,
 vLLM ``repetition_penalty``; all three read ``top_k`` and ``min_p``."""
 MAX_COUNT = (1 << 31) - 1  # a token count or context size above this is not believed
-EXTRA_SLACK = 16  # content deltas beyond max_tokens before a reply is cut off
 
 WHY_NOT = {
     "snapshots": "an OpenAI-compatible server keeps no cache this app can save; "
@@ -221,15 +233,23 @@ class ReplyStream:
     """The content of a ``chat.completion.chunk`` stream, fed event by event.
 
     Pure: every field of an event is checked before use, so any JSON value is
-    safe to feed.
+    safe to feed. The text is kept as parts (joined once, not copied per delta) and
+    stops at ``max_bytes`` (``full``): a delta that would pass it is cut.
     """
 
-    text: str = ""
+    max_bytes: int = MAX_REPLY_BYTES
     deltas: int = 0
+    size: int = 0  # UTF-8 bytes of the text
+    full: bool = False
     finish_reason: str = ""
     usage: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, Any] = field(default_factory=dict)
     error: dict[str, Any] | None = None
+    parts: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
     def feed(self, event: Any) -> str:
         """Take one event; returns its new reply text ("" when none)."""
@@ -254,10 +274,18 @@ class ReplyStream:
             self.finish_reason = reason[:40]
         delta = choice.get("delta")
         piece = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(piece, str) or not piece:
+        if not isinstance(piece, str) or not piece or self.full:
             return ""
         piece = clean_text(piece)
-        self.text += piece
+        n = len(piece.encode("utf-8"))
+        if self.size + n > self.max_bytes:
+            piece = cut_to_bytes(piece, self.max_bytes - self.size)
+            n = len(piece.encode("utf-8"))
+            self.full = True
+        if not piece:
+            return ""
+        self.parts.append(piece)
+        self.size += n
         self.deltas += 1
         return piece
 
@@ -265,11 +293,15 @@ class ReplyStream:
 class OpenAIBackend:
     """A ``Backend`` that streams ``/v1/chat/completions`` from one model of a server."""
 
-    def __init__(self, connection: Connection, api_key: str = "") -> None:
+    def __init__(
+        self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
+    ) -> None:
         self.connection = connection
         self._api_key = api_key
+        self._limits = limits
         self._prefix = api_prefix(connection.url)
-        self._client: Any = None
+        self._client: Any = None  # the model list, on kept-alive connections
+        self._streams: Any = None  # replies, a connection each (see app.remote.http)
         self._info: ModelInfo | None = None
         self._model_id = ""
         self._extras_ok = True  # the server takes EXTRA_FIELDS
@@ -318,22 +350,25 @@ class OpenAIBackend:
         t0 = time.perf_counter()
         if progress is not None and not progress(0.0):
             raise LoadCancelled("cancelled")
+        conn = self.connection
         try:
-            client = make_client(self.connection.url, self._api_key, self.connection.verify_tls)
+            client = make_client(conn.url, self._api_key, conn.verify_tls)
+            streams = make_client(conn.url, self._api_key, conn.verify_tls, keep_alive=False)
         except LamplightError as exc:
-            raise ModelLoadError(cannot_connect(self.connection, exc)) from None
+            raise ModelLoadError(cannot_connect(conn, exc)) from None
         try:
-            models = _fetch_models(client, self.connection.url)
-        except LamplightError as exc:
+            models = _fetch_models(client, conn.url, self._limits.call_s)
+        except BaseException as exc:
             client.close()
-            raise ModelLoadError(cannot_connect(self.connection, exc)) from None
-        except BaseException:
-            client.close()
+            streams.close()
+            if isinstance(exc, LamplightError):
+                raise ModelLoadError(cannot_connect(conn, exc)) from None
             raise
         wanted = str(path) if str(path) not in ("", ".") else self.connection.model
         chosen = next((m for m in models if m.id == wanted), None) if wanted else models[0]
         if chosen is None:
             client.close()
+            streams.close()
             have = ", ".join(m.id for m in models[:20])
             more = f" and {len(models) - 20} more" if len(models) > 20 else ""
             raise ModelLoadError(
@@ -342,11 +377,13 @@ class OpenAIBackend:
             )
         if progress is not None and not progress(1.0):
             client.close()
+            streams.close()
             raise LoadCancelled("cancelled")
-        old = self._client
-        self._client = client
-        if old is not None:
-            old.close()
+        old = (self._client, self._streams)
+        self._client, self._streams = client, streams
+        for each in old:
+            if each is not None:
+                each.close()
         self._model_id = chosen.id
         self._extras_ok = True
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -386,9 +423,10 @@ class OpenAIBackend:
         return self._info
 
     def unload(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        self._client = None
+        for client in (self._client, self._streams):
+            if client is not None:
+                client.close()
+        self._client = self._streams = None
         self._info = None
         self._model_id = ""
 
@@ -471,11 +509,15 @@ class OpenAIBackend:
     ) -> Generator[EngineEvent, None, None]:
         """Stream the reply (see ``Backend.generate``).
 
-        A connection that drops mid-reply ends it with the text so far and a note.
+        Once text has come, nothing ends the reply without it: a connection that drops
+        (``connection_lost``), a server error (``server_error``), silence or the reply's
+        time bound (``time_limit``), text past ``reply_byte_cap`` (``size_limit``) or
+        deltas past ``max_tokens`` (``max_tokens``) end it with the text so far and a note.
 
         Raises:
             NoModelLoaded, SettingError (a GBNF grammar, a bad JSON schema),
-            ContextOverflowError, ApiKeyRefused, DecodeError.
+            ContextOverflowError, ApiKeyRefused, DecodeError, ServerUnreachable
+            (silence before any text).
         """
         info = self._require()
         response_format = _response_format(params)  # refused before any request
@@ -485,11 +527,12 @@ class OpenAIBackend:
         if info.n_ctx > 0 and params.overflow != "stop":
             self._fit(req, params, info.n_ctx)
         notes = _unsent_notes(params)
+        bounds = self._limits.budget(params.max_tokens)
         last: ServerError | None = None
         for _ in range(MAX_ATTEMPTS):
             body = self._body(req, params, response_format)
             try:
-                finished = yield from self._stream(body, req, params, t0, stop)
+                finished = yield from self._stream(body, req, params, t0, stop, bounds)
             except ServerError as exc:
                 last = exc
                 if self._recover(exc, req, params, info.n_ctx):
@@ -541,10 +584,15 @@ class OpenAIBackend:
         params: SamplingParams,
         t0: float,
         stop: threading.Event,
+        bounds: Budget,
     ) -> Generator[EngineEvent, None, Finished]:
         """One streamed request. A ``ServerError`` escapes only before the first token
-        (the caller may then retry); later errors end the reply."""
-        assert self._client is not None
+        (the caller may then retry); later errors end the reply with the text so far.
+
+        The stream is cut on this side when the server sends more than ``max_tokens``
+        (+ ``TOKEN_SLACK``) deltas or ``bounds.max_bytes`` of text, or runs out of time.
+        """
+        assert self._streams is not None
         info = self._require()
         metrics = MessageMetrics(
             n_ctx=info.n_ctx,
@@ -555,19 +603,17 @@ class OpenAIBackend:
         )
         if req.dropped_count:
             metrics.notes.append(_drop_note(req))
-        reply = ReplyStream()
+        reply = ReplyStream(max_bytes=bounds.max_bytes)
         t_request = time.perf_counter()
-        stream = EventStream(self._client, self._prefix + "/chat/completions", body, stop)
+        stream = EventStream(self._streams, self._prefix + "/chat/completions", body, stop, bounds)
         cut_off = False
         lost = ""  # why the connection dropped
+        failed = ""  # why the server failed after the reply began
         try:
             for event in stream:
                 piece = reply.feed(event)
                 if reply.error is not None:
-                    exc = _event_error(reply.error)
-                    if reply.deltas:
-                        raise DecodeError(str(exc))
-                    raise exc
+                    raise _event_error(reply.error)
                 if piece:
                     now = time.perf_counter()
                     if not metrics.token_times_ms:
@@ -575,22 +621,32 @@ class OpenAIBackend:
                         metrics.prefill_ms = (now - t_request) * 1000
                     metrics.token_times_ms.append((now - t0) * 1000)
                     yield Token(piece)
-                    if reply.deltas > req.max_tokens + EXTRA_SLACK:
-                        cut_off = True
-                        break
+                if reply.full:
+                    break
+                if reply.deltas > req.max_tokens + TOKEN_SLACK:
+                    cut_off = True
+                    break
         except ServerError as exc:
-            if reply.deltas:  # text was shown: no retry, which would show it again
-                raise DecodeError(str(exc)) from None
-            raise
+            if not reply.deltas:
+                raise  # nothing shown: the caller may ask again
+            failed = sentence(str(exc))  # asking again would show the text twice
         except ServerUnreachable as exc:
             lost = str(exc)
         finally:
             stream.close()
+        if stream.timed_out and not reply.deltas and not stream.stopped:
+            raise ServerSilent(stream.timed_out)  # nothing to keep: the reply failed
         self._finish_metrics(metrics, reply, req)
         if lost and not reply.finish_reason:  # a drop after the last chunk loses nothing
             end_lost(metrics, str(lost))
+        elif failed:
+            end_early(metrics, SERVER_ERROR, failed)
         elif stream.stopped:
             metrics.stop_reason = "cancelled"
+        elif stream.timed_out:
+            end_early(metrics, TIME_LIMIT, stream.timed_out)
+        elif reply.full:
+            end_early(metrics, SIZE_LIMIT, too_large(bounds.max_bytes))
         elif cut_off:
             metrics.stop_reason = "max_tokens"
             metrics.notes.append(
@@ -819,12 +875,7 @@ def _event_error(err: dict[str, Any]) -> ServerError:
 
 
 def _key_message(exc: ServerError) -> str:
-    return f"{_sentence(str(exc))} Check the API key in the connection's settings."
-
-
-def _sentence(text: str) -> str:
-    text = text.rstrip()
-    return text if text.endswith((".", "!", "?")) else text + "."
+    return f"{sentence(str(exc))} Check the API key in the connection's settings."
 
 
 def _first_int(*values: Any) -> int:
@@ -836,9 +887,11 @@ def _first_int(*values: Any) -> int:
 
 
 def _first_float(value: Any) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return max(0.0, float(value))
-    return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    if isinstance(value, int) and value > MAX_COUNT:  # float() of a huge int raises
+        return 0.0
+    return max(0.0, float(value)) if math.isfinite(value) else 0.0
 
 
 def as_backend(backend: OpenAIBackend) -> Backend:
