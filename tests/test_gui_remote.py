@@ -5,6 +5,7 @@ reconnects to the server in use."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,8 @@ def test_a_lost_connection_keeps_the_text_and_reconnects(
     # The server comes back on the same address: the app notices by itself.
     with running_llama_server(model_path, tmp_path / "b", n_ctx=1024, port=port):
         qtbot.waitUntil(lambda: window.remote.status.state == "connected", timeout=40_000)
+        # A short reply: a 1000-token one takes longer than the wait on a loaded machine.
+        window._settings.sampling = replace(window._settings.sampling, max_tokens=16)
         assert send(qtbot, window, "Are you back?") == "finished"
     window.close()
 
