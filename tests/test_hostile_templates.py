@@ -182,6 +182,10 @@ HOSTILE = {
     "batch fill": OUT + "{{ [1]|batch(999999999, 'x')|list }}",
     "tojson indent": OUT + "{{ messages|tojson(indent=100000) }}",
     "deep literal": "{{ " + "[" * 5000 + "]" * 5000 + " }}",
+    # Python refuses Jinja's code for it: "too many statically nested blocks" (SyntaxError).
+    "static nesting": OUT
+    + "".join(f"{{% for a{i} in [1] %}}" for i in range(25))
+    + "{% endfor %}" * 25,
     "huge source": OUT + "x" * 300_000,
     "strftime": OUT + "{{ strftime_now('%c' * 100000) }}",
     "striptags regex": OUT + "{{ ('<!--' * 100000)|striptags }}",

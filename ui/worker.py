@@ -156,6 +156,9 @@ class EngineWorker(QObject):
         self._draft_checks: dict[tuple[object, ...], str] = {}
         # What this thread is doing, for the crash record (a few writes per reply).
         self.steps = EngineSteps()
+        # Set from the GUI thread when the app quits: a model or draft load in progress
+        # is abandoned (llama.cpp's progress callback returns False).
+        self.quitting = threading.Event()
 
     @Slot(str, object)
     @marked("save")
@@ -266,8 +269,11 @@ class EngineWorker(QObject):
             return  # loaded with the next model (``load_model``)
         self._apply_draft(answer=True)
 
-    def _apply_draft(self, answer: bool = False) -> None:
-        """Make the engine's draft the wanted one; ``answer``: say so even if unchanged."""
+    def _apply_draft(self, answer: bool = False, cancel: threading.Event | None = None) -> None:
+        """Make the engine's draft the wanted one; ``answer``: say so even if unchanged.
+
+        Quitting (or ``cancel``) abandons a draft load in progress.
+        """
         engine, wanted = self._engine, self._draft_wanted
         if engine.model is None:
             return
@@ -284,8 +290,15 @@ class EngineWorker(QObject):
         if wanted is not None and current is not None and _same_file(current.path, wanted):
             self.draftLoaded.emit(current)
             return
+
+        def progress(_value: float) -> bool:
+            return not (self.quitting.is_set() or (cancel is not None and cancel.is_set()))
+
         try:
-            info = engine.set_draft(wanted)
+            if isinstance(engine, Engine):
+                info = engine.set_draft(wanted, progress=progress)
+            else:
+                info = engine.set_draft(wanted)
         except LamplightError as exc:
             self._draft_failed(str(exc), current)
         except Exception as exc:  # a bad draft file must not take the app down
@@ -371,8 +384,11 @@ class EngineWorker(QObject):
             if value - last[0] >= 0.02 or value >= 1.0:
                 last[0] = value
                 self.loadProgress.emit(value, "Loading model")
-            return not cancel.is_set()
+            return not (cancel.is_set() or self.quitting.is_set())
 
+        if cancel.is_set() or self.quitting.is_set():  # while this load waited its turn
+            self.loadFailed.emit("Loading the model was cancelled.", self._engine.model is not None)
+            return
         try:
             if path == DEFAULT_MODEL:
                 self.loadProgress.emit(0.0, "Preparing the default model")
@@ -399,7 +415,7 @@ class EngineWorker(QObject):
                 self._apply_lora()
             self.modelLoaded.emit(info)
             self.connectionState.emit("local", "")
-            self._apply_draft()
+            self._apply_draft(cancel=cancel)
 
     @Slot(object, object)
     def connect_remote(self, backend: Backend, cancel: threading.Event) -> None:
@@ -886,6 +902,7 @@ class EngineClient(QObject):
             return True
         self._stop.set()
         self._cancel_load.set()
+        self.worker.quitting.set()  # a draft load in progress stops at its next step
         # Let queued requests (a last snapshot save) finish; the stop above keeps this short.
         self._drainRequested.emit()
         self._thread.quit()

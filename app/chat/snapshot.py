@@ -10,6 +10,19 @@ length, what the state depends on (model fingerprint, llama.cpp version,
 context settings, LoRA stack), the draft model loaded when it was made (a record
 only: see ``SnapshotHeader.mismatch``) and a CRC-32 of the payload. No logits are
 stored, so the size follows the KV cache. Files are written atomically.
+
+What a restore can vouch for: the checksum says the file is as some writer left it,
+not that it is what this app saved (anyone can rewrite a file with a matching sum).
+So the state is checked again as it is loaded (``app.engine.kv_state``): each KV
+cache's cells must sit at the last positions of the n saved tokens, once each (all n
+of them; the last window at least for a sliding-window cache), and llama.cpp's own
+reading checks the layer count, types and row sizes. A state
+that fails is refused with a note; the transcript is read again. What no check can
+see: altered key or value numbers, cells whose positions were swapped with each
+other (the rows are stored in no fixed order: a context shift reorders them), and
+token ids changed together with the state. Such a file gives a reply that differs
+from a fresh read; only a new read of the transcript (a new chat, an edit before
+the altered part) puts it right.
 """
 
 from __future__ import annotations

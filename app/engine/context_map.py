@@ -59,9 +59,10 @@ class ContextMap:
         dn, dc = n_b - n_a, c_b - c_a
         del self.tokens[n_a:n_b]
         self.text = self.text[:c_a] + self.text[c_b:]
-        self.marks = [(n, c) for n, c in self.marks if n <= n_a and c <= c_a] + [
-            (n - dn, c - dc) for n, c in self.marks if n >= n_b and c >= c_b and n > n_a
-        ]
+        # The mark at the cut's end closes up onto the one at its start: kept once.
+        kept = {(n, c) for n, c in self.marks if n <= n_a and c <= c_a}
+        kept.update((n - dn, c - dc) for n, c in self.marks if n >= n_b and c >= c_b)
+        self.marks = sorted(kept)
 
     def mark(self, text: str) -> None:
         """All tokens so far encode ``text``."""

@@ -34,6 +34,7 @@ from app.engine.backend import (
     EngineEvent,
     Finished,
     KvState,
+    LoadCancelled,
     ModelInfo,
     PrefillProgress,
     ProgressFn,
@@ -82,6 +83,7 @@ from app.util.errors import (
 log = logging.getLogger(__name__)
 
 LORA_CHANGED_NOTE = "the LoRA stack changed"
+HEAD_LOST_NOTE = "the cached conversation did not start with the model's BOS token"
 
 
 _CAPABILITIES = Capabilities(
@@ -129,6 +131,8 @@ class Engine:
         # The last request's messages, and its overflow (what the model still sees).
         self._sent: tuple[list[ChatMessage], Overflow] | None = None
         self._one_token: Any = None
+        # What the engine puts before the template's text (BOS, if the model wants it).
+        self._head: tuple[int, ...] = ()
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
         # LoRA: the loaded adapters and the applied stack; the stack the KV cache was
         # computed under (it goes stale when the two differ).
@@ -242,6 +246,7 @@ class Engine:
         mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
         self._can_shift = bool(llama_cpp.llama_memory_can_shift(mem))
         self._one_token = (llama_cpp.llama_token * 1)()
+        self._head = head_tokens(llm)
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._info = ModelInfo(
             path=gguf.path,
@@ -298,18 +303,22 @@ class Engine:
         """A copy of the token ids in the draft model's KV cache (for tests)."""
         return self._drafter.cached_tokens if self._drafter is not None else []
 
-    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+    def set_draft(
+        self, path: str | Path | None, n_ctx: int = 0, progress: ProgressFn | None = None
+    ) -> DraftInfo | None:
         """Load ``path`` as the draft model for speculative decoding; None drops it.
 
         The draft's vocabulary is compared with the loaded model's before llama.cpp
         sees the file (``app.gguf.vocab_compat.draft_problem``). It runs on this
         thread with its own KV cache of ``n_ctx`` tokens (0: the model's context, at
         most 4096) and the model's thread count. On any error the previous draft
-        stays. Loading or unloading the model drops the draft.
+        stays. Loading or unloading the model drops the draft. ``progress`` returning
+        False cancels the load, as for ``load`` (a quit does not wait for a draft).
 
         Raises:
             NoModelLoaded.
-            DraftError: the draft cannot draft for this model, or cannot be loaded.
+            DraftError: the draft cannot draft for this model, cannot be loaded, or its
+                load was cancelled.
         """
         llm = self._require()
         if path is None:
@@ -325,7 +334,11 @@ class Engine:
         config = replace(self._config, n_ctx=size)
         try:
             gguf = read_gguf_info(path)
-            draft_llm = open_llama(gguf, config, None, self._extra_bufts)
+            if progress is not None and not progress(0.0):  # asked before llama.cpp starts
+                raise LoadCancelled("cancelled")
+            draft_llm = open_llama(gguf, config, progress, self._extra_bufts)
+        except LoadCancelled as exc:
+            raise DraftError("Loading the draft model was cancelled.") from exc
         except (ModelFileError, ModelLoadError) as exc:
             raise DraftError(f"The draft model was not loaded: {exc}") from exc
         self._drop_draft()
@@ -480,6 +493,22 @@ class Engine:
             raise LamplightError("There are no logits yet: nothing has been evaluated.")
         return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).copy()
 
+    def _check_head(self) -> str:
+        """Empty a cache that does not start with ``_head`` (BOS); returns the note to show.
+
+        Older versions dropped BOS with the first message when the context was full, and
+        saved such caches in snapshots: every later reply would be read without it.
+        """
+        head = list(self._head)
+        if not head or not self._map.tokens or self._map.tokens[: len(head)] == head:
+            return ""
+        import llama_cpp
+
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm._ctx.ctx), True)
+        self._map.clear()
+        log.info("cache rebuilt: %s", HEAD_LOST_NOTE)
+        return HEAD_LOST_NOTE
+
     def _sync_lora(self) -> str:
         """Empty a cache evaluated under another stack; returns the note to show, if any."""
         if not self.lora_stale:
@@ -541,8 +570,9 @@ class Engine:
         self._map.clear()
         if not kv.tokens:
             return
-        write_sequence(ctx, kv.state, len(kv.tokens))
-        self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
+        write_sequence(ctx, kv.state, len(kv.tokens), self._n_swa)
+        # Sorted, each once: files from versions whose drops doubled a mark hold repeats.
+        self._map = ContextMap(list(kv.tokens), kv.text, sorted(set(kv.marks)) or [(0, 0)])
         # The caller (SessionCache) applied the stack the state was saved under.
         self._kv_lora_sig = self._adapters.signature
 
@@ -587,7 +617,7 @@ class Engine:
         # A bad grammar fails before any work.
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         llama_cpp.llama_perf_context_reset(llm._ctx.ctx)
-        lora_note = self._sync_lora()
+        lora_note = self._sync_lora() or self._check_head()
         text, template_note = self._render(messages)
         n_mark, c_mark = self._map.match(text)
         prompt, bounds = self._prompt(messages, text, n_mark, c_mark)
@@ -644,7 +674,14 @@ class Engine:
         self._map.mark(text)
 
         def make_room() -> bool:
-            if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
+            if params.overflow == "stop":
+                return False
+            before = len(self._map.tokens)
+            if not overflow.drop(budget, keep_last=1):
+                return False
+            # No boundaries to cut at (a template that folds the system prompt into the
+            # first user turn): the kept text is read again, then the reply so far.
+            if len(self._map.tokens) >= before and not self._reread_reply(overflow, stop):
                 return False
             self._record_drops(overflow, metrics)
             return True
@@ -673,6 +710,39 @@ class Engine:
             pos = cut
         return tokens, bounds
 
+    def _reread_reply(self, overflow: Overflow, stop: threading.Event) -> bool:
+        """Read ``overflow.messages`` again from the last mark they share with the cache,
+        then the reply so far (its marks kept); False when there is no room or it stopped."""
+        assert self._template is not None
+        cmap = self._map
+        old = cmap.text  # the prompt's text: the reply's is added when it ends
+        n_end = cmap.char_mark(len(old))
+        if n_end is None:
+            return False
+        reply = cmap.tokens[n_end:]
+        reply_marks = [(n - n_end, c - len(old)) for n, c in cmap.marks if n > n_end]
+        text = self._template.render(overflow.messages, True)
+        n_mark, c_mark = cmap.match(text)
+        prompt, bounds = self._prompt(overflow.messages, text, n_mark, c_mark)
+        if len(prompt) + len(reply) >= self._llm.n_ctx():
+            return False
+        self._rewind(n_mark)  # may empty the cache: then all of the prompt is read
+        start = len(cmap.tokens)
+        for _event in self._prefill(prompt[start:], stop):
+            pass
+        if len(cmap.tokens) < len(prompt):
+            return False
+        for n_tokens, n_chars in bounds:
+            cmap.mark_at(n_tokens, n_chars)
+        cmap.mark(text)
+        for _event in self._prefill(reply, stop):
+            pass
+        if len(cmap.tokens) < len(prompt) + len(reply):
+            return False
+        cmap.marks += [(n + len(prompt), c + len(text)) for n, c in reply_marks]
+        overflow.reread_tokens += len(prompt) - start + len(reply)
+        return True
+
     def _overflow(
         self, messages: Sequence[ChatMessage], policy: str, stop: threading.Event
     ) -> Overflow:
@@ -694,6 +764,7 @@ class Engine:
             refill=refill,
             policy=policy,
             messages=list(messages),
+            head=self._head,
         )
 
     def _record_drops(self, overflow: Overflow, metrics: MessageMetrics) -> None:
@@ -894,6 +965,17 @@ class Engine:
         if self._llm is None:
             raise NoModelLoaded("No model is loaded. Open a model first.")
         return self._llm
+
+
+def head_tokens(llm: Any) -> tuple[int, ...]:
+    """The tokens llama.cpp puts before a prompt's text (BOS, when the model wants one)."""
+    probe = b"a"
+    with_head = list(llm.tokenize(probe, add_bos=True, special=True))
+    bare = list(llm.tokenize(probe, add_bos=False, special=True))
+    for i in range(len(with_head) - len(bare) + 1):
+        if with_head[i : i + len(bare)] == bare:
+            return tuple(with_head[:i])
+    return ()
 
 
 def share_threads(n_threads: int, contexts: tuple[Any, ...]) -> SharedThreadPool | None:

@@ -1,4 +1,12 @@
-"""Opening a GGUF file as a ``llama_cpp.Llama``, with a load-progress hook that can cancel."""
+"""Opening a GGUF file as a ``llama_cpp.Llama``, with a load-progress hook that can cancel.
+
+``Llama`` compiles every chat template in the file's metadata with an unbounded Jinja
+as it loads (``tokenizer.chat_template`` and its named variants): a template nested
+too deep fails the load with Python's ``SyntaxError`` ("too many statically nested
+blocks"), a deep literal with ``RecursionError``, a huge one runs for long. Lamplight
+never uses those chat handlers (``templates.py`` runs the template in its sandbox, and
+falls back when it fails), so the load skips them (``_NoChatFormatter``).
+"""
 
 from __future__ import annotations
 
@@ -68,7 +76,7 @@ def open_llama(
             )
     except MemoryError as exc:  # llama-cpp-python sizes buffers from the header
         raise ModelLoadError(f"There is not enough memory to load {gguf.path.name}.") from exc
-    except (ValueError, RuntimeError, OSError) as exc:
+    except Exception as exc:  # whatever llama-cpp-python's Python side raises on a bad file
         if cancelled[0]:
             raise LoadCancelled(f"Loading {gguf.path.name} was cancelled.") from exc
         raise ModelLoadError(
@@ -77,18 +85,49 @@ def open_llama(
         ) from exc
 
 
+class _NoChatFormatter:
+    """Stands in for llama-cpp-python's ``Jinja2ChatFormatter`` while a model loads: the
+    file's templates are not compiled there (see the module's docstring)."""
+
+    def __init__(self, *_args: Any, **_kwargs: Any) -> None:
+        pass
+
+    def to_chat_handler(self) -> Any:
+        return _no_chat_handler
+
+
+def _no_chat_handler(*_args: Any, **_kwargs: Any) -> Any:
+    raise ModelLoadError("Lamplight renders chat templates itself (app/engine/templates.py).")
+
+
 @contextlib.contextmanager
 def load_progress(progress: ProgressFn | None, extra_bufts: bool = True) -> Iterator[None]:
-    """Give llama.cpp's model loader a progress callback (and ``use_extra_bufts``).
+    """Give llama.cpp's model loader a progress callback (and ``use_extra_bufts``), and
+    keep ``Llama`` from compiling the file's chat templates.
 
-    ``Llama`` exposes neither, but builds its params through
-    ``llama_model_default_params`` at load time; we hand it params that carry
-    our callback. Only the engine thread loads models, so the swap is safe.
+    ``Llama`` exposes neither option, but builds its params through
+    ``llama_model_default_params`` and its chat handlers through
+    ``llama_chat_format.Jinja2ChatFormatter`` at load time; we hand it params that carry
+    our callback, and a formatter that compiles nothing. Only the engine thread loads
+    models, so the swap is safe.
     """
+    import llama_cpp.llama_chat_format as chat_format
+    import llama_cpp.llama_cpp as lc
+
+    formatter = chat_format.Jinja2ChatFormatter
+    chat_format.Jinja2ChatFormatter = _NoChatFormatter
+    try:
+        with _progress_params(lc, progress, extra_bufts):
+            yield
+    finally:
+        chat_format.Jinja2ChatFormatter = formatter
+
+
+@contextlib.contextmanager
+def _progress_params(lc: Any, progress: ProgressFn | None, extra_bufts: bool) -> Iterator[None]:
     if progress is None and extra_bufts:
         yield
         return
-    import llama_cpp.llama_cpp as lc
 
     original = lc.llama_model_default_params
 

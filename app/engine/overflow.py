@@ -103,6 +103,10 @@ class Overflow:
     the tail and evaluates it again (``refill``). Both need the cache to hold
     marks at the two message boundaries; without them, the caller re-reads the
     kept text from the last good mark.
+
+    ``head`` are the tokens the engine puts before the template's text (BOS): they
+    encode no text, belong to no message, and no drop takes them out of the cache,
+    under any policy, so a shifted cache starts as a fresh read of the kept text does.
     """
 
     render: Callable[[Sequence[ChatMessage], bool], str]
@@ -113,6 +117,7 @@ class Overflow:
     refill: Callable[[list[int]], bool]
     policy: str
     messages: list[ChatMessage]
+    head: Sequence[int] = ()
     dropped_from: int = 0
     dropped_count: int = 0
     dropped_tokens: int = 0
@@ -162,6 +167,10 @@ class Overflow:
         n_a, n_b = cmap.char_mark(ca), cmap.char_mark(cb)
         if n_a is None or n_b is None:
             return True
+        # A drop from the first message starts at mark (0, 0), before BOS: BOS stays.
+        n_a = max(n_a, self._head_len())
+        if n_a >= n_b:
+            return True
         if self.can_shift:
             llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, n_b)
             llama_cpp.llama_memory_seq_add(self.mem, 0, n_b, -1, n_a - n_b)
@@ -176,17 +185,22 @@ class Overflow:
         self.reread_tokens += len(tail)
         return True
 
+    def _head_len(self) -> int:
+        """How many of the cache's first tokens are ``head`` (0 if it does not start so)."""
+        n = len(self.head)
+        return n if n and self.cmap.tokens[:n] == list(self.head) else 0
+
     def note(self) -> str:
         """What the user should know about this request's drops ("" when none)."""
         if not self.dropped_count:
             return ""
         n = self.dropped_count
         what = f"{n} older message{'s' if n != 1 else ''} ({self.dropped_tokens} tokens)"
-        how = (
-            "; this model's cache cannot shift, so the kept text was read again"
-            if self.reread_tokens or not self.can_shift
-            else ""
-        )
+        how = ""
+        if not self.can_shift:
+            how = "; this model's cache cannot shift, so the kept text was read again"
+        elif self.reread_tokens:
+            how = "; the kept text was read again"
         return (
             f"the context was full: {what} left the model's memory{how}. "
             "They stay in the transcript"

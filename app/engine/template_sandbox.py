@@ -191,7 +191,10 @@ def run_bounded(fn: Callable[[], T], budget_s: float, limit: int) -> T:
             sys.settrace(None)
             _STATE.guard = None
 
-    thread = _start(target)
+    try:
+        thread = _start(target)
+    except (RuntimeError, MemoryError) as exc:  # no thread to be had: the system's limit
+        raise ChatTemplateError(f"could not be run: {describe(exc)}") from None
     thread.join(budget_s + GRACE_S)
     if not box:
         _interrupt(thread)
@@ -251,6 +254,8 @@ def describe(exc: BaseException) -> str:
         text = "ran out of memory"
     elif isinstance(exc, TemplateSyntaxError):
         text = f"does not compile: {exc.message} (line {exc.lineno})"
+    elif isinstance(exc, SyntaxError):  # Python refused Jinja's code: nested too deep
+        text = f"does not compile: {exc.msg}"
     elif isinstance(exc, _Raised):
         text = f"raised an error: {_safe_str(exc)}"
     elif isinstance(exc, Rejected):
