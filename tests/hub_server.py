@@ -67,7 +67,10 @@ connection after N body bytes), ``stall`` (send headers, then sleep in small ste
 the server stops), ``corrupt`` (same size, one byte flipped: sha256 no longer matches the
 metadata), ``fail`` (answer with an HTTP status), ``throttle`` (bytes/s per response),
 ``ignore_range`` (answer every GET with 200 and the whole file, as some proxies and mirrors do),
-and ``raw_responses`` (a canned status and body for one URL path, for malformed API answers).
+``wrong_ranges`` (answer GETs with another byte range than asked, as proxies and CDNs that align
+ranges do, or with a missing, garbage, lying or wrong-total ``Content-Range``; see
+``RangeAnswer``), and ``raw_responses`` (a canned status and body for one URL path, for
+malformed API answers).
 Every request is recorded in ``server.requests`` as ``(method, path, headers)`` with lower-case
 header names.
 
@@ -289,6 +292,31 @@ class _Fault:
     status: int | None = None
 
 
+@dataclass(frozen=True)
+class RangeAnswer:
+    """How one file GET is answered by a server that does not serve the range asked.
+
+    The range served starts ``shift`` bytes from the asked start (0 without a ``Range``
+    header), clamped into the file, and holds at most ``length`` bytes (a CDN's chunk);
+    ``whole`` answers 200 with the whole file instead. ``header`` says what
+    ``Content-Range`` the 206 carries: ``honest`` (the range served), ``none``,
+    ``raw`` (the text ``raw``), ``wrong_total`` (the range served, of a file one byte
+    longer) or ``lie`` (the range asked, while the body is the range served).
+    """
+
+    shift: int = 0
+    length: int | None = None
+    whole: bool = False
+    header: Literal["honest", "none", "raw", "wrong_total", "lie"] = "honest"
+    raw: str = ""
+
+
+@dataclass
+class _RangeScript:
+    answers: list[RangeAnswer]
+    repeat_last: bool
+
+
 @dataclass
 class _Plan:
     """Faults that apply to one response."""
@@ -298,6 +326,7 @@ class _Plan:
     stall_after: int = 0
     status: int | None = None
     corrupt: bool = False
+    range_answer: RangeAnswer | None = None
 
 
 class _Abort(Exception):
@@ -377,6 +406,7 @@ class HubServer:
         self._repos: dict[str, HubRepo] = {}
         self._faults: dict[tuple[str | None, str], list[_Fault]] = {}
         self._corrupt: set[tuple[str | None, str]] = set()
+        self._range_scripts: dict[tuple[str | None, str], _RangeScript] = {}
         self._bytes_per_sec: float | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -535,6 +565,20 @@ class HubServer:
         with self._lock:
             (self._corrupt.add if enabled else self._corrupt.discard)((repo_id, path.strip("/")))
 
+    def wrong_ranges(
+        self,
+        path: str,
+        answers: Iterable[RangeAnswer],
+        *,
+        repeat_last: bool = False,
+        repo_id: str | None = None,
+    ) -> None:
+        """Answer the next GETs of the file with ``answers``, one each, in order; then
+        honestly, or with the last answer forever (``repeat_last``)."""
+        script = _RangeScript(list(answers), repeat_last)
+        with self._lock:
+            self._range_scripts[(repo_id, path.strip("/"))] = script
+
     def throttle(self, bytes_per_sec: float | None) -> None:
         """Limit every file body to ``bytes_per_sec`` (``None``: unlimited)."""
         self._bytes_per_sec = bytes_per_sec
@@ -543,6 +587,7 @@ class HubServer:
         with self._lock:
             self._faults.clear()
             self._corrupt.clear()
+            self._range_scripts.clear()
         self._bytes_per_sec = None
 
     def _add_fault(self, path: str, fault: _Fault) -> None:
@@ -555,6 +600,10 @@ class HubServer:
         with self._lock:
             for key in ((None, path), (repo_id, path)):
                 plan.corrupt = plan.corrupt or key in self._corrupt
+                script = self._range_scripts.get(key)
+                if script is not None and script.answers and method == "GET":
+                    last = len(script.answers) == 1 and script.repeat_last
+                    plan.range_answer = script.answers[0] if last else script.answers.pop(0)
                 faults = self._faults.get(key, [])
                 for fault in list(faults):
                     applies = fault.status is not None or method == "GET"
@@ -994,7 +1043,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve_file(self, method: str, f: HubFile, plan: _Plan, headers: dict[str, str]) -> None:
         start, end, status = 0, f.size, 200
         range_header = None if self.hub.ignore_range else self.headers.get("Range")
-        if range_header is not None:
+        if plan.range_answer is not None and f.size:
+            start, end, status = self._wrong_range(f, plan.range_answer, range_header, headers)
+        elif range_header is not None:
             parsed = _parse_range(range_header, f.size)
             if parsed is None:
                 message = f"Range Not Satisfiable: {range_header}"
@@ -1015,6 +1066,26 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method == "GET":
             self._send_body(f, start, end, plan)
+
+    def _wrong_range(
+        self, f: HubFile, answer: RangeAnswer, range_header: str | None, headers: dict[str, str]
+    ) -> tuple[int, int, int]:
+        """``(start, end_exclusive, status)`` served for ``answer``; sets ``Content-Range``."""
+        parsed = _parse_range(range_header, f.size) if range_header is not None else None
+        asked = parsed[0] if parsed is not None else 0
+        if answer.whole:
+            return 0, f.size, 200
+        start = min(max(0, asked + answer.shift), f.size - 1)
+        end = f.size if answer.length is None else min(f.size, start + max(1, answer.length))
+        claimed = {
+            "honest": f"bytes {start}-{end - 1}/{f.size}",
+            "wrong_total": f"bytes {start}-{end - 1}/{f.size + 1}",
+            "lie": f"bytes {asked}-{asked + end - start - 1}/{f.size}",
+            "raw": answer.raw,
+        }.get(answer.header)
+        if claimed is not None:
+            headers["Content-Range"] = claimed
+        return start, end, 206
 
     def _send_body(self, f: HubFile, start: int, end: int, plan: _Plan) -> None:
         hub = self.hub

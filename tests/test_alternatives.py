@@ -334,3 +334,20 @@ def test_regenerate_after_an_imported_unanswered_question_answers_it(
         "first reply",
     ]
     assert not window.conversation.alternatives
+
+
+def test_search_finds_a_version_not_shown_and_the_hit_shows_it(
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine
+) -> None:
+    fake.reply = "about lighthouses"
+    with qtbot.waitSignal(window.replyEnded, timeout=5000):
+        send(qtbot, window, "Hello")
+    fake.reply = "about harbours"
+    time.sleep(0.01)
+    with qtbot.waitSignal(window.replyEnded, timeout=5000):
+        window.regenerate()
+    hits = window._store.search("lighthouses")
+    assert len(hits) == 1 and hits[0].index >= len(window.conversation.messages)
+    window.search_jump.open_at(hits[0].conv_id, hits[0].index, "lighthouses")
+    assert window.conversation.messages[1].content == "about lighthouses"
+    assert "1/2" in window.transcript.toPlainText()

@@ -787,7 +787,7 @@ def test_newer_unreadable_or_huge_transcripts_stay_where_they_are(
     with the reason, never moved."""
     store, _, base = conv_dir
     newer = store.conversations_dir / "n1.json"
-    newer.write_text(json.dumps({"format": 2, "id": "n1", "messages": []}))
+    newer.write_text(json.dumps({"format": 3, "id": "n1", "messages": []}))
     huge = store.conversations_dir / "h1.json"
     huge.write_text(json.dumps({**real_conversation("h1").to_dict(), "pad": "x" * 5000}))
     monkeypatch.setattr(store_module, "MAX_TRANSCRIPT_BYTES", 4000)

@@ -63,8 +63,9 @@ from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine
 from ui.worker import EngineClient
 
-SETTLE_S = 30.0
-STEPS = [0]  # steps run, for the closing report  # generous: the real model on two loaded cores
+SETTLE_S = 30.0  # generous: the real model on two loaded cores
+STEPS = [0]  # steps run, for the closing report
+CHECKED = {"fresh read": 0, "after a drop": 0}  # cache checks made on the real engine
 
 
 class RecordingView:
@@ -103,21 +104,26 @@ class Link:
     def __init__(self, client: EngineClient) -> None:
         self.client = client
         self.issued: list[int] = []
+        # What reached the engine's cache, in order: (what, request, the messages sent).
+        self.ops: list[tuple[str, int, list[ChatMessage]]] = []
 
     def generate(
         self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
     ) -> int:
         request = self.client.generate(conv_id, messages, params)
         self.issued.append(request)
+        self.ops.append(("generate", request, list(messages)))
         return request
 
     def stop(self) -> None:
         self.client.stop()
 
     def reset(self) -> None:
+        self.ops.append(("reset", 0, []))
         self.client.reset()
 
     def restore_snapshot(self, conv_id: str) -> None:
+        self.ops.append(("restore", 0, []))
         self.client.restore_snapshot(conv_id)
 
     def drop_snapshot(self, conv_id: str) -> None:
@@ -139,6 +145,7 @@ class Harness(QObject):
         self.view = RecordingView()
         self.session = ChatSession(self.store, self.link, self.view)
         self.terminals: dict[int, int] = {}
+        self.replies: dict[int, MessageMetrics] = {}  # finished requests
         self.model_path = model
         self.load_config = load
         self.loading = False
@@ -162,6 +169,7 @@ class Harness(QObject):
     @Slot(int, str, object)
     def _on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
         self._count(request)
+        self.replies[request] = metrics
         if not self.dead:
             self.session.on_finished(request, text, metrics)
 
@@ -187,6 +195,7 @@ class Harness(QObject):
         self.loading = False
 
     def load(self) -> None:
+        self.link.ops.append(("load", 0, []))
         self.loading = True
         self.client.load(self.model_path, self.load_config)
 
@@ -400,7 +409,7 @@ class Interleavings(RuleBasedStateMachine):
     @rule(
         temperature=st.sampled_from([0.0, 0.7]),
         compact=st.booleans(),
-        overflow=st.sampled_from(["truncate_middle", "rolling_window", "stop"]),
+        overflow=st.sampled_from(["truncate_middle", "rolling", "stop"]),
         system=st.sampled_from(["", "Be brief."]),
     )
     def change_setting(self, temperature: float, compact: bool, overflow: str, system: str) -> None:
@@ -513,6 +522,31 @@ class Interleavings(RuleBasedStateMachine):
         self.snapshots_seen = now
         if not self.s.unsaved:
             self.check_held()
+        self.check_cache()
+
+    def check_cache(self) -> None:
+        """On the real engine: the cache starts with BOS, and after a reply (shifted or
+        not) it holds what a fresh read of the messages still sent would, then the reply."""
+        from app.engine.llama import Engine
+        from tests.near_tie import token_text
+
+        engine = self.h.client.worker._engine
+        if not isinstance(engine, Engine) or engine.model is None:
+            return
+        cache = engine.cached_tokens
+        if cache:
+            assert cache[0] == engine.llama.token_bos(), "the cache lost its BOS token"
+        ops = self.h.link.ops
+        if not ops or ops[-1][0] != "generate" or ops[-1][1] not in self.h.replies:
+            return
+        metrics = self.h.replies[ops[-1][1]]
+        sent = list(ops[-1][2])
+        if metrics.dropped_count:
+            del sent[metrics.dropped_from : metrics.dropped_from + metrics.dropped_count]
+        expected = token_text(engine, engine.prompt_tokens(sent))
+        assert token_text(engine, cache).startswith(expected), "cache != a fresh read"
+        CHECKED["fresh read"] += 1
+        CHECKED["after a drop"] += metrics.dropped_count > 0
 
     def check_held(self, on_disk_only: bool = False) -> None:
         """No typed word and no message a conversation held is lost."""
@@ -572,6 +606,53 @@ def test_interleavings_fake_backend(qapp: QApplication) -> None:
     )
     print(f"interleaving steps run on the fake backend: {STEPS[0]}")
     assert STEPS[0] >= FAKE_EXAMPLES * 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", ["", "Answer in one line."])
+def test_interleavings_real_engine_overflowing(
+    qapp: QApplication, model_path: Path, system: str
+) -> None:
+    """A small context on the real model: replies overflow under either policy, with and
+    without a system prompt; after each, the cache equals a fresh read of what is kept."""
+    from app.engine.llama import Engine
+
+    class Overflowing(Interleavings):
+        backend = Engine
+        load_config = replace(TEST_LOAD, n_ctx=256)
+        params = SamplingParams(max_tokens=48, temperature=0.0, overflow="rolling")
+
+        @initialize()
+        def start(self) -> None:
+            self.s.system_prompt = system
+            self.s.conversation.system_prompt = system
+            # Enough turns to overflow 256 tokens, each checked, then random actions.
+            for turn in range(6):
+                self.s.send(f"Tell me fact number {turn} about the sea.", self.params)
+                self.h.settle()
+                self.check_cache()
+
+        @rule()
+        def converse(self) -> None:
+            if not self.s.busy and self.s.model is not None:
+                self.s.send("And another one?", self.params)
+                self.h.settle()
+                self.check_cache()
+
+    Overflowing.model_path = str(model_path)
+    CHECKED.update({"fresh read": 0, "after a drop": 0})
+    run_state_machine_as_test(
+        Overflowing,
+        settings=settings(
+            max_examples=3,
+            stateful_step_count=30,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    print(f"cache checks on the real engine: {CHECKED}")
+    assert CHECKED["after a drop"] > 0
 
 
 @pytest.mark.slow

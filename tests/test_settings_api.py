@@ -189,3 +189,17 @@ def test_fuzz_api_settings(api_dir: Path, data: st.DataObject) -> None:
     elif outcome == "repaired":
         assert AppSettings.load_with_notes(path) == (loaded, [])
     assert AppSettings.from_dict(json.loads(loaded.to_json())) == loaded
+
+
+def test_the_old_default_queue_size_is_upgraded(tmp_path: Path) -> None:
+    """Version 1 wrote max_queue 8 into every file; it becomes the new default, 32."""
+    path = tmp_path / "settings.json"
+    doc = json.loads(AppSettings().to_json())
+    doc["version"] = 1
+    doc["api"]["max_queue"] = 8
+    path.write_text(json.dumps(doc))
+    loaded, notes = AppSettings.load_with_notes(path)
+    assert loaded.api.max_queue == 32 and notes == []
+    doc["api"]["max_queue"] = 5  # a choice stays
+    path.write_text(json.dumps(doc))
+    assert AppSettings.load_with_notes(path)[0].api.max_queue == 5

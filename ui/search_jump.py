@@ -27,7 +27,7 @@ class SearchJump:
         win = self._win
         term = first_word(text)
         if conv_id == win.conversation.id and not win.session.busy:
-            win.transcript.show_message(index, term)
+            win.transcript.show_message(self._shown_index(index), term)
             return
         self._pending = (conv_id, index, term)
         win.open_conversation(conv_id)
@@ -35,7 +35,18 @@ class SearchJump:
     def _on_opened(self, result: RestoreResult) -> None:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == result.conv_id:
-            self._win.transcript.show_message(pending[1], pending[2])
+            self._win.transcript.show_message(self._shown_index(pending[1]), pending[2])
+
+    def _shown_index(self, index: int) -> int:
+        """A hit past the shown messages is in another version: show that version."""
+        conv = self._win.conversation
+        if index < len(conv.messages):
+            return index
+        every = conv.every_message()
+        if index >= len(every):
+            return index
+        found = self._win.session.reveal(every[index].id)
+        return index if found is None else found
 
     def _on_copied(self, what: str) -> None:
         self._win.statusBar().showMessage(f"Copied the {what} to the clipboard.", 3000)

@@ -6,7 +6,11 @@ together with the (size, mtime) stamp of the transcript it was read from, so
 a crash between writing a transcript and indexing it leaves a stale stamp that
 the next ``sync`` notices and repairs. A missing, damaged or foreign index
 file is set aside and rebuilt from the transcripts; nothing the user wrote
-lives only here.
+lives only here. "No FTS5 in this SQLite" is asked of SQLite itself, once, so a
+damaged full-text table is never taken for it. Links are never followed: the
+index file or its journal as a link (or a directory, a pipe) is set aside, and a
+transcript that is a link is not indexed, so nothing outside the data folder is
+read or written through a planted link.
 
 Why SQLite and not a search library: FTS5 ships with Python's standard
 library, ranks with BM25, makes snippets, and its transactions give the
@@ -16,16 +20,19 @@ all-or-nothing update per conversation that the promise above needs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 import re
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.chat.conversation import Conversation
-from app.util.datafiles import set_aside
+from app.chat.conversation import Conversation, Message, is_valid_id
+from app.util.datafiles import kind_of, os_reason, set_aside
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +47,8 @@ HIT_START, HIT_END = "\ue000", "\ue001"
 _TERM = re.compile(r"\w+", re.UNICODE)
 # What a damaged file can raise on the way: bytes that are not text, rows of the wrong type.
 DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, TypeError)
+SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's own, next to the index file
+NO_FTS5 = "This Python's SQLite has no full-text search (FTS5)"
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS docs(conv_id TEXT PRIMARY KEY, stamp TEXT NOT NULL,"
@@ -77,11 +86,27 @@ def fts_query(text: str) -> str:
     return " AND ".join(quoted)
 
 
-class SearchIndex:
-    """The index file of one data dir. Used from one thread (the GUI thread's store)."""
+@functools.cache
+def fts5_available() -> bool:
+    """Whether this Python's SQLite has FTS5 (asked once, of an in-memory database)."""
+    try:
+        with contextlib.closing(sqlite3.connect(":memory:")) as db:
+            db.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
+    except sqlite3.Error:
+        return False
+    return True
 
-    def __init__(self, path: Path) -> None:
+
+class SearchIndex:
+    """The index file of one data dir. Used from one thread (the GUI thread's store).
+
+    ``transcripts`` is the folder the conversations' files are in (by default
+    ``conversations/`` next to the index, as ``ConversationStore`` lays them out).
+    """
+
+    def __init__(self, path: Path, transcripts: Path | None = None) -> None:
         self.path = path
+        self.transcripts = path.parent / "conversations" if transcripts is None else transcripts
         self._db: sqlite3.Connection | None = None
         self.problem = ""  # why search is unavailable, for the user; "" when it works
         self.notes: list[str] = []  # what was repaired, for the user
@@ -91,14 +116,18 @@ class SearchIndex:
     def _open(self) -> sqlite3.Connection | None:
         if self._db is not None or self.problem:
             return self._db
+        if not fts5_available():
+            self.problem = NO_FTS5
+            return None
         for attempt in range(2):
             try:
+                self._check_files()
                 self._db = self._connect()
                 return self._db
             except DAMAGE as exc:
                 self.close()
-                if "fts5" in str(exc).lower():
-                    self.problem = "This Python's SQLite has no full-text search (FTS5)"
+                if "no such module: fts5" in str(exc).lower():  # never said of damage
+                    self.problem = NO_FTS5
                     return None
                 if attempt:
                     self.problem = f"The search index cannot be used ({exc})"
@@ -129,19 +158,52 @@ class SearchIndex:
             raise
         return db
 
-    def _set_aside(self, why: str) -> None:
-        """Move a damaged index (and its WAL files) out of the way; it is rebuilt."""
-        note = f"The search index was damaged ({why}); it is rebuilt from the conversations."
-        for suffix in ("", "-wal", "-shm"):
+    def _check_files(self) -> None:
+        """The index and its side files are regular files or absent: SQLite would follow a
+        link out of the data folder, and fail on a directory or a pipe every time.
+
+        Raises:
+            sqlite3.DatabaseError: one of them is something else (the file is set aside).
+        """
+        for suffix in ("", *SIDE_FILES):
             part = self.path.with_name(self.path.name + suffix)
-            if part.exists():
-                try:
-                    if suffix:
-                        part.unlink()  # the journal of a damaged file is no use
-                    else:
-                        set_aside(part)
-                except OSError as exc:
-                    note = f"The search index is damaged and cannot be moved ({exc})."
+            try:
+                mode = part.lstat().st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise sqlite3.DatabaseError(f"{part.name}: {os_reason(exc)}") from exc
+            if not stat.S_ISREG(mode):
+                what = "a link" if stat.S_ISLNK(mode) else kind_of(mode)
+                raise sqlite3.DatabaseError(f"{part.name} is {what}, not a file")
+
+    def _set_aside(self, why: str) -> None:
+        """Move a damaged index (and its side files) out of the way; it is rebuilt.
+
+        The index and anything that is not a regular file are renamed to ``.bad`` (a link
+        is renamed, never followed); a regular journal of a damaged file is no use and is
+        deleted.
+        """
+        note = f"The search index was damaged ({why}); it is rebuilt from the conversations."
+        for suffix in ("", *SIDE_FILES):
+            part = self.path.with_name(self.path.name + suffix)
+            try:
+                mode = part.lstat().st_mode
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                note = f"The search index is damaged and cannot be moved ({os_reason(exc)})."
+                continue
+            try:
+                if suffix and stat.S_ISREG(mode):
+                    part.unlink()
+                else:
+                    set_aside(part)
+            except OSError as exc:
+                note = (
+                    f"The search index is damaged and {part.name} cannot be moved "
+                    f"({os_reason(exc)})."
+                )
         log.warning("%s", note)
         self.notes.append(note)
 
@@ -200,7 +262,7 @@ class SearchIndex:
             for conv_id, stamp in stamps.items():
                 if known.get(conv_id) == stamp:
                     continue
-                conv = load(conv_id)
+                conv = load(conv_id) if self._is_transcript(conv_id) else None
                 with _transaction(db):
                     if conv is None:  # unreadable now: nothing of it is searchable
                         db.execute("DELETE FROM messages WHERE conv_id = ?", (conv_id,))
@@ -212,6 +274,17 @@ class SearchIndex:
         if not self._guarded(step) and self.problem == "":
             self._guarded(step)  # once more on the rebuilt index
         return done
+
+    def _is_transcript(self, conv_id: str) -> bool:
+        """Whether ``conv_id``'s transcript is a regular file in the folder: a link (to a
+        file out of the data folder, or anywhere) is not followed, so not indexed."""
+        if not is_valid_id(conv_id):
+            return False
+        try:
+            mode = os.lstat(self.transcripts / f"{conv_id}.json").st_mode
+        except OSError:
+            return False
+        return stat.S_ISREG(mode)
 
     # -- asking ---------------------------------------------------------------------
 
@@ -253,9 +326,18 @@ def _replace(db: sqlite3.Connection, conv: Conversation, stamp: str) -> None:
 
 
 def _rows(conv: Conversation) -> Iterable[tuple[str, str, int, str]]:
-    for i, m in enumerate(conv.messages):
-        if m.role in ("user", "assistant") and m.content.strip():
-            yield m.content[:INDEXED_CHARS], conv.id, i, m.role
+    # Shown messages by index; then the versions not shown, numbered on past them in
+    # ``every_message`` order: opening such a hit reveals that version (ui.search_jump).
+    for i, m in enumerate(conv.every_message()):
+        for text in message_texts(m):
+            yield text, conv.id, i, m.role
+
+
+def message_texts(m: Message) -> list[str]:
+    """What search finds of one message (each text a row that opens message ``i``)."""
+    if m.role not in ("user", "assistant") or not m.content.strip():
+        return []
+    return [m.content[:INDEXED_CHARS]]
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:

@@ -7,6 +7,12 @@ atomically. Read like every data file (``app.util.datafiles``): bounded size and
 depth, and a file that cannot be used as a whole is set aside as ``.bad``; a usable
 file with bad entries or values is repaired entry by entry (the original kept as
 ``.bad``), and ``notes`` says what happened, one line each.
+
+Loading and saving keep the same entries: the ``MAX_MODELS`` most recently used
+models (the file lists them oldest first), within ``MAX_BYTES``. A write evicts
+the least recently used beyond that, so a file the app wrote always loads whole;
+a longer file (hand-made, or from an older version) loses its oldest entries at
+load, with a note.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ SYSTEM_PROMPT_CHARS = 100_000
 TEMPLATE_CHARS = 200_000  # app.engine.template_sandbox.MAX_SOURCE_CHARS (a test checks)
 NAME_CHARS = 60
 MAX_BYTES = 64 * 1024 * 1024  # 1000 models with a 200 000-character template would be 200 MB
+ENTRY_SLACK = 64  # bytes per entry for the indentation and separators around it
 MAX_DEPTH = 4  # {"models": {key: {"template": {...}}}}
 TemplateKind = Literal["auto", "builtin", "custom"]
 TEMPLATE_KINDS: tuple[TemplateKind, ...] = ("auto", "builtin", "custom")
@@ -159,7 +166,13 @@ class ModelPrefsStore:
         self._load()
 
     def get(self, key: str) -> ModelPrefs:
-        return self._prefs.get(key, ModelPrefs())
+        """``key``'s preferences; it counts as used now (kept longest; saved with the
+        next write)."""
+        prefs = self._prefs.pop(key, None)
+        if prefs is None:
+            return ModelPrefs()
+        self._prefs[key] = prefs
+        return prefs
 
     def model_keys(self) -> list[str]:
         return list(self._prefs)
@@ -179,10 +192,9 @@ class ModelPrefsStore:
         checked = prefs_from_dict(prefs.to_dict(), problems)
         if problems or checked != prefs:
             raise ValueError(problems[0] if problems else "these preferences cannot be stored")
-        if prefs.is_default:
-            self._prefs.pop(key, None)
-        else:
-            self._prefs[key] = prefs
+        self._prefs.pop(key, None)
+        if not prefs.is_default:
+            self._prefs[key] = prefs  # the most recently used, last
         self._write()
 
     def update(self, key: str, **changes: Any) -> ModelPrefs:
@@ -210,7 +222,15 @@ class ModelPrefsStore:
             self.notes.append(note)
             return
         repairs: list[str] = []
-        for key, values in list(models.items())[:MAX_MODELS]:
+        items = list(models.items())
+        if len(items) > MAX_MODELS:
+            # The file lists the least recently used first: keep the newest, as a write does.
+            repairs.append(
+                f"{len(items) - MAX_MODELS} models' preferences were left out: only the "
+                f"{MAX_MODELS} most recently used are kept."
+            )
+            items = items[-MAX_MODELS:]
+        for key, values in items:
             if not 0 < len(key) <= KEY_CHARS:
                 repairs.append(f"the entry {short_repr(key)} was left out (bad model key).")
                 continue
@@ -219,8 +239,6 @@ class ModelPrefsStore:
             repairs += [f"{short_repr(key)}: {p}" for p in problems]
             if not prefs.is_default:
                 self._prefs[key] = prefs
-        if len(models) > MAX_MODELS:
-            repairs.append(f"only the first {MAX_MODELS} models were kept.")
         if repairs:
             self._repair(repairs)
 
@@ -230,8 +248,33 @@ class ModelPrefsStore:
             log.warning("%s", note)
 
     def _write(self) -> None:
-        data = {
-            "version": PREFS_VERSION,
-            "models": {k: p.to_dict() for k, p in self._prefs.items()},
-        }
+        """Write what ``_load`` reads back whole: the least recently used entries beyond
+        ``MAX_MODELS`` or ``MAX_BYTES`` are evicted first."""
+        models = {k: p.to_dict() for k, p in self._prefs.items()}
+        sizes = {k: _entry_bytes(k, v) for k, v in models.items()}
+        total = sum(sizes.values())
+        evicted = []
+        for key in list(models):
+            if len(models) <= MAX_MODELS and total <= MAX_BYTES - 1024:  # 1 KiB: the envelope
+                break
+            if len(models) == 1:
+                break  # the entry just set: far under MAX_BYTES (its fields are bounded)
+            total -= sizes[key]
+            del models[key], self._prefs[key]
+            evicted.append(key)
+        if evicted:
+            log.info(
+                "model_prefs.json: the preferences of %d least recently used models were "
+                "dropped to stay within %d models and %d MB",
+                len(evicted),
+                MAX_MODELS,
+                MAX_BYTES >> 20,
+            )
+        data = {"version": PREFS_VERSION, "models": models}
         atomic_write_text(self.path, json.dumps(data, indent=1, ensure_ascii=False))
+
+
+def _entry_bytes(key: str, values: dict[str, Any]) -> int:
+    """About what one entry takes in the file (an upper bound with ``ENTRY_SLACK``)."""
+    text = json.dumps({key: values}, indent=1, ensure_ascii=False)
+    return len(text.encode("utf-8")) + ENTRY_SLACK

@@ -6,7 +6,9 @@ unreadable) is set aside as ``settings.json.bad`` and the defaults are used. A
 file whose values are only partly wrong (out of range, of the wrong type) is
 repaired value by value (``app.config.params.repair``): the original is kept
 as ``settings.json.bad`` and the repaired settings are written in its place.
-Either way the caller gets one line per change, to show the user.
+Either way the caller gets one line per change, to show the user: no value is
+used other than as written without one (a wrong type, ``null`` where a value
+belongs, a setting in the wrong group, a list cut to its limit).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import binascii
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from app.util.datafiles import DataFileError, read_json, repair_on_disk, set_asi
 
 log = logging.getLogger(__name__)
 
-SETTINGS_VERSION = 1
+SETTINGS_VERSION = 2  # 2: the API queue default went from 8 to 32 (_upgrade)
 MAX_BYTES = 4 * 1024 * 1024  # far above any real settings file (schemas included)
 MAX_DEPTH = 8  # the real file nests 3 levels: {"sampling": {"stop": [...]}}
 PATH_CHARS = 4096
@@ -48,6 +50,8 @@ THEMES = ("system", "light", "dark")
 LAYOUT_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 LAYOUT_ENTRIES = 16
 LAYOUT_CHARS = 16_384
+# Where each group's settings belong, to say so when one is found in another place.
+GROUPS = {"load": LoadConfig, "sampling": SamplingParams, "api": ApiSettings}
 
 
 @dataclass
@@ -74,9 +78,19 @@ class AppSettings:
     def from_dict(cls, data: dict[str, Any], notes: list[str] | None = None) -> AppSettings:
         """Settings from stored values; every invalid one is repaired and noted in ``notes``."""
         notes = [] if notes is None else notes
-        for key in ("load", "sampling", "api"):
+        _misplaced(data, notes)
+        for key in GROUPS:
             if key in data and not isinstance(data[key], dict):
                 notes.append(f"the {key} settings were not an object; using the defaults.")
+        version = data.get("version", SETTINGS_VERSION)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            notes.append(f"version was not usable ({short_repr(version)}); version 1 is assumed.")
+        elif version > SETTINGS_VERSION:
+            notes.append(
+                f"it was written by a newer Lamplight (settings version {short_repr(version)}); "
+                "only the settings this version knows are used."
+            )
+        _upgrade(data, version)
         load, load_notes = repair_load(data.get("load"))
         sampling, sampling_notes = repair_sampling(data.get("sampling"))
         api, api_notes = repair_api(data.get("api"))
@@ -85,7 +99,9 @@ class AppSettings:
         def take(key: str, ok: bool, default: Any) -> Any:
             if ok:
                 return data[key]
-            if data.get(key) is not None:
+            # Absent is the default; anything else not usable (null included, where the
+            # default is not null) is said.
+            if key in data and not (data[key] is None and default is None):
                 notes.append(f"{key} was not usable ({short_repr(data[key])}); using the default.")
             return default
 
@@ -95,10 +111,16 @@ class AppSettings:
         budget = data.get("snapshot_budget_mb")
         imported = data.get("imported_models")
         paths = [p for p in imported if _is_path(p)] if isinstance(imported, list) else []
-        if imported is not None and (not isinstance(imported, list) or len(paths) != len(imported)):
+        if "imported_models" in data and (
+            not isinstance(imported, list) or len(paths) != len(imported)
+        ):
             notes.append("imported_models had entries that are not file paths; they were left out.")
-        recent = _recent(data.get("recent_models"), notes)
-        layout = _layout(data.get("window_layout"), notes)
+        if len(paths) > MAX_IMPORTED:
+            notes.append(
+                f"imported_models listed {len(paths):,} files; the first {MAX_IMPORTED:,} are kept."
+            )
+        recent = _recent(data.get("recent_models", _ABSENT), notes)
+        layout = _layout(data.get("window_layout", _ABSENT), notes)
         theme = data.get("theme")
         return cls(
             model_path=take("model_path", _is_path(model_path), None),
@@ -158,18 +180,18 @@ class AppSettings:
 
 def _recent(value: Any, notes: list[str]) -> list[str]:
     """The recent-models list: paths, each once, at most ``MAX_RECENT``."""
-    if value is None:
+    if value is _ABSENT:
         return []
     items = value if isinstance(value, list) else []
     kept = list(dict.fromkeys(p for p in items if _is_path(p)))[:MAX_RECENT]
-    if kept != items:
+    if kept != value:
         notes.append("recent_models was not a short list of file paths; it was tidied.")
     return kept
 
 
 def _layout(value: Any, notes: list[str]) -> dict[str, str]:
     """The saved window layout: a few named base64 strings; anything else is dropped."""
-    if value is None:
+    if value is _ABSENT:
         return {}
     if not isinstance(value, dict):
         notes.append("window_layout was not an object; the default layout is used.")
@@ -178,6 +200,27 @@ def _layout(value: Any, notes: list[str]) -> dict[str, str]:
     if len(kept) > LAYOUT_ENTRIES or len(kept) != len(value):
         notes.append("window_layout had unusable entries; they were left out.")
     return dict(list(kept.items())[:LAYOUT_ENTRIES])
+
+
+_ABSENT: Any = object()  # a key the file does not have (``null`` is a value, and a wrong one)
+
+
+def _misplaced(data: dict[str, Any], notes: list[str]) -> None:
+    """Note settings of one group found at the top level or in another group: they are
+    not used there (``{"n_ctx": ...}`` at the top level used to be dropped silently)."""
+    home = {f.name: group for group, kind in GROUPS.items() for f in fields(kind)}
+    places: list[tuple[str, Any]] = [("", data)]
+    places += [(g, data[g]) for g in GROUPS if isinstance(data.get(g), dict)]
+    top = {f.name for f in fields(AppSettings)} | {"version"}
+    for where, values in places:
+        for key in values:
+            group = home.get(key)
+            if group is None or group == where or (not where and key in top):
+                continue
+            inside = f"in the {where} settings" if where else "at the top level"
+            notes.append(
+                f"{key} was {inside}; it belongs in the {group} settings and was not used."
+            )
 
 
 def _is_layout_entry(key: Any, value: Any) -> bool:
@@ -203,3 +246,17 @@ def _is_id(value: Any) -> bool:
         and value.isascii()
         and value.isalnum()
     )
+
+
+def _upgrade(data: dict[str, Any], version: object) -> None:
+    """Stored settings of an older version, brought up to this one (in place)."""
+    api = data.get("api")
+    # Version 1 wrote the old default queue size (8) into every file: a burst of a dozen
+    # client requests was refused. A file's 8 is that default, not a choice.
+    if (
+        isinstance(version, int)
+        and version < 2
+        and isinstance(api, dict)
+        and api.get("max_queue") == 8
+    ):
+        api["max_queue"] = 32

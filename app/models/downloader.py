@@ -36,7 +36,9 @@ log = logging.getLogger(__name__)
 CHUNK = 1024 * 1024
 SPACE_MARGIN = 64 * 1024 * 1024
 PART_SUFFIX = ".part"
-_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
+# RFC 9110 "bytes first-last/complete": at most 19 digits, so int() never meets a huge number.
+_CONTENT_RANGE = re.compile(r"bytes[ \t]+(\d{1,19})-(\d{1,19})/(\d{1,19}|\*)", re.IGNORECASE)
+_UNSATISFIED = re.compile(r"bytes[ \t]+\*/(\d{1,19})", re.IGNORECASE)
 _DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
 
@@ -46,6 +48,10 @@ class DownloadError(LamplightError):
 
 class DownloadCancelled(LamplightError):
     """The user cancelled or paused the download."""
+
+
+class WrongRange(Exception):
+    """The server answered bytes that cannot be placed in the part; tried again."""
 
 
 @dataclass
@@ -156,13 +162,15 @@ class FileFetcher:
         token: str | bool | None = None,
         read_timeout: float = 30.0,
         max_attempts: int = 8,
+        max_tries: int = 1000,
         free_space: Callable[[Path], int] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.endpoint = endpoint
         self.token = token
         self.read_timeout = read_timeout
-        self.max_attempts = max_attempts
+        self.max_attempts = max_attempts  # failed tries in a row
+        self.max_tries = max_tries  # tries in all, per call: progress cannot reset it
         self.free_space = free_space or (lambda p: shutil.disk_usage(p).free)
         self._sleep = sleep
         # Kept between calls: a paused download resumes without re-hashing its part.
@@ -210,7 +218,12 @@ class FileFetcher:
             )
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         headers = build_hf_headers(token=self.token)
-        attempt = 0
+        tries = failures = 0
+        # Only bytes past the furthest point reached are progress: a try that fetched
+        # again what the part already had (a server that answers from an earlier byte,
+        # a restart) must not keep a hopeless download going.
+        best = state.done
+        ask_range = True
         while state.done < size:
             if control.cancel.is_set():
                 self._discard(part)
@@ -220,9 +233,10 @@ class FileFetcher:
                 raise DownloadCancelled("paused")
             if _size_of(part) != state.done:  # changed behind our back: trust the disk
                 state = self._resume_state(part, size, control, reuse=False)
-            before = state.done
+            tries += 1
+            error: BaseException | None = None
             try:
-                self._stream(url, headers, part, state, size, control, progress)
+                self._stream(url, headers, part, state, size, control, progress, ask_range)
             except DownloadError:
                 if part.exists():
                     self._states[part] = state
@@ -233,24 +247,27 @@ class FileFetcher:
                 if self._is_final(exc):
                     self._states[part] = state
                     raise DownloadError(explain_http_error(exc, f"{repo_id}/{path}")) from exc
-                error: BaseException | None = exc
+                error = exc
+                if isinstance(exc, WrongRange):
+                    # This server cannot be trusted with ranges: from now on ask for the
+                    # whole file and skip what the part already holds.
+                    ask_range = False
+            if state.done >= size:
+                break
+            if state.done > best:
+                best, failures = state.done, 0
             else:
-                error = None
-                if state.done >= size:
-                    break
-            # A stream that ended early, or failed, is a try; one that moved forward
-            # starts the count again.
-            attempt = 0 if state.done > before else attempt + 1
-            if attempt >= self.max_attempts:
+                failures += 1
+            if failures >= self.max_attempts or tries >= self.max_tries:
                 self._states[part] = state
                 why = f" ({error})" if error else " (the server kept ending the file early)"
                 raise DownloadError(
-                    f"Gave up on {dest.name} after {attempt} tries{why}; "
+                    f"Gave up on {dest.name} after {tries} tries{why}; "
                     "resume it later: what was downloaded is kept."
                 ) from error
-            if attempt:
-                wait = min(0.5 * 2 ** (attempt - 1), 15.0)
-                log.info("download %s: %s; retry %d in %.1fs", path, error, attempt, wait)
+            if failures:
+                wait = min(0.5 * 2 ** (failures - 1), 15.0)
+                log.info("download %s: %s; retry %d in %.1fs", path, error, failures, wait)
                 self._wait(wait, control)
         self._states.pop(part, None)
         digest = state.hasher.hexdigest()
@@ -307,7 +324,15 @@ class FileFetcher:
         size: int,
         control: Control,
         progress: ProgressFn | None,
+        ask_range: bool = True,
     ) -> None:
+        """One request: append what the answer adds to the part.
+
+        Raises:
+            WrongRange: the answer cannot be placed in the file (another range than
+                asked, a missing or malformed ``Content-Range``, a refused range).
+            DownloadError: the file on the server is not the one expected.
+        """
         import httpx2
         from huggingface_hub import get_session, hf_raise_for_status
 
@@ -316,8 +341,9 @@ class FileFetcher:
         # on. "Connection: close" keeps download connections out of the pool, so a later
         # request never waits on one of them without the trace seeing it.
         request_headers = {**headers, "Connection": "close"}
-        if state.done:
-            request_headers["Range"] = f"bytes={state.done}-"
+        asked = state.done if ask_range else 0
+        if asked:
+            request_headers["Range"] = f"bytes={asked}-"
 
         def trace(event: str, info: dict[str, Any]) -> None:
             stream: Any = info.get("return_value")
@@ -340,39 +366,62 @@ class FileFetcher:
                 sock = stream.get_extra_info("socket") if stream is not None else None
                 if isinstance(sock, socket.socket):
                     control.attach(sock)
-                if response.status_code == 416 and state.done:
-                    if state.done == size:
-                        return
-                    # Our part is longer than the file the server has now: start over.
-                    log.info("server has less than %d bytes of %s; restarting", state.done, url)
-                    self._discard(part)
-                    state.restart()
-                    return
+                if response.status_code == 416 and asked:
+                    # "bytes */N": a file of another size than the Hub lists, or a server
+                    # that cannot serve ranges (the next try asks for the whole file).
+                    self._check_total(_unsatisfied_total(response), size, part)
+                    raise WrongRange(f"the server refused the byte range from {asked:,} on (416)")
                 hf_raise_for_status(response)
-                if state.done and not self._continues(response, part, state.done, size):
-                    # The server ignored the Range (or answered another one): start over
-                    # with a new hasher rather than append a second copy.
-                    log.info("server did not resume %s at %d; restarting", url, state.done)
-                    state.restart()
-                self._write_body(response.iter_bytes(), part, state, size, control, progress)
+                start, end = self._placed(response, asked, size, part)
+                if start > state.done:
+                    wanted = f"bytes from {asked:,} on" if asked else "the whole file"
+                    raise WrongRange(
+                        f"the server sent bytes {start:,}-{end - 1:,} when asked for {wanted}: "
+                        "it does not serve byte ranges correctly"
+                    )
+                # An answer from an earlier byte (a proxy or CDN that aligns ranges, or a
+                # 200 with the whole file): skip what the part already holds.
+                skip = state.done - start
+                self._write_body(
+                    response.iter_bytes(), part, state, size, control, progress, skip, end
+                )
         finally:
             control.detach_all()
 
-    def _continues(self, response: Any, part: Path, done: int, size: int) -> bool:
-        """Whether ``response`` is the rest of the file from byte ``done``."""
-        if response.status_code != 206:
-            return False
-        match = _CONTENT_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
+    def _placed(self, response: Any, asked: int, size: int, part: Path) -> tuple[int, int]:
+        """Where the body of ``response`` lies in the file: ``(start, end_exclusive)``.
+
+        Raises:
+            WrongRange: a status other than 200/206, or a 206 whose ``Content-Range`` is
+                missing, malformed or impossible.
+            DownloadError: the ``Content-Range`` speaks of a file of another size.
+        """
+        status = response.status_code
+        if status == 200:
+            return 0, size
+        if status != 206:
+            raise WrongRange(f"the server answered {status} to a request for a byte range")
+        text = str(response.headers.get("Content-Range", ""))
+        match = _CONTENT_RANGE.fullmatch(text.strip())
         if match is None:
-            return True  # 206 without a usable Content-Range: it answered our one range
-        total = match[3]
-        if total != "*" and int(total) != size:
+            shown = ascii(text[:60]) if text else "none"
+            raise WrongRange(
+                f"the server answered a byte range without a usable Content-Range ({shown})"
+            )
+        first, last = int(match[1]), int(match[2])
+        total = None if match[3] == "*" else int(match[3])
+        if first > last or last >= (size if total is None else total):
+            raise WrongRange(f"the server answered an impossible byte range ({text[:60]!a})")
+        self._check_total(total, size, part)
+        return first, last + 1
+
+    def _check_total(self, total: int | None, size: int, part: Path) -> None:
+        if total is not None and total != size:
             self._discard(part)
             raise DownloadError(
-                f"The file on the Hub changed while downloading ({int(total):,} bytes, "
+                f"The file on the Hub changed while downloading ({total:,} bytes, "
                 f"expected {size:,}); start the download again."
             )
-        return int(match[1]) == done
 
     def _write_body(
         self,
@@ -382,8 +431,15 @@ class FileFetcher:
         size: int,
         control: Control,
         progress: ProgressFn | None,
+        skip: int = 0,
+        end: int | None = None,
     ) -> None:
-        """Append ``blocks`` at ``state.done``, hashing exactly what the disk accepted."""
+        """Append ``blocks`` at ``state.done``, hashing exactly what the disk accepted.
+
+        The first ``skip`` bytes are dropped (the part holds them already); nothing is
+        written past byte ``end`` (the end of the range the server declared).
+        """
+        end = size if end is None else min(end, size)
         try:
             # Unbuffered: each write() reports how much reached the file, so a short
             # write or a full disk leaves the part and the hash in step.
@@ -401,14 +457,23 @@ class FileFetcher:
             # nothing already received.
             too_long = False
             for block in blocks:
-                if state.done + len(block) > size:
-                    too_long = True
+                if control.stopped():
+                    break
+                if skip:
+                    if len(block) <= skip:
+                        skip -= len(block)
+                        continue
+                    block, skip = block[skip:], 0
+                if state.done + len(block) > end:
+                    if end == size:
+                        too_long = True
+                        break
+                    # More than the range it declared: keep the range, drop the rest.
+                    self._write_all(fh, block[: end - state.done], part, state)
                     break
                 self._write_all(fh, block, part, state)
                 if progress:
                     progress(state.done, size)
-                if control.stopped():
-                    break
             try:
                 os.fsync(fh.fileno())
             except OSError as exc:
@@ -448,14 +513,23 @@ class FileFetcher:
         return status is not None and 400 <= status < 500 and status not in (408, 429)
 
     def _wait(self, seconds: float, control: Control) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end and not control.stopped():
-            self._sleep(min(0.1, end - time.monotonic()))
+        # Counted in steps, not against the clock: a test's no-op sleep returns at once.
+        left = seconds
+        while left > 0 and not control.stopped():
+            step = min(0.1, left)
+            self._sleep(step)
+            left -= step
 
     def _discard(self, part: Path) -> None:
         self._states.pop(part, None)
         with contextlib.suppress(FileNotFoundError):
             part.unlink()
+
+
+def _unsatisfied_total(response: Any) -> int | None:
+    """The file size a 416 answer states (``Content-Range: bytes */N``), if it states one."""
+    match = _UNSATISFIED.fullmatch(str(response.headers.get("Content-Range", "")).strip())
+    return int(match[1]) if match else None
 
 
 def _size_of(path: Path) -> int:

@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 import time
+import unicodedata
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -24,11 +25,13 @@ from app.models.quant import GgufChoice, RepoFile
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, read_json, set_aside
 
-__all__ = ["DownloadJob", "DownloadQueue", "SpeedMeter", "repo_dir_name"]
+__all__ = ["DownloadJob", "DownloadQueue", "SpeedMeter", "repo_dir_name", "target_key"]
 
 log = logging.getLogger(__name__)
 
 STATES = ("queued", "running", "paused", "done", "failed", "cancelled")
+# Jobs that own their files' ``.part``: the one writer of those targets.
+ACTIVE = ("queued", "running", "paused", "failed")
 MAX_STATE_BYTES = 16 * 1024 * 1024  # downloads.json: far more than any real queue
 MAX_JOBS = 10_000
 MAX_FILES_PER_JOB = 10_000
@@ -97,6 +100,7 @@ class DownloadQueue:
         self._wake = threading.Condition(self._lock)
         self._controls: dict[str, Control] = {}
         self._closed = False
+        self.notes: list[str] = []  # what was wrong with the saved list, for the user
         self.jobs: list[DownloadJob] = self._load()
 
     # -- GUI side --------------------------------------------------------------------
@@ -104,15 +108,38 @@ class DownloadQueue:
     def add(self, repo_id: str, choice: GgufChoice, revision: str = "main") -> DownloadJob:
         """Queue ``choice``; the repo id and file names are checked before anything is fetched.
 
+        One writer per file: a request for exactly the files of a job in the list (the
+        repo id in any case, the same revision) is that job, resumed if it was paused or
+        had failed; any other request for a file a job in the list writes is refused.
+
         Raises:
             UnsafeNameError: (a ``DownloadError``) a hostile or unusable name.
+            DownloadError: a file of ``choice`` is being downloaded by another job.
         """
         if not choice.files:
             raise DownloadError(f"{choice.name}: nothing to download.")
-        for f in choice.files:
-            destination(self.models_dir, repo_id, f.path)
-        job = DownloadJob(repo_id, choice.name, list(choice.files), revision)
+        keys = [target_key(destination(self.models_dir, repo_id, f.path)) for f in choice.files]
+        if len(set(keys)) != len(keys):
+            raise DownloadError(f"{choice.name}: the Hub lists one of its files twice.")
         with self._wake:
+            for other in self.jobs:
+                if other.state not in ACTIVE:
+                    continue
+                theirs = self._target_keys(other)
+                shared = [f.path for f, k in zip(choice.files, keys, strict=True) if k in theirs]
+                if not shared:
+                    continue
+                if list(theirs) == keys and other.revision == revision:
+                    if other.state in ("paused", "failed"):
+                        other.state, other.error = "queued", ""
+                        self._save()
+                        self._wake.notify_all()
+                    return other
+                raise DownloadError(
+                    f"{shared[0]} is already being downloaded ({other.repo_id} · {other.name}, "
+                    f"{other.state}); cancel that download first, or wait for it to finish."
+                )
+            job = DownloadJob(repo_id, choice.name, list(choice.files), revision)
             self.jobs.append(job)
             self._save()
             self._wake.notify_all()
@@ -200,7 +227,8 @@ class DownloadQueue:
             self._finish(job, "done")
         except DownloadCancelled:
             if control.cancel.is_set():
-                self._remove_parts(job)
+                with self._wake:
+                    self._remove_parts(job)
                 self._finish(job, "cancelled")
             else:
                 self._finish(job, "paused")
@@ -232,9 +260,22 @@ class DownloadQueue:
         raise KeyError(job_id)
 
     def _remove_parts(self, job: DownloadJob) -> None:
+        """Delete ``job``'s partial files; never one that another job in the list writes.
+
+        Called with the lock held.
+        """
+        taken = {
+            k
+            for j in self.jobs
+            if j.id != job.id and j.state in ACTIVE
+            for k in self._target_keys(j)
+        }
         for f in job.files:
             try:
                 dest = destination(self.models_dir, job.repo_id, f.path)
+                if target_key(dest) in taken:
+                    log.warning("not removing %s: another download writes it", dest.name)
+                    continue
                 dest.with_name(dest.name + PART_SUFFIX).unlink(missing_ok=True)
             except DownloadError:
                 continue  # a refused name: nothing was ever written for it
@@ -273,6 +314,7 @@ class DownloadQueue:
                 log.warning("download list %s %s", self.state_file, exc)
             return []
         jobs = []
+        taken: set[str] = set()
         for item in raw_jobs[:MAX_JOBS]:
             job = _job_from_json(item)
             if job is None:
@@ -280,8 +322,39 @@ class DownloadQueue:
                 continue
             if job.state == "running":
                 job.state = "queued"  # the app stopped mid-download: carry on from the .part
+            if job.state in ACTIVE:
+                keys = self._target_keys(job)
+                if taken & keys.keys():
+                    # An older list could hold two entries for one file: one writer only.
+                    self._note(
+                        f"The download {job.repo_id} · {job.name} was a second entry for the "
+                        "same file as another download in the list; it was left out."
+                    )
+                    continue
+                taken |= keys.keys()
             jobs.append(job)
         return jobs
+
+    def _target_keys(self, job: DownloadJob) -> dict[str, str]:
+        """``target_key`` of each file of ``job`` (to its repo path); refused names left out."""
+        keys = {}
+        for f in job.files:
+            try:
+                keys[target_key(destination(self.models_dir, job.repo_id, f.path))] = f.path
+            except DownloadError:
+                continue  # never written: a refused name or a path out of the folder
+        return keys
+
+    def _note(self, text: str) -> None:
+        log.warning("%s", text)
+        self.notes.append(text)
+
+
+def target_key(path: Path) -> str:
+    """What makes two download paths one file: the resolved path (``destination`` resolves
+    it) with case and Unicode normalisation ignored, as on macOS and Windows (and as the
+    Hub treats repo ids), so ``ACME/Model`` and ``acme/model`` are one target everywhere."""
+    return unicodedata.normalize("NFC", unicodedata.normalize("NFC", str(path)).casefold())
 
 
 def _job_from_json(raw: Any) -> DownloadJob | None:
