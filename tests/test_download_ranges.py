@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from pytestqt.qtbot import QtBot
 
 from app.models.downloader import Control, DownloadError, FileFetcher
 from app.models.downloads import DownloadJob, DownloadQueue
@@ -291,3 +292,35 @@ def test_any_range_answers_end_in_the_file_or_one_clear_failure(
         event("verified file")
         assert dest.read_bytes() == SMALL_DATA and not part.exists()
     assert len(hub.requests_to(SMALL, "GET")) <= TRIES
+
+
+def test_the_window_says_what_the_saved_list_had_wrong(
+    qtbot: QtBot, hub: HubServer, tmp_path: Path
+) -> None:
+    """A note of the queue (a second entry for one file) is shown at start, not only logged."""
+    from app.config.paths import data_dirs
+    from app.config.settings import AppSettings
+    from tests.fakes import FakeEngine
+    from ui.main import hub_services, open_window
+    from ui.worker import EngineClient
+
+    dirs = data_dirs(tmp_path / "data")
+    state = dirs.root / "downloads.json"
+    queue = DownloadQueue(dirs.models, state, fetcher())
+    queue.pause(queue.add(REPO, choice(FILE)).id)
+    doc = json.loads(state.read_text())
+    doc["jobs"].append({**doc["jobs"][0], "id": "twin", "repo_id": "Acme/tiny-gguf"})
+    state.write_text(json.dumps(doc))
+    fake = FakeEngine()
+    win = open_window(
+        dirs,
+        AppSettings(),
+        [],
+        lambda s: EngineClient(dirs.models, engine_factory=lambda: fake, store=s),
+        hub_services(dirs),
+    )
+    qtbot.addWidget(win)
+    try:
+        assert "downloads.json: The download" in win.transcript.toPlainText()
+    finally:
+        win.close()

@@ -244,7 +244,9 @@ def open_window(
         window.open_conversation(last, restore=False)
     if model_note:
         window.transcript.add_notice(model_note)
-    more = [*window.presets.notes, *store.take_notes()]
+    # What the saved download list had wrong (two entries for one file, say).
+    downloads = [f"downloads.json: {n}" for n in services.queue.notes] if services else []
+    more = [*window.presets.notes, *store.take_notes(), *downloads]
     for line in more:
         log.warning("%s", line)
     show_startup_notes(window, [*notes, *more])
