@@ -12,18 +12,18 @@ first, at positions 0 to n - 1, and no mark twice.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from app.config.params import LoadConfig, SamplingParams
-from app.engine.backend import Finished, KvState
+from app.config.params import LoadConfig
+from app.engine.backend import KvState
 from app.engine.context_map import ContextMap
 from app.engine.llama import HEAD_LOST_NOTE, Engine
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from tests.near_tie import reply_nll, same_up_to_near_tie
+from tests.test_context_overflow import ask, params
 
 pytestmark = pytest.mark.slow
 N_CTX = 256  # the least the loader accepts
@@ -38,21 +38,6 @@ def small(model_path: Path) -> Iterator[Engine]:
     engine.load(model_path, LoadConfig(n_ctx=N_CTX, n_threads=1))
     yield engine
     engine.unload()
-
-
-def params(policy: str, max_tokens: int) -> SamplingParams:
-    return replace(SamplingParams.greedy(max_tokens), overflow=policy, repeat_penalty=1.3)
-
-
-def ask(
-    engine: Engine, messages: list[ChatMessage], p: SamplingParams
-) -> tuple[str, MessageMetrics]:
-    end = None
-    for event in engine.generate(messages, p):
-        if isinstance(event, Finished):
-            end = event
-    assert end is not None
-    return end.text, end.metrics
 
 
 def chat(exchanges: int, system: bool, last: ChatMessage | None = None) -> list[ChatMessage]:

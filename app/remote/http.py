@@ -200,6 +200,15 @@ def make_client(
     )
 
 
+def make_clients(url: str, api_key: str = "", verify_tls: bool = True) -> tuple[Any, Any]:
+    """The two clients a backend keeps: one for calls (connections kept alive) and one for
+    streams (a connection each, so that a stop can shut its socket down)."""
+    return (
+        make_client(url, api_key, verify_tls),
+        make_client(url, api_key, verify_tls, keep_alive=False),
+    )
+
+
 def call(client: Any, method: str, path: str, body: Any = None, timeout: float = 30.0) -> Any:
     """One JSON request; the parsed answer, all of it within ``timeout`` seconds.
 

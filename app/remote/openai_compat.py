@@ -83,6 +83,7 @@ from app.remote.http import (
     end_early,
     end_lost,
     make_client,
+    make_clients,
     sentence,
     too_large,
     unfinished,
@@ -352,8 +353,7 @@ class OpenAIBackend:
             raise LoadCancelled("cancelled")
         conn = self.connection
         try:
-            client = make_client(conn.url, self._api_key, conn.verify_tls)
-            streams = make_client(conn.url, self._api_key, conn.verify_tls, keep_alive=False)
+            client, streams = make_clients(conn.url, self._api_key, conn.verify_tls)
         except LamplightError as exc:
             raise ModelLoadError(cannot_connect(conn, exc)) from None
         try:
