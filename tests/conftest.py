@@ -6,9 +6,10 @@ import errno
 import gc
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +21,12 @@ os.environ.setdefault(
     str(Path(__file__).resolve().parent.parent / ".cache" / "native_paths.json"),
 )
 
+from app.api.runner import THREAD_NAME, ApiConfig, ApiServer
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.config.params import LoadConfig
 from app.engine.llama import Engine
 from app.models.default_model import ensure_default_model  # after the env var
+from tests.fakes import FakeGateway
 from tests.server_fixture import RunningServer, running_llama_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,3 +146,26 @@ def make_unreadable(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         return real_open(name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "open", refusing_open)
+
+
+Serve = Callable[..., tuple[ApiServer, FakeGateway]]
+
+
+@pytest.fixture()
+def serve() -> Iterator[Serve]:
+    """Start servers (``serve(**ApiConfig fields)``); all stopped and joined at the end."""
+    started: list[tuple[ApiServer, FakeGateway]] = []
+
+    def start(delay: float = 0.0, **fields: Any) -> tuple[ApiServer, FakeGateway]:
+        gateway = FakeGateway(delay=delay)
+        server = ApiServer(gateway, ApiConfig(**{"port": 0, **fields}))
+        started.append((server, gateway))
+        server.start()
+        return server, gateway
+
+    yield start
+    for server, gateway in started:
+        server.stop()
+        gateway.close()
+    # The server's threads (its body parser too) are all joined.
+    assert not [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]

@@ -26,33 +26,11 @@ from app.api.runner import (
     ApiConfigError,
     ApiServer,
 )
-from tests.conftest import ONE_THREAD
+from tests.conftest import ONE_THREAD, Serve
 from tests.fakes import FakeGateway
+from tests.test_api_http import MODEL, USER
 from ui.api_bridge import QtEngineGateway
 from ui.worker import EngineClient
-
-MODEL = "gemma-3-270m-it-Q4_K_M"
-USER: Any = [{"role": "user", "content": "Hi"}]
-Serve = Callable[..., tuple[ApiServer, FakeGateway]]
-
-
-@pytest.fixture()
-def serve() -> Iterator[Serve]:
-    """Start servers (``serve(**ApiConfig fields)``); all stopped and joined at the end."""
-    started: list[tuple[ApiServer, FakeGateway]] = []
-
-    def start(delay: float = 0.0, **fields: Any) -> tuple[ApiServer, FakeGateway]:
-        gateway = FakeGateway(delay=delay)
-        server = ApiServer(gateway, ApiConfig(**{"port": 0, **fields}))
-        started.append((server, gateway))
-        server.start()
-        return server, gateway
-
-    yield start
-    for server, gateway in started:
-        server.stop()
-        gateway.close()
-    assert not [t for t in threading.enumerate() if t.name.startswith(THREAD_NAME)]
 
 
 def client(server: ApiServer, key: str = "none", retries: int = 0) -> openai.OpenAI:

@@ -48,20 +48,10 @@ from app.remote.openai_compat import OpenAIBackend, ReplyStream
 from app.util.errors import DecodeError, LamplightError, ModelLoadError
 from tests.misbehaving_server import HEALTH, PROPS, STREAMS, MisbehavingServer
 from tests.server_fixture import RunningServer
+from tests.test_remote_openai import STOP_REASONS
 
 KINDS = ("llama-server", "openai")
 SMALL = Limits(call_s=2.0, silence_s=0.4, start_s=0.6, per_token_s=0.02, ready_s=0.6)
-STOP_REASONS = {
-    "eos",
-    "stop_string",
-    "max_tokens",
-    "context_full",
-    "cancelled",
-    "connection_lost",
-    SIZE_LIMIT,
-    TIME_LIMIT,
-    SERVER_ERROR,
-}
 HI = [ChatMessage("user", "hi")]
 
 
