@@ -2,7 +2,7 @@
 
 The benches compare the app with llama.cpp on the same chat prompt, so the window
 keeps the default model in chat turns: left alone it would open that base model in
-continue-the-text mode (``ui.prompt_controls``), whose prompt has no turn markers.
+continue-the-text mode (``ui.chat.prompt_controls``), whose prompt has no turn markers.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def open_app_window(
     """
     from PySide6.QtCore import QEventLoop
 
-    from ui.main_window import MainWindow
-    from ui.worker import EngineClient
+    from ui.engine.worker import EngineClient
+    from ui.window.main_window import MainWindow
 
     dirs = data_dirs(data)
     ModelPrefsStore(dirs.root / FILE_NAME).set(

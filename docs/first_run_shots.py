@@ -26,8 +26,8 @@ def main() -> int:
 
     from app.config.paths import data_dirs
     from app.config.settings import AppSettings
+    from ui.engine.worker import EngineClient
     from ui.main import hub_services, open_window, resources_dir
-    from ui.worker import EngineClient
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Lamplight")

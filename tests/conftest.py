@@ -118,7 +118,7 @@ def _no_leftover_threads() -> Iterator[None]:
     # destroyed there waits for a Qt lock the GUI thread holds while it waits for the
     # GIL (seen as a hung suite: QMenu::~QMenu inside gc on the download thread).
     gc.collect()
-    from ui.worker import live_engine_threads
+    from ui.engine.worker import live_engine_threads
 
     running = [t for t in live_engine_threads() if t.isRunning()]
     assert not running, f"test left {len(running)} engine QThread(s) running"

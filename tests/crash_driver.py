@@ -19,7 +19,7 @@ from PySide6.QtTest import QTest
 
 import ui.main as entry
 from app.engine.backend import ModelInfo
-from ui.main_window import MainWindow
+from ui.window.main_window import MainWindow
 
 
 def run(text: str, argv: list[str]) -> int:

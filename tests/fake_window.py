@@ -8,8 +8,8 @@ from app.chat.store import ConversationStore
 from app.config.paths import DataDirs
 from app.config.settings import AppSettings
 from tests.fakes import FakeEngine
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 
 def fake_window(

@@ -37,7 +37,7 @@ def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QCoreApplication, QTimer
 
-    from ui.single_instance import Activation, InstanceServer, server_name
+    from ui.window.single_instance import Activation, InstanceServer, server_name
 
     app = QCoreApplication(sys.argv[:1])
     server = InstanceServer(server_name(root))

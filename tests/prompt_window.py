@@ -13,8 +13,8 @@ from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from app.engine.llama import Engine
 from tests.conftest import ONE_THREAD
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 
 def open_window(

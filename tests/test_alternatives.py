@@ -25,7 +25,7 @@ from app.config.paths import data_dirs
 from app.engine.metrics import MessageMetrics
 from tests.fakes import FakeEngine
 from tests.test_gui import make_window, send
-from ui.main_window import MainWindow
+from ui.window.main_window import MainWindow
 
 
 def msg(role: str, text: str, at: float) -> Message:

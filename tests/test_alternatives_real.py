@@ -11,7 +11,7 @@ from pytestqt.qtbot import QtBot
 from app.config.params import SamplingParams
 from app.engine.metrics import MessageMetrics
 from tests.test_gui_lifecycle_real import open_window
-from ui.main_window import MainWindow
+from ui.window.main_window import MainWindow
 
 pytestmark = pytest.mark.slow
 SHORT = SamplingParams.greedy(8)

@@ -19,8 +19,8 @@ from app.remote import keys
 from tests.fakes import FakeEngine
 from tests.test_connections import MemoryKeyring
 from tests.test_gui import make_window
-from ui import window_actions
-from ui.main_window import MainWindow
+from ui.window import window_actions
+from ui.window.main_window import MainWindow
 
 
 @pytest.fixture()

@@ -29,8 +29,8 @@ from app.api.runner import (
 from tests.conftest import ONE_THREAD, Serve
 from tests.fakes import FakeGateway
 from tests.test_api_http import MODEL, USER
-from ui.api_bridge import QtEngineGateway
-from ui.worker import EngineClient
+from ui.engine.api_bridge import QtEngineGateway
+from ui.engine.worker import EngineClient
 
 
 def client(server: ApiServer, key: str = "none", retries: int = 0) -> openai.OpenAI:

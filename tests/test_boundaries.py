@@ -109,7 +109,13 @@ def test_signal_emit_keeps_reference_counts() -> None:
 
 def test_the_window_and_serve_load_no_asgi_stack_until_a_server_starts() -> None:
     """Starlette and uvicorn are imported when a server starts, not with the GUI."""
-    modules = ["ui.main", "ui.main_window", "ui.serve", "ui.api_status", "ui.api_dialog"]
+    modules = [
+        "ui.main",
+        "ui.window.main_window",
+        "ui.api.serve",
+        "ui.api.api_status",
+        "ui.api.api_dialog",
+    ]
     loaded = loaded_roots([*modules, "app.api.runner", "app.api.scheduler"], ASGI_ROOTS)
     assert loaded == [], f"imported at start-up: {loaded}"
 

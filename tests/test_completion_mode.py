@@ -30,7 +30,7 @@ from app.gguf.info import read_gguf_info
 from tests.conftest import ROOT
 from tests.prompt_window import close, evaluated, send
 from tests.prompt_window import open_window as _open_window
-from ui.main_window import MainWindow
+from ui.window.main_window import MainWindow
 
 STORY = "Once upon a time, in a small village"
 

@@ -35,7 +35,7 @@ from app.remote.connection_store import (
 from app.util.datafiles import DataFileError
 from app.util.errors import LamplightError
 from tests.server_fixture import RunningServer, free_port, running_llama_server
-from ui.connections_dialog import ConnectionsDialog
+from ui.remote.connections_dialog import ConnectionsDialog
 
 SECRET = "sk-test-5f3a9c1e-never-in-a-file"
 

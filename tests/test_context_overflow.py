@@ -23,8 +23,8 @@ from app.engine.templates import ChatMessage
 from app.util.errors import ContextOverflowError
 from tests.conftest import TEST_LOAD
 from tests.near_tie import assert_greedy, reply_gaps, reply_nll, token_text
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.window.main_window import MainWindow
+from ui.engine.worker import EngineClient
 
 pytestmark = pytest.mark.slow
 N_CTX = 512

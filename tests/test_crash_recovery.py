@@ -33,11 +33,11 @@ from app.util import crash_record
 from app.util.crash_record import MARKER_NAME, CrashReport, read_previous
 from tests.conftest import ROOT, TEST_LOAD, chat_turns
 from tests.fakes import FakeEngine
-from ui import crash_notice
-from ui.crash_notice import CrashFollowUp, CrashNotice
+from ui.engine.worker import EngineClient
 from ui.main import open_window
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.window import crash_notice
+from ui.window.crash_notice import CrashFollowUp, CrashNotice
+from ui.window.main_window import MainWindow
 
 QUESTION = "What keeps a lighthouse lamp turning through the night?"
 FAULT = "crash-20260101-120000-42.log"

@@ -301,8 +301,8 @@ def test_the_window_says_what_the_saved_list_had_wrong(
     from app.config.paths import data_dirs
     from app.config.settings import AppSettings
     from tests.fakes import FakeEngine
+    from ui.engine.worker import EngineClient
     from ui.main import hub_services, open_window
-    from ui.worker import EngineClient
 
     dirs = data_dirs(tmp_path / "data")
     state = dirs.root / "downloads.json"

@@ -13,7 +13,7 @@ from app.config.paths import data_dirs
 from app.engine.templates import ChatMessage
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine, overflow
-from ui.main_window import MainWindow
+from ui.window.main_window import MainWindow
 
 LONG_REPLY = " ".join(f"w{i}" for i in range(2000))
 

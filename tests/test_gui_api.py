@@ -23,9 +23,9 @@ from app.remote import keys
 from tests.fakes import FakeEngine
 from tests.test_connections import MemoryKeyring
 from tests.test_gui import LONG_REPLY, make_window, send
-from ui import window_actions
-from ui.api_status import KEY_ID
-from ui.main_window import MainWindow
+from ui.api.api_status import KEY_ID
+from ui.window import window_actions
+from ui.window.main_window import MainWindow
 
 
 @pytest.fixture()

@@ -24,9 +24,9 @@ from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine
-from ui import accessibility, theme
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.common import accessibility, theme
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 CTRL = Qt.KeyboardModifier.ControlModifier
 SHIFT = Qt.KeyboardModifier.ShiftModifier
@@ -518,7 +518,7 @@ def test_chart_axes_never_say_kms(qtbot: QtBot, window: MainWindow) -> None:
 
 
 def test_every_control_has_an_accessible_name(window: MainWindow) -> None:
-    from ui.settings_form import Section
+    from ui.settings.settings_form import Section
 
     for section in window.findChildren(Section):  # the collapsed sampling groups too
         section.toggle.setChecked(True)

@@ -26,10 +26,10 @@ from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
 from tests.fake_window import fake_window
 from tests.fakes import FAKE_CAPABILITIES, FakeEngine
-from ui import draft_control
-from ui.draft_control import DraftControl
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.settings import draft_control
+from ui.settings.draft_control import DraftControl
+from ui.window.main_window import MainWindow
 
 WAIT_MS = 20_000  # the first library check reads both headers (a second or two here)
 

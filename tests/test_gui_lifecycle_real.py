@@ -16,8 +16,8 @@ from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD, chat_turns
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 pytestmark = pytest.mark.slow
 LONG = SamplingParams.greedy(400)  # long enough to act while it streams

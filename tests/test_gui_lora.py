@@ -22,8 +22,8 @@ from tests.lora_factory import (
     wrong_architecture_lora,
     wrong_dimension_lora,
 )
-from ui.lora_panel import LoraPanel
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.settings.lora_panel import LoraPanel
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,10 @@ from app.models.hub import HubClient
 from app.models.library import Library
 from tests.conftest import TEST_LOAD
 from tests.hub_server import HubServer, serving_hub
-from ui.hub_workers import HubServices
-from ui.main_window import MainWindow
-from ui.model_manager import ModelManager
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.models.hub_workers import HubServices
+from ui.models.model_manager import ModelManager
+from ui.window.main_window import MainWindow
 
 
 @pytest.fixture()

@@ -15,8 +15,8 @@ from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD, chat_turns
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 
 @pytest.fixture()

@@ -21,8 +21,8 @@ from app.remote.connection import Connection
 from app.remote.connection_store import ConnectionStore
 from tests.fakes import FakeEngine
 from tests.server_fixture import RunningServer, free_port, running_llama_server
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 pytestmark = pytest.mark.slow
 

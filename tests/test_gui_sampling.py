@@ -28,7 +28,7 @@ from pytestqt.qtbot import QtBot
 
 from app.config.params import SPECS, LoadConfig, SamplingParams
 from app.config.presets import BUILTIN, PresetStore
-from ui.sampling_panel import SamplingPanel, nice_stops
+from ui.settings.sampling_panel import SamplingPanel, nice_stops
 
 LOADED = LoadConfig(n_ctx=2048, n_threads=2)
 

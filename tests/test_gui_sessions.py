@@ -18,8 +18,8 @@ from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD, chat_turns
 from tests.fakes import FakeEngine
 from tests.test_gui import LONG_REPLY, make_window, send
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 
 @pytest.fixture()

@@ -1,6 +1,6 @@
 """The window remembers itself: geometry, maximized state, docks, splitters; restored
 sanely on a smaller screen, and a damaged saved layout is never handed to Qt (Qt crashes
-on one: see ``ui/layout_format.py``). The layout does not involve the model, so the
+on one: see ``ui/window/layout_format.py``). The layout does not involve the model, so the
 fake engine is used."""
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from app.config.settings import AppSettings
 from app.util.datafiles import DataFileError
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
-from ui import layout_format, window_state
-from ui.layout_format import read_geometry, read_main_window_state, read_splitter_state
-from ui.main_window import MainWindow
-from ui.window_state import Screen, fit_rect
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window import layout_format, window_state
+from ui.window.layout_format import read_geometry, read_main_window_state, read_splitter_state
+from ui.window.main_window import MainWindow
+from ui.window.window_state import Screen, fit_rect
 
 SCREEN = Screen(0, (0, 0, 1920, 1040), 1920)
 LEFT = Screen(1, (-1280, 0, 1280, 1024), 1280)

@@ -63,7 +63,7 @@ from app.engine.metrics import MessageMetrics
 from app.util.hashing import FingerprintCache
 from tests.conftest import ROOT, make_unreadable
 from tests.fakes import FakeEngine
-from ui.conversation_list import human_time
+from ui.chat.conversation_list import human_time
 
 BUDGET_S = 2.0  # per call; generous for a loaded 2-core machine (typical: a few ms)
 # Cases per fuzzer and run: the same ones each run (derandomized, as the other Hypothesis
@@ -1035,7 +1035,7 @@ def test_presets_with_bad_values_are_repaired_and_bad_presets_left_out(settings_
 def test_repeat_penalty_zero_is_refused_everywhere(qtbot: QtBot) -> None:
     from PySide6.QtWidgets import QDoubleSpinBox
 
-    from ui.settings_form import SettingsForm
+    from ui.settings.settings_form import SettingsForm
 
     spec = SPEC_BY_NAME["repeat_penalty"]
     assert spec.minimum is not None and spec.minimum > 0
@@ -1058,8 +1058,8 @@ def test_repeat_penalty_zero_is_refused_everywhere(qtbot: QtBot) -> None:
 def test_the_app_starts_on_a_hostile_data_dir(qtbot: QtBot, tmp_path: Path) -> None:
     """Every kind of damage at once: the window opens, lists the good conversations and
     says what was set aside or repaired."""
+    from ui.engine.worker import EngineClient
     from ui.main import open_window
-    from ui.worker import EngineClient
 
     root = tmp_path / "data"
     good = real_conversation()

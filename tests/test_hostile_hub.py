@@ -611,7 +611,7 @@ def test_pause_cuts_a_stalled_read_at_once(hub: HubServer, tmp_path: Path, head:
 def test_closing_the_download_manager_joins_its_thread_promptly(
     qapp: Any, hub: HubServer, tmp_path: Path, head: bytes
 ) -> None:
-    from ui.hub_workers import HubServices
+    from ui.models.hub_workers import HubServices
 
     models = tmp_path / "models"
     queue = DownloadQueue(models, tmp_path / "downloads.json", FileFetcher())

@@ -622,7 +622,7 @@ def test_hostile_templates_in_the_model_file_fall_back_at_load(
 def test_worker_reports_one_terminal_signal_for_a_template_failure(
     engine: Engine, monkeypatch: pytest.MonkeyPatch, qtbot: object
 ) -> None:
-    from ui.worker import EngineWorker, GenerateJob
+    from ui.engine.worker import EngineWorker, GenerateJob
 
     src = "{% for m in messages %}{% if 'zz' in m.content %}{{ raise_exception('x') }}"
     src += "{% endif %}{{ m.content }}{% endfor %}"

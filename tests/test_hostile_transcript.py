@@ -12,7 +12,7 @@ from PySide6.QtCore import QUrl
 from PySide6.QtWidgets import QApplication
 
 from app.chat.markdown_render import MARKDOWN_LIMIT, RUN_LIMIT, render_markdown
-from ui.transcript import TranscriptView
+from ui.chat.transcript import TranscriptView
 
 HREF = re.compile(r'href="([^"]*)"')
 SAFE = ("http:", "https:", "mailto:")

@@ -301,7 +301,7 @@ def test_the_hardware_page_shows_what_is_off_and_can_check_again(
     from PySide6.QtWidgets import QPushButton
 
     from app.engine.hardware import HardwareInfo
-    from ui.backend_page import BackendPage
+    from ui.perf.backend_page import BackendPage
 
     store = PathVerdicts(tmp_path / FILE_NAME, "m")
     store.record(RiskyPath.EXTRA_BUFTS, False, "a test run crashed (SIGSEGV)", "probe")

@@ -17,9 +17,9 @@ from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD
-from ui.main_window import MainWindow
-from ui.perf_panel import PerfPanel
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.perf.perf_panel import PerfPanel
+from ui.window.main_window import MainWindow
 
 
 def synthetic(n: int = 5, start: float = 100.0, step: float = 20.0) -> MessageMetrics:

@@ -22,7 +22,7 @@ from pytestqt.qtbot import QtBot
 from app.config.params import LoadConfig
 from app.engine import llama as llama_module
 from app.engine.llama import Engine
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
 
 pytestmark = pytest.mark.slow
 LOAD = LoadConfig(n_ctx=256, n_threads=1)

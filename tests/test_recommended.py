@@ -49,11 +49,11 @@ from app.models.recommended import (
 )
 from tests.conftest import TEST_LOAD
 from tests.hub_server import HubServer, serving_hub
-from ui import recommended_view
-from ui.hub_workers import HubServices
-from ui.main_window import MainWindow
-from ui.model_manager import ModelManager
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.models import recommended_view
+from ui.models.hub_workers import HubServices
+from ui.models.model_manager import ModelManager
+from ui.window.main_window import MainWindow
 
 ROOT = Path(__file__).resolve().parent.parent
 LIST_PATH = ROOT / "resources" / "recommended_models.json"

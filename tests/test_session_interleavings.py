@@ -61,7 +61,7 @@ from app.engine.templates import ChatMessage
 from app.util.errors import DecodeError
 from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
 
 SETTLE_S = 30.0  # generous: the real model on two loaded cores
 STEPS = [0]  # steps run, for the closing report

@@ -37,8 +37,8 @@ from app.util.instance_lock import (
 )
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
-from ui import single_instance
-from ui.single_instance import (
+from ui.window import single_instance
+from ui.window.single_instance import (
     EXIT_HELD,
     Activation,
     InstanceServer,
@@ -271,7 +271,7 @@ HAND_OVER = """
 import json, sys
 from pathlib import Path
 from app.util.instance_lock import Holder
-from ui.single_instance import hand_over
+from ui.window.single_instance import hand_over
 model = Path(sys.argv[2]) if len(sys.argv) > 2 else None
 print(json.dumps(hand_over(sys.argv[1], model, Holder())))
 """

@@ -31,8 +31,8 @@ from app.remote.connection import Connection
 from app.remote.llama_server import LlamaServerBackend
 from app.remote.openai_compat import OpenAIBackend
 from app.util.errors import DraftError
-from ui.draft_control import COMBO_HELP
-from ui.draft_stats import draft_text, reply_footer, tokens_per_pass
+from ui.common.draft_stats import draft_text, reply_footer, tokens_per_pass
+from ui.settings.draft_control import COMBO_HELP
 
 ROOT = Path(__file__).resolve().parent.parent
 FALSE_CLAIM = re.compile(r"never\s+changes\s+what\s+a\s+greedy", re.IGNORECASE)

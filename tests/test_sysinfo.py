@@ -14,7 +14,7 @@ from app.engine.hardware import detect_hardware
 from app.engine.offload import fit_report
 from app.util import sysinfo
 from tests.conftest import ROOT
-from ui.model_manager import fits_hint
+from ui.models.model_manager import fits_hint
 
 
 def test_figures_are_real() -> None:

@@ -16,8 +16,8 @@ from app.config.settings import AppSettings
 from tests.fakes import FakeEngine
 from tests.prompt_window import ONE_THREAD, close, evaluated, send
 from tests.prompt_window import open_window as _open_window
-from ui.main_window import MainWindow
-from ui.worker import EngineClient
+from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 TURN = "<start_of_turn>user\n"
 

@@ -48,7 +48,7 @@ from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
 from tests.prompt_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
-from ui.template_dialog import TemplateDialog
+from ui.settings.template_dialog import TemplateDialog
 
 GREEDY = SamplingParams.greedy(4)
 # A ChatML-like template with markers of its own, to see in the evaluated text.

@@ -20,8 +20,8 @@ from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.llama import Engine
 from app.engine.templates import AUTO, PLAIN, ChatMessage
 from tests.conftest import ONE_THREAD
-from ui.api_bridge import QtEngineGateway
-from ui.worker import EngineClient
+from ui.engine.api_bridge import QtEngineGateway
+from ui.engine.worker import EngineClient
 
 GREEDY = SamplingParams.greedy(6)
 WAIT_MS = 60_000

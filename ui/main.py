@@ -1,5 +1,5 @@
 """Entry point: ``lamplight [--data-dir PATH] [--model PATH] [--smoke-test]``, and
-``lamplight serve [...]`` for the API server without a window (``ui/serve.py``)."""
+``lamplight serve [...]`` for the API server without a window (``ui/api/serve.py``)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from app.util.datafiles import os_reason
 if TYPE_CHECKING:
     from app.chat.store import ConversationStore
     from app.util.instance_lock import InstanceLock
-    from ui.hub_workers import HubServices
-    from ui.main_window import MainWindow
-    from ui.worker import EngineClient
+    from ui.engine.worker import EngineClient
+    from ui.models.hub_workers import HubServices
+    from ui.window.main_window import MainWindow
 
 log = logging.getLogger("lamplight")
 
@@ -129,7 +129,7 @@ def hub_services(dirs: DataDirs) -> HubServices:
     from app.models.downloads import DownloadQueue
     from app.models.hub import HubClient
     from app.models.library import Library
-    from ui.hub_workers import HubServices
+    from ui.models.hub_workers import HubServices
 
     library = Library(dirs.models, dirs.library_file)
     queue = DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher())
@@ -139,7 +139,7 @@ def hub_services(dirs: DataDirs) -> HubServices:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
-        from ui.serve import main as serve
+        from ui.api.serve import main as serve
 
         return serve(argv[1:])
     if argv and argv[0] == "probe-native-path":  # the frozen app's native-path check child
@@ -172,8 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from ui import crash_notice, single_instance
-    from ui.worker import EngineClient
+    from ui.engine.worker import EngineClient
+    from ui.window import crash_notice, single_instance
 
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Lamplight")
@@ -207,7 +207,7 @@ def claim_data_dir(dirs: DataDirs, args: argparse.Namespace) -> InstanceLock | i
     """The data folder's lock for this process; or, when another process holds it, the
     exit code after handing the window there this launch's model (``ui/single_instance``)."""
     from app.util.instance_lock import AlreadyRunning, acquire
-    from ui import single_instance
+    from ui.window import single_instance
 
     if not args.smoke_test:
         model = Path(os.path.abspath(Path(args.model).expanduser())) if args.model else None
@@ -232,7 +232,7 @@ def open_window(
     (plus what the presets and conversations had wrong) shown; no model is loaded yet."""
     from app.chat.conversation import is_valid_id
     from app.chat.store import ConversationStore
-    from ui.main_window import MainWindow
+    from ui.window.main_window import MainWindow
 
     store = ConversationStore(dirs.root, settings.snapshot_budget_mb * 1024 * 1024)
     store.drop_orphan_snapshots()  # caches of transcripts that were never written
@@ -261,7 +261,7 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
     from app.engine.backend import ModelInfo
     from app.engine.metrics import MessageMetrics
     from app.engine.templates import ChatMessage
-    from ui.worker import DEFAULT_MODEL, EngineClient
+    from ui.engine.worker import DEFAULT_MODEL, EngineClient
 
     app = QCoreApplication(sys.argv[:1])
     client = EngineClient(dirs.models)

@@ -327,7 +327,7 @@ def _replace(db: sqlite3.Connection, conv: Conversation, stamp: str) -> None:
 
 def _rows(conv: Conversation) -> Iterable[tuple[str, str, int, str]]:
     # Shown messages by index; then the versions not shown, numbered on past them in
-    # ``every_message`` order: opening such a hit reveals that version (ui.search_jump).
+    # ``every_message`` order: opening such a hit reveals that version (ui.chat.search_jump).
     for i, m in enumerate(conv.every_message()):
         for text in message_texts(m):
             yield text, conv.id, i, m.role

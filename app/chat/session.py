@@ -54,7 +54,7 @@ REPLY_ROOM = 4 * MAX_REPLY_BYTES
 
 
 class EngineLink(Protocol):
-    """What a session asks of the engine worker (``ui.worker.EngineClient``)."""
+    """What a session asks of the engine worker (``ui.engine.worker.EngineClient``)."""
 
     def generate(
         self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams

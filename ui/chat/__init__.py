@@ -1,0 +1,1 @@
+"""The conversation: transcript, input, sidebar and prompt controls."""

@@ -1,0 +1,306 @@
+"""System prompts, chat template choices and continue-the-text mode, wired to the window.
+
+``install(win)`` adds the system prompt bar and the text-completion notice above
+the transcript, "Chat → System prompt…" and "Model → Chat template…", and keeps
+them in step with the loaded model and the open conversation:
+
+- A new chat starts with the loaded model's default system prompt, else the global
+  default (``AppSettings.system_prompt``). Editing the bar changes the open chat's
+  prompt from its next reply on; it is saved with the conversation.
+- Each model's template choice and continue-the-text mode live in
+  ``model_prefs.json`` (``app.config.model_prefs``) and are applied on the engine's
+  thread as soon as the model is loaded, or chosen, without reloading the weights
+  (``EngineClient.set_template``).
+- A base model (no chat template, no "instruct"/"chat"/"-it" in its names) gets a
+  notice saying it is a text-completion model, with the mode switch; the mode is on
+  by default for it, and the transcript then reads as one text.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, QTimer
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QBoxLayout, QDialog, QMenu, QMessageBox
+
+from app.chat.conversation import Conversation
+from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
+from app.engine.backend import ModelInfo
+from app.engine.templates import AUTO, PLAIN, TemplateInputs, TemplateOverride
+from app.util.datafiles import os_reason
+from ui.chat.completion_notice import CompletionNotice
+from ui.chat.system_prompt_bar import SystemPromptBar
+from ui.settings.template_dialog import TemplateDialog
+
+if TYPE_CHECKING:
+    from ui.window.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+SAVE_DELAY_MS = 800  # a system prompt being typed is saved this long after the last key
+CHAT_INPUT_HINT = "Message the model…  (Enter sends, Shift+Enter: new line)"
+COMPLETION_INPUT_HINT = "Write the beginning of a text; the model continues it…  (Enter sends)"
+COMPLETION_NAMES = {"user": "Your text", "assistant": "Continued by the model"}
+
+
+def effective_override(prefs: ModelPrefs, completion: bool) -> TemplateOverride:
+    """The template to use for a model with ``prefs``, in the given mode."""
+    if completion:
+        return PLAIN
+    if prefs.template == "builtin":
+        return TemplateOverride("builtin", name=prefs.template_name)
+    if prefs.template == "custom":
+        return TemplateOverride("custom", source=prefs.template_source)
+    return AUTO
+
+
+def key_for(info: ModelInfo) -> str:
+    return model_key(info.path, info.file_size, info.server)
+
+
+class PromptControls(QObject):
+    """The window's system prompt bar, text-completion notice and template dialog."""
+
+    def __init__(self, win: MainWindow) -> None:
+        super().__init__(win)
+        self._win = win
+        self.prefs = ModelPrefsStore(win._dirs.root / FILE_NAME)
+        self.model: ModelInfo | None = None
+        self.key = ""
+        self.completion = False
+        self.dialog: TemplateDialog | None = None
+        self._save_timer = QTimer(self)
+        self._save_timer.setSingleShot(True)
+        self._save_timer.setInterval(SAVE_DELAY_MS)
+        self._save_timer.timeout.connect(self._save_prompt)
+        self._edited_id = ""  # the conversation whose prompt is being typed
+
+        self.bar = SystemPromptBar(win.chat)
+        self.notice = CompletionNotice(win.chat)
+        layout = win.chat.layout()
+        assert isinstance(layout, QBoxLayout)
+        layout.insertWidget(0, self.notice)
+        layout.insertWidget(0, self.bar)
+        self.bar.edited.connect(self._on_prompt_edited)
+        self.bar.globalDefaultRequested.connect(self.set_global_default)
+        self.bar.modelDefaultRequested.connect(self.set_model_default)
+        self.bar.modelDefaultCleared.connect(self.clear_model_default)
+        self.notice.modeRequested.connect(self.set_completion)
+
+        self.prompt_action = QAction("System prompt…", win)
+        self.prompt_action.setToolTip("Show and edit this chat's system prompt")
+        self.prompt_action.triggered.connect(self.bar.expand)
+        self.template_action = QAction("Chat template…", win)
+        self.template_action.setToolTip("Choose or write the loaded model's chat template")
+        self.template_action.triggered.connect(self.show_template_dialog)
+        self.template_action.setEnabled(False)
+        self._add_to_menu("&Chat", self.prompt_action)
+        self._add_to_menu("&Model", self.template_action)
+
+        win.session_view.conversation_listeners.append(self._on_conversation_shown)
+        win.modelReady.connect(self._on_model_ready)
+        win._client.worker.templateApplied.connect(self._on_template_applied)
+        self._show_prompt(win.conversation)
+        if self.prefs.notes:
+            QTimer.singleShot(0, self._show_file_notes)
+
+    def _add_to_menu(self, title: str, action: QAction) -> None:
+        for a in self._win.menuBar().actions():
+            menu = a.menu()
+            if a.text() == title and isinstance(menu, QMenu):
+                menu.addAction(action)
+                return
+        self._win.menuBar().addMenu(title).addAction(action)
+
+    def _show_file_notes(self) -> None:
+        for note in self.prefs.notes:
+            self._win.session_view.notice(note)
+
+    # -- system prompt ---------------------------------------------------------------------
+
+    def _model_default(self) -> str | None:
+        return self.prefs.get(self.key).system_prompt if self.key else None
+
+    def default_prompt(self) -> str:
+        """What a new chat starts with: the model's default, else the global one."""
+        model = self._model_default()
+        return model if model is not None else self._win._settings.system_prompt
+
+    def _where(self, conv: Conversation) -> str:
+        if conv.messages or conv.system_prompt != self.default_prompt():
+            return ""
+        if self._model_default() is not None:
+            return "this model's default"
+        return "the default for new chats" if conv.system_prompt else ""
+
+    def _show_prompt(self, conv: Conversation) -> None:
+        self.bar.show_prompt(conv.system_prompt, self._where(conv))
+        model = self.model
+        self.bar.set_model(model.name if model else None, self._model_default() is not None)
+
+    def _on_conversation_shown(self, conv: Conversation) -> None:
+        self._show_prompt(conv)
+
+    def _on_prompt_edited(self, text: str) -> None:
+        session = self._win.session
+        session.set_system_prompt(text, save=False)
+        self._edited_id = session.conversation.id
+        self._save_timer.start()
+
+    def _save_prompt(self) -> None:
+        session = self._win.session
+        if session.conversation.id == self._edited_id:
+            session.set_system_prompt(session.conversation.system_prompt, save=True)
+
+    def set_global_default(self, text: str) -> None:
+        win = self._win
+        win._settings.system_prompt = text
+        win._save_settings()
+        win.session.set_default_system_prompt(self.default_prompt())
+        first = self._model_default() is not None
+        where = " (this model's own default still comes first)" * first
+        win.statusBar().showMessage(f"New chats start with this system prompt{where}.", 6000)
+        self._show_prompt(win.conversation)
+
+    def set_model_default(self, text: str) -> None:
+        if not self.key or self.model is None:
+            return
+        if self._update(system_prompt=text):
+            self._win.session.set_default_system_prompt(text)
+            self._win.statusBar().showMessage(
+                f"New chats with {self.model.name} start with this system prompt.", 6000
+            )
+        self._show_prompt(self._win.conversation)
+
+    def clear_model_default(self) -> None:
+        if self.key and self._update(system_prompt=None):
+            self._win.session.set_default_system_prompt(self.default_prompt())
+        self._show_prompt(self._win.conversation)
+
+    def _update(self, **changes: object) -> bool:
+        """Store changes to the loaded model's preferences; False (and a message) if not."""
+        try:
+            self.prefs.update(self.key, **changes)
+        except (OSError, ValueError) as exc:
+            reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
+            QMessageBox.warning(
+                self._win, "Could not save the model's preferences", f"{FILE_NAME}: {reason}"
+            )
+            return False
+        return True
+
+    # -- template and continue-the-text mode -----------------------------------------------
+
+    def _on_model_ready(self, info: ModelInfo) -> None:
+        self.model = info
+        self.key = key_for(info)
+        prefs = self.prefs.get(self.key)
+        session = self._win.session
+        session.set_default_system_prompt(self.default_prompt())
+        can = info.capabilities.template_override
+        self.template_action.setEnabled(can)
+        self.template_action.setToolTip(
+            "Choose or write the loaded model's chat template"
+            if can
+            else "Not here: " + info.capabilities.why_not.get("template_override", "")
+        )
+        self._set_mode(can and prefs.completion_on(info.base_model))
+        override = effective_override(prefs, self.completion) if can else AUTO
+        if override != AUTO:
+            self._win._client.set_template(override)
+        self._show_prompt(self._win.conversation)
+
+    def _set_mode(self, completion: bool) -> None:
+        """Show continue-the-text mode (or chat turns) in the widgets."""
+        self.completion = completion
+        info = self.model
+        if info is not None and info.base_model and info.capabilities.template_override:
+            self.notice.show_for(info.name, completion)
+        else:
+            self.notice.hide()
+        self.bar.set_completion(completion)
+        win = self._win
+        win.chat_input.setPlaceholderText(COMPLETION_INPUT_HINT if completion else CHAT_INPUT_HINT)
+        win.transcript.role_names = dict(COMPLETION_NAMES) if completion else {}
+
+    def set_completion(self, on: bool) -> None:
+        """Switch continue-the-text mode for the loaded model (saved for it)."""
+        info = self.model
+        if info is None or not info.capabilities.template_override:
+            return
+        prefs = self.prefs.get(self.key)
+        stored = None if on == info.base_model else on
+        if prefs.completion != stored:
+            self._update(completion=stored)
+        self._apply(effective_override(self.prefs.get(self.key), on), on)
+
+    def _apply(self, override: TemplateOverride, completion: bool) -> None:
+        was = self.completion
+        self._set_mode(completion)
+        self._win._client.set_template(override)
+        conv = self._win.conversation
+        if was != completion and conv.messages:
+            if not self._win.session.busy:  # a streaming reply keeps its frame
+                self._win.transcript.show_messages(conv.messages)
+            self._win.session_view.notice(
+                "Continue-the-text mode is on: from the next reply, this chat is read as one "
+                "text and the model continues it."
+                if completion
+                else "Chat turns are back: from the next reply, messages are wrapped in the "
+                "model's chat template."
+            )
+
+    def show_template_dialog(self) -> None:
+        info = self.model
+        if info is None or not info.capabilities.template_override:
+            return
+        dialog = TemplateDialog(
+            info.name,
+            info.template_inputs or TemplateInputs(),
+            info.base_model,
+            self.prefs.get(self.key),
+            self._win.conversation.chat(),
+            self._win,
+        )
+        self.dialog = dialog
+        dialog.finished.connect(self._on_dialog_finished)
+        dialog.open()
+
+    def _on_dialog_finished(self, result: int) -> None:
+        dialog, self.dialog = self.dialog, None
+        info = self.model
+        if dialog is not None:
+            dialog.deleteLater()
+        if dialog is None or info is None or result != QDialog.DialogCode.Accepted:
+            return
+        choice = dialog.choice()
+        o = choice.override
+        stored = None if choice.completion == info.base_model else choice.completion
+        if not self._update(
+            template=o.kind if o.kind in ("builtin", "custom") else "auto",
+            template_name=o.name if o.kind == "builtin" else "",
+            template_source=o.source if o.kind == "custom" else "",
+            completion=stored,
+        ):
+            return
+        on = choice.completion
+        self._apply(effective_override(self.prefs.get(self.key), on), on)
+
+    def _on_template_applied(self, info: ModelInfo) -> None:
+        win = self._win
+        if self.model is None or key_for(info) != self.key:
+            return
+        self.model = info
+        win.session.model = info
+        win._model = info
+        if not win._loading:
+            win.model_status.loaded(info)
+        for note in info.notes:
+            win.session_view.notice(note)
+
+
+def install(win: MainWindow) -> PromptControls:
+    """Add the system prompt bar, the text-completion notice and their menu entries."""
+    return PromptControls(win)

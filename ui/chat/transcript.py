@@ -1,0 +1,440 @@
+"""The conversation view: message frames, streamed text, Markdown once a reply ends."""
+
+from __future__ import annotations
+
+import html
+import secrets
+import time
+from collections.abc import Callable, Sequence
+
+from PySide6.QtCore import QMimeData, QUrl, Signal
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QPalette,
+    QTextBlockFormat,
+    QTextCharFormat,
+    QTextCursor,
+    QTextFrame,
+    QTextFrameFormat,
+)
+from PySide6.QtWidgets import QApplication, QTextBrowser, QWidget
+
+from app.chat.conversation import Message
+from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
+from ui.common.draft_stats import reply_footer
+
+SAFE_LINK_SCHEMES = ("http", "https", "mailto")
+ACTION_SCHEME = "lamplight"
+ACTIONS = ("edit", "fork", "regenerate", "drop-older", "answer", "prev-version", "next-version")
+
+
+FORGOTTEN = "not in the model's memory"
+UNANSWERED = "not answered yet"
+
+
+def stamp_text(created: float, now: float | None = None) -> str:
+    """A message's time as its header shows it: "14:32" today, "Nov 21, 14:32" this
+    year, "2025-11-21 14:32" before."""
+    try:
+        at = time.localtime(created)
+        today = time.localtime(now)
+    except (OverflowError, OSError, ValueError):
+        return ""
+    if at[:3] == today[:3]:
+        return time.strftime("%H:%M", at)
+    if at.tm_year == today.tm_year:
+        return time.strftime("%b %d, %H:%M", at)
+    return time.strftime("%Y-%m-%d %H:%M", at)
+
+
+def _header_html(
+    key: str,
+    role: str,
+    index: int,
+    actions: tuple[str, ...],
+    note: str = "",
+    created: float | None = None,
+    names: dict[str, str] | None = None,
+    version: tuple[int, int] = (1, 1),
+) -> str:
+    name = (names or {}).get(role) or ("You" if role == "user" else "Assistant")
+    position, count = version
+    switch = ""
+    if count > 1:
+        # "‹ 2/3 ›": the other versions regenerate and edit kept (links only where there is one).
+        def arrow(sign: str, action: str, live: bool) -> str:
+            if not live:
+                return f"<span style='color:#c0c0c0'>{sign}</span>"
+            href = f"{ACTION_SCHEME}://{key}/{action}/{index}"
+            return f'<a href="{href}" style="color:#6b7a90">{sign}</a>'
+
+        switch = (
+            f"&nbsp;&nbsp;<small>{arrow('‹', 'prev-version', position > 1)} "
+            f"{position}/{count} {arrow('›', 'next-version', position < count)}</small>"
+        )
+    # A finished message (one with actions) can always be copied.
+    shown = (*actions, "copy") if actions else ()
+    links = " · ".join(
+        f'<a href="{ACTION_SCHEME}://{key}/{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
+        for a in shown
+    )
+    when = stamp_text(created) if created is not None else ""
+    stamp = f"&nbsp;&nbsp;<small>{html.escape(when)}</small>" if when else ""
+    sep = "&nbsp;&nbsp;&nbsp;" if links else ""
+    aside = f"&nbsp;&nbsp;<small><i>· {html.escape(note)}</i></small>" if note else ""
+    return (
+        f"<span style='color:#888888'><b>{name}</b>{stamp}{switch}{sep}<small>{links}</small>"
+        f"{aside}</span>"
+    )
+
+
+class TranscriptView(QTextBrowser):
+    """Shows the conversation.
+
+    While a reply streams its text is appended as plain text at the end of
+    its frame, a cost that does not depend on how long the message or the
+    conversation already is; when the reply ends, that frame alone is
+    re-rendered as Markdown. Each message header carries its actions as
+    ``lamplight://<key>/<action>/<index>`` links, where ``key`` is a random
+    per-view secret: message text is rendered without such links anyway, and
+    the key keeps anything that did slip through from acting.
+
+    Every finished message offers Copy, and each of its code blocks a Copy link of
+    its own; both copy the message's source text, not what the view draws.
+
+    Signals:
+        linkActivated(QUrl): the user clicked a link that is safe to open.
+        actionRequested(str, int): "edit", "fork" or "regenerate", and the message index.
+        copied(str): what was put on the clipboard, in words ("message", "code block").
+    """
+
+    linkActivated = Signal(QUrl)
+    actionRequested = Signal(str, int)
+    copied = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("transcriptView")
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.setReadOnly(True)
+        self.document().setDocumentMargin(12)
+        self.anchorClicked.connect(self._on_anchor_clicked)
+        self._stream_frame: QTextFrame | None = None
+        self._stream_cursor: QTextCursor | None = None
+        self._placeholder = True
+        self._body_format = QTextCharFormat()
+        self._frames: list[QTextFrame] = []
+        self._texts: dict[int, str] = {}  # message index -> its source text (for Copy)
+        self._times: dict[int, float] = {}  # message index -> when it was written
+        self._versions: dict[int, tuple[int, int]] = {}  # message index -> (position, count)
+        self._last_reply = -1
+        self._key = secrets.token_hex(8)
+        # Header names by role instead of You/Assistant (continue-the-text mode's).
+        self.role_names: dict[str, str] = {}
+        self._run = 0  # characters since the last whitespace in the streaming reply
+        self._show_placeholder()
+
+    # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
+    def loadResource(self, type: int, name: QUrl | str) -> object:  # Qt's name
+        return None
+
+    def createMimeDataFromSelection(self) -> QMimeData:  # Qt's name
+        """Copied text without the invisible break opportunities added for layout."""
+        data = QMimeData()
+        data.setText(strip_breaks(self.textCursor().selection().toPlainText()))
+        return data
+
+    def _dark(self) -> bool:
+        return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
+
+    def _show_placeholder(self) -> None:
+        self.setHtml(
+            "<p style='color:#888888' align='center'><br><br>Type a message below and press "
+            "Enter.<br>Shift+Enter adds a line; Esc stops a reply.</p>"
+        )
+        self._placeholder = True
+
+    def clear_conversation(self) -> None:
+        self._stream_frame = None
+        self._stream_cursor = None
+        self._frames = []
+        self._texts = {}
+        self._times = {}
+        self._versions = {}
+        self._last_reply = -1
+        self._show_placeholder()
+
+    def show_messages(
+        self,
+        messages: Sequence[Message],
+        versions: Sequence[tuple[int, int]] = (),
+        answerable: bool = False,
+    ) -> None:
+        """Render a whole conversation (on open, edit, regenerate).
+
+        ``versions``: each message's (position, count) among its versions;
+        ``answerable``: a last user message without a reply offers Answer.
+        """
+        self.clear_conversation()
+        self._versions = {i: v for i, v in enumerate(versions) if v[1] > 1}
+        last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+        for i, m in enumerate(messages):
+            note = FORGOTTEN if m.forgotten else ""
+            if m.role == "user":
+                last = answerable and i == len(messages) - 1
+                actions = ("answer", "edit", "fork") if last else ("edit", "fork")
+                self.add_user_message(
+                    m.content, i, note or (UNANSWERED if last else ""), m.created, actions
+                )
+            elif m.role == "assistant":
+                metrics = m.message_metrics()
+                self._times[i] = m.created
+                frame = self._new_frame("assistant", i, ("fork",), note)
+                self._texts[i] = m.content
+                self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
+        self._set_last_reply(last_reply)
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+
+    def _new_frame(
+        self, role: str, index: int, actions: tuple[str, ...], note: str = ""
+    ) -> QTextFrame:
+        if self._placeholder:
+            self.clear()
+            self._placeholder = False
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        fmt = QTextFrameFormat()
+        fmt.setPadding(8)
+        fmt.setTopMargin(6)
+        fmt.setBottomMargin(6)
+        fmt.setBorder(0)
+        if role == "user":
+            dark = self._dark()
+            fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
+        frame = cursor.insertFrame(fmt)
+        inner = frame.firstCursorPosition()
+        inner.insertHtml(self._header(role, index, actions, note))
+        inner.insertBlock(QTextBlockFormat(), self._body_format)
+        while len(self._frames) <= index:
+            self._frames.append(frame)
+        self._frames[index] = frame
+        return frame
+
+    def _set_header(self, index: int, role: str, actions: tuple[str, ...], note: str = "") -> None:
+        if not 0 <= index < len(self._frames):
+            return
+        cursor = self._frames[index].firstCursorPosition()
+        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        cursor.insertHtml(self._header(role, index, actions, note))
+
+    def _header(self, role: str, index: int, actions: tuple[str, ...], note: str) -> str:
+        return _header_html(
+            self._key,
+            role,
+            index,
+            actions,
+            note,
+            self._times.get(index),
+            self.role_names,
+            self._versions.get(index, (1, 1)),
+        )
+
+    def set_versions(
+        self, messages: Sequence[Message], versions: Sequence[tuple[int, int]]
+    ) -> None:
+        """Show each message's "‹ 2/3 ›" where it changed (after a reply replaced one)."""
+        for i, v in enumerate(versions):
+            if self._versions.get(i, (1, 1)) == v or i >= len(messages):
+                continue
+            self._versions[i] = v
+            m = messages[i]
+            if m.role == "user":
+                actions: tuple[str, ...] = ("edit", "fork")
+            else:
+                actions = ("regenerate", "fork") if i == self._last_reply else ("fork",)
+            self._set_header(i, m.role, actions, FORGOTTEN if m.forgotten else "")
+
+    def mark_forgotten(self, messages: Sequence[Message]) -> None:
+        """Say on each forgotten message's header that the model no longer sees it."""
+        for i, m in enumerate(messages):
+            if m.forgotten and i != self._last_reply:
+                actions = ("edit", "fork") if m.role == "user" else ("fork",)
+                self._set_header(i, m.role, actions, FORGOTTEN)
+
+    def _set_last_reply(self, index: int) -> None:
+        """Only the last reply offers Regenerate."""
+        if self._last_reply >= 0 and self._last_reply != index:
+            self._set_header(self._last_reply, "assistant", ("fork",))
+        self._last_reply = index
+        if index >= 0:
+            self._set_header(index, "assistant", ("regenerate", "fork"))
+
+    def add_user_message(
+        self,
+        text: str,
+        index: int = 0,
+        note: str = "",
+        created: float | None = None,
+        actions: tuple[str, ...] = ("edit", "fork"),
+    ) -> None:
+        at_bottom = self._at_bottom()
+        self._times[index] = time.time() if created is None else created
+        self._texts[index] = text
+        frame = self._new_frame("user", index, actions, note)
+        cursor = frame.lastCursorPosition()
+        cursor.insertHtml(render_markdown(text, self._dark(), self._code_link(index)))
+        self._follow(at_bottom)
+
+    def begin_reply(self, index: int = 1) -> None:
+        """Open the frame a streamed reply goes into."""
+        at_bottom = self._at_bottom()
+        self._set_last_reply(-1)
+        self._times[index] = time.time()
+        self._texts.pop(index, None)
+        self._stream_frame = self._new_frame("assistant", index, ())
+        self._stream_index = index
+        self._stream_cursor = self._stream_frame.lastCursorPosition()
+        self._run = 0
+        self._follow(at_bottom)
+
+    def append_stream(self, text: str) -> None:
+        """Append plain reply text at the end of the streaming frame."""
+        if self._stream_cursor is None or not text:
+            return
+        at_bottom = self._at_bottom()
+        self._stream_cursor.insertText(self._breakable_stream(text), self._body_format)
+        self._follow(at_bottom)
+
+    def _breakable_stream(self, text: str) -> str:
+        """``text`` with a break opportunity wherever the streamed run grows past the limit."""
+        out = []
+        for ch in text:
+            if ch.isspace():
+                self._run = 0
+            elif self._run >= RUN_LIMIT:
+                out.append("\u200b")
+                self._run = 1
+            else:
+                self._run += 1
+            out.append(ch)
+        return "".join(out)
+
+    def end_reply(self, text: str, footer: str = "", error: str = "", kept: bool = True) -> None:
+        """Replace the streamed text with its Markdown rendering and add a footer line.
+
+        ``kept`` says the reply is now a message of the conversation (and so gets actions).
+        """
+        frame = self._stream_frame
+        if frame is None:
+            return
+        at_bottom = self._at_bottom()
+        if kept:
+            self._texts[self._stream_index] = text
+        self._fill(frame, text, footer, error, self._stream_index if kept else -1)
+        self._stream_frame = None
+        self._stream_cursor = None
+        if kept:
+            self._set_last_reply(self._stream_index)
+        self._follow(at_bottom)
+
+    def _code_link(self, index: int) -> Callable[[int], str] | None:
+        if index < 0:
+            return None
+        return lambda n: f"{ACTION_SCHEME}://{self._key}/copy-code/{index}/{n}"
+
+    def _fill(self, frame: QTextFrame, text: str, footer: str, error: str, index: int) -> None:
+        cursor = frame.firstCursorPosition()
+        cursor.movePosition(QTextCursor.MoveOperation.NextBlock)  # keep the header
+        cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        parts = []
+        if text.strip():
+            parts.append(render_markdown(text, self._dark(), self._code_link(index)))
+        if error:
+            parts.append(f"<p style='color:#d1242f'>{html.escape(error)}</p>")
+        if footer:
+            parts.append(f"<p style='color:#888888; font-size:small'>{html.escape(footer)}</p>")
+        cursor.insertHtml("".join(parts) or "<p style='color:#888888'>(no reply)</p>")
+
+    def add_notice(self, text: str, action: str = "", label: str = "") -> None:
+        """A one-line note from the app (an error, a model change, a rebuilt cache),
+        optionally with one app action link (``action`` from ``ACTIONS``, index 0)."""
+        if self._placeholder:
+            self.clear()
+            self._placeholder = False
+        cursor = QTextCursor(self.document())
+        cursor.movePosition(QTextCursor.MoveOperation.End)
+        link = (
+            f' <a href="{ACTION_SCHEME}://{self._key}/{action}/0">{html.escape(label)}</a>'
+            if action
+            else ""
+        )
+        cursor.insertHtml(f"<p style='color:#888888'><i>{html.escape(text)}</i>{link}</p>")
+
+    @property
+    def streaming(self) -> bool:
+        return self._stream_frame is not None
+
+    def _at_bottom(self) -> bool:
+        bar = self.verticalScrollBar()
+        return bar.value() >= bar.maximum() - 4
+
+    def _follow(self, was_at_bottom: bool) -> None:
+        # Only follow new text when the reader has not scrolled up to read.
+        if was_at_bottom:
+            bar = self.verticalScrollBar()
+            bar.setValue(bar.maximum())
+
+    def show_message(self, index: int, term: str = "") -> bool:
+        """Scroll to message ``index`` and select the first ``term`` in it (a search hit)."""
+        if not 0 <= index < len(self._frames):
+            return False
+        frame = self._frames[index]
+        cursor = frame.firstCursorPosition()
+        if term:
+            found = self.document().find(term, cursor)
+            if not found.isNull() and found.position() <= frame.lastPosition():
+                cursor = found
+        bar = self.verticalScrollBar()
+        top = self.cursorRect(frame.firstCursorPosition()).top() + bar.value()
+        self.setTextCursor(cursor)
+        bar.setValue(max(0, top - 12))
+        self.ensureCursorVisible()
+        return True
+
+    def copy_message(self, index: int, block: int | None = None) -> bool:
+        """Put message ``index`` (or its ``block``-th code block) on the clipboard."""
+        text = self._texts.get(index)
+        if text is None:
+            return False
+        what = "message"
+        if block is not None:
+            blocks = code_blocks(text)
+            if not 0 <= block < len(blocks):
+                return False
+            text, what = blocks[block], "code block"
+        QApplication.clipboard().setText(text)
+        self.copied.emit(what)
+        return True
+
+    def _on_anchor_clicked(self, url: QUrl) -> None:
+        if url.scheme() == ACTION_SCHEME:
+            if url.host() != self._key:
+                return
+            action, *rest = url.path().strip("/").split("/")
+            if not rest or not all(p.isdigit() and len(p) < 9 for p in rest):
+                return
+            numbers = [int(p) for p in rest]
+            if action == "copy" and len(numbers) == 1:
+                self.copy_message(numbers[0])
+            elif action == "copy-code" and len(numbers) == 2:
+                self.copy_message(numbers[0], numbers[1])
+            elif action in ACTIONS and len(numbers) == 1:
+                self.actionRequested.emit(action, numbers[0])
+            return
+        if url.scheme() in SAFE_LINK_SCHEMES:
+            self.linkActivated.emit(url)
+            QDesktopServices.openUrl(url)

@@ -1,0 +1,1 @@
+"""Small Qt helpers every group may use."""

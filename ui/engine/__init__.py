@@ -1,0 +1,1 @@
+"""The Qt side of the engine thread."""

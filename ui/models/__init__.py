@@ -1,0 +1,1 @@
+"""Getting, choosing and loading models."""

@@ -1,0 +1,149 @@
+"""Drag a ``.gguf`` onto the window: a model is loaded and listed in the library, a LoRA
+adapter joins the adapter stack.
+
+The drag is looked at by an event filter on the window and on the text boxes inside
+it (a text box would otherwise take a dropped file as text and paste its path).
+Drags that carry no files are left alone, so dragging text into the message box
+works as usual. A drag is accepted only for exactly one local ``.gguf`` file;
+anything else is refused while it is dragged, with the reason in the status bar.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QEvent, QMimeData, QObject, QTimer
+from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
+from PySide6.QtWidgets import QWidget
+
+from app.gguf.info import read_gguf_info, shown
+from app.util.errors import ModelFileError
+
+if TYPE_CHECKING:
+    from ui.window.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+STATUS_MS = 6000
+
+
+def dropped_gguf(mime: QMimeData) -> tuple[Path | None, str]:
+    """The one local ``.gguf`` file a drag carries, or None and why it is refused
+    (an empty reason: not a drag of files at all, so not ours to judge)."""
+    if not mime.hasUrls():
+        return None, ""
+    urls = mime.urls()
+    if len(urls) != 1:
+        return None, f"Drop one model file at a time ({len(urls)} items were dragged)."
+    url = urls[0]
+    if not url.isLocalFile():
+        return None, "Only files on this computer can be opened; the Model manager downloads."
+    path = Path(url.toLocalFile())
+    if path.suffix.lower() != ".gguf":
+        return None, f"{shown(path.name)} is not a GGUF model (a .gguf file)."
+    return path, ""
+
+
+class ModelDrop(QObject):
+    """Takes ``.gguf`` drops for ``win`` (see the module docstring)."""
+
+    def __init__(self, win: MainWindow) -> None:
+        super().__init__(win)
+        self._win = win
+        self._watched: set[int] = set()
+        win.setAcceptDrops(True)
+        self.watch(win)
+
+    def watch(self, root: QWidget) -> None:
+        """Filter ``root`` and every widget under it that takes drops itself."""
+        for w in [root, *root.findChildren(QWidget)]:
+            if (w is root or w.acceptDrops()) and id(w) not in self._watched:
+                self._watched.add(id(w))
+                w.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        kind = event.type()
+        if kind in (QEvent.Type.DragEnter, QEvent.Type.DragMove):
+            assert isinstance(event, (QDragEnterEvent, QDragMoveEvent))
+            path, why = dropped_gguf(event.mimeData())
+            if path is None and not why:
+                return False  # text: the widget's own business
+            if path is not None:
+                event.acceptProposedAction()
+            else:
+                event.ignore()
+                if kind == QEvent.Type.DragEnter:
+                    self._win.statusBar().showMessage(why, STATUS_MS)
+            return True
+        if kind == QEvent.Type.Drop:
+            assert isinstance(event, QDropEvent)
+            path, why = dropped_gguf(event.mimeData())
+            if path is None and not why:
+                return False
+            if path is None:
+                event.ignore()
+                self._win.statusBar().showMessage(why, STATUS_MS)
+                return True
+            event.acceptProposedAction()
+            # After the drop returns: the file manager waits for it to finish.
+            QTimer.singleShot(0, partial(self.open, path))
+            return True
+        return False
+
+    def open(self, path: Path) -> None:
+        """Load a dropped model (or add a dropped adapter), as Open model… would."""
+        win = self._win
+        try:
+            info = read_gguf_info(path)
+        except ModelFileError as exc:
+            win.session_view.notice(f"Not opened: {exc}")
+            return
+        if info.general_type == "adapter":
+            self._add_adapter(path)
+            return
+        if win._loading:
+            win.statusBar().showMessage(
+                f"A model is still loading; drop {shown(path.name)} again when it is ready.",
+                STATUS_MS,
+            )
+            return
+        self._import(path)
+        win.session.when_idle(partial(win.load_model, path))
+        win.statusBar().showMessage(f"Opening {shown(path.name)}…", STATUS_MS)
+
+    def _add_adapter(self, path: Path) -> None:
+        win = self._win
+        panel = win.lora_panel
+        panel.show()
+        panel.raise_()
+        if panel.add_adapter(path):
+            win.statusBar().showMessage(f"Added the LoRA adapter {shown(path.name)}.", STATUS_MS)
+        else:
+            win.statusBar().showMessage(
+                f"The LoRA adapter {shown(path.name)} was not added: see the LoRA panel.",
+                STATUS_MS,
+            )
+
+    def _import(self, path: Path) -> None:
+        """List the file in the library where it is (no copy), as the manager's Import does."""
+        win = self._win
+        try:
+            if path.resolve().is_relative_to(win._dirs.models.resolve()):
+                return  # already in the library's own folder
+        except OSError:
+            return
+        if win.model_manager is not None:
+            win.model_manager.import_paths([path])  # saves the list through libraryChanged
+            return
+        settings = win._settings
+        if str(path) not in settings.imported_models:
+            settings.imported_models.append(str(path))
+            win._save_settings()
+
+
+def install(win: MainWindow) -> ModelDrop:
+    """Let ``win`` take dropped ``.gguf`` files."""
+    return ModelDrop(win)

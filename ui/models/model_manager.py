@@ -1,0 +1,550 @@
+"""The model manager: Discover (Hub search, repo page, download), Library (local models),
+Downloads, and Recommended (a curated list of small chat models, ``ui.models.recommended_view``)."""
+
+from __future__ import annotations
+
+import html
+import logging
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QUrl, Signal
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QComboBox,
+    QDialog,
+    QFileDialog,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.models.downloads import DownloadJob
+from app.models.hub import ModelHit, RepoDetails
+from app.models.library import LibraryEntry
+from app.models.quant import GgufChoice
+from app.models.recommended import UNKNOWN, default_model_name, fit_badge
+from app.util.errors import LamplightError
+from app.util.sysinfo import available_memory, size_text
+from ui.models.hub_workers import HubServices, job_summary
+from ui.models.recommended_view import RecommendedView
+
+log = logging.getLogger(__name__)
+
+PAGE = 30
+ROLE = Qt.ItemDataRole.UserRole
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
+def fits_hint(size: int, available: int) -> str:
+    """Whether a model of ``size`` bytes fits the free RAM, with a margin for its cache
+    (the Recommended tab's badge; "" when the free memory is unknown)."""
+    badge = fit_badge(int(size * 1.2 + 300e6), available)
+    return "" if badge == UNKNOWN else badge
+
+
+def only_default_model(entries: list[LibraryEntry]) -> bool:
+    """Whether the embedded default model is the only usable model in the library."""
+    default = default_model_name()
+    usable = [e.path.name for e in entries if e.valid and not e.is_adapter]
+    return bool(default) and default in usable and all(n == default for n in usable)
+
+
+class ModelManager(QDialog):
+    """Find, download and manage models.
+
+    Signals:
+        loadRequested(str): the user chose a model to load.
+        defaultRequested(str): the user chose the model to open at start.
+        unloadRequested(): a model about to be deleted is in use.
+        libraryChanged(object): a fresh list of ``LibraryEntry``.
+    """
+
+    loadRequested = Signal(str)
+    defaultRequested = Signal(str)
+    unloadRequested = Signal()
+    libraryChanged = Signal(object)
+
+    def __init__(
+        self,
+        services: HubServices,
+        loaded_model: str | None = None,
+        n_ctx: int = 4096,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setObjectName("modelManager")
+        self.setWindowTitle("Models")
+        self.resize(980, 640)
+        self._services = services
+        self.loaded_model = loaded_model
+        self.n_ctx = n_ctx
+        self.imported: list[Path] = []
+        self._query = ""
+        self._sort = "downloads"
+        self._results = 0
+        self._search_request = -1
+        self._details_request = -1
+        self._details: RepoDetails | None = None
+        self._entries: list[LibraryEntry] = []
+        self._job_rows: dict[str, int] = {}
+        self._scanned = False  # a first scan with only the default model opens Recommended
+        self._scans_pending = 0
+        self._tab_chosen = False
+
+        self.tabs = QTabWidget(self)
+        self.tabs.setObjectName("modelTabs")
+        self.tabs.addTab(self._build_discover(), "Discover")
+        self.tabs.addTab(self._build_library(), "Library")
+        self.downloads_page = self._build_downloads()
+        self.tabs.addTab(self.downloads_page, "Downloads")
+        self.recommended = RecommendedView(services.installs, n_ctx, parent=self)
+        self.tabs.addTab(self.recommended, "Recommended")
+        self.tabs.setTabToolTip(
+            self.tabs.indexOf(self.recommended), "Small chat models that run well on this computer"
+        )
+        self.tabs.tabBarClicked.connect(self._on_tab_clicked)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.tabs)
+
+        hub = services.hub
+        hub.searchDone.connect(self._on_search_done)
+        hub.detailsDone.connect(self._on_details_done)
+        hub.libraryDone.connect(self._on_library_done)
+        hub.failed.connect(self._on_failed)
+        services.downloads.progress.connect(self._on_progress)
+        services.downloads.jobEnded.connect(self._on_job_ended)
+        for job in services.queue.jobs:
+            self._show_job(job, 0.0, None)
+        self.refresh_library()
+
+    # -- construction ----------------------------------------------------------------
+
+    def _build_discover(self) -> QWidget:
+        page = QWidget(self)
+        self.search_box = QLineEdit(page)
+        self.search_box.setObjectName("hubSearch")
+        self.search_box.setPlaceholderText("Search GGUF models on the Hugging Face Hub…")
+        self.search_box.returnPressed.connect(self.search)
+        self.sort_box = QComboBox(page)
+        self.sort_box.setObjectName("hubSort")
+        self.sort_box.addItem("Most downloaded", "downloads")
+        self.sort_box.addItem("Recently updated", "recent")
+        self.sort_box.addItem("Most liked", "likes")
+        self.sort_box.currentIndexChanged.connect(lambda _i: self.search())
+        search_button = QPushButton("Search", page)
+        search_button.clicked.connect(self.search)
+        top = QHBoxLayout()
+        top.addWidget(self.search_box, 1)
+        top.addWidget(self.sort_box)
+        top.addWidget(search_button)
+
+        self.results = QListWidget(page)
+        self.results.setObjectName("hubResults")
+        self.results.currentItemChanged.connect(self._on_result_selected)
+        self.more_button = QPushButton("More results", page)
+        self.more_button.setObjectName("moreResults")
+        self.more_button.clicked.connect(self.more)
+        self.more_button.setEnabled(False)
+        left = QWidget(page)
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(self.results, 1)
+        left_layout.addWidget(self.more_button)
+
+        self.repo_title = QLabel("Pick a model on the left.", page)
+        self.repo_title.setObjectName("repoTitle")
+        # Rich text for the bold name; every value from the Hub in it is escaped.
+        self.repo_title.setTextFormat(Qt.TextFormat.RichText)
+        self.repo_title.setWordWrap(True)
+        self.repo_files = QTableWidget(0, 4, page)
+        self.repo_files.setObjectName("repoFiles")
+        self.repo_files.setHorizontalHeaderLabels(["File", "Quantization", "Size", "Memory"])
+        self.repo_files.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.repo_files.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.repo_files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.repo_files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.repo_files.itemSelectionChanged.connect(self._update_download_button)
+        self.download_button = QPushButton("Download", page)
+        self.download_button.setObjectName("downloadButton")
+        self.download_button.setEnabled(False)
+        self.download_button.clicked.connect(self.download_selected)
+        right = QWidget(page)
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.repo_title)
+        right_layout.addWidget(self.repo_files, 1)
+        right_layout.addWidget(self.download_button, 0, Qt.AlignmentFlag.AlignRight)
+
+        split = QSplitter(page)
+        split.addWidget(left)
+        split.addWidget(right)
+        split.setSizes([380, 600])
+        self.discover_status = QLabel("", page)
+        self.discover_status.setObjectName("discoverStatus")
+        self.discover_status.setTextFormat(Qt.TextFormat.PlainText)
+        self.discover_status.setWordWrap(True)
+        layout = QVBoxLayout(page)
+        layout.addLayout(top)
+        layout.addWidget(split, 1)
+        layout.addWidget(self.discover_status)
+        return page
+
+    def _build_library(self) -> QWidget:
+        page = QWidget(self)
+        self.library_table = QTableWidget(0, 8, page)
+        self.library_table.setObjectName("libraryTable")
+        self.library_table.setHorizontalHeaderLabels(
+            [
+                "Model",
+                "Architecture",
+                "Parameters",
+                "Quantization",
+                "Context",
+                "Size",
+                "RAM needed",
+                "Status",
+            ]
+        )
+        self.library_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.library_table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.library_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.library_table.horizontalHeader().setSectionResizeMode(
+            0, QHeaderView.ResizeMode.Stretch
+        )
+        self.library_table.itemSelectionChanged.connect(self._update_library_buttons)
+        self.library_table.itemDoubleClicked.connect(lambda _i: self.load_selected())
+        buttons = QHBoxLayout()
+        self.load_button = self._button("Load", "loadButton", self.load_selected, buttons)
+        self.default_button = self._button(
+            "Open at start", "defaultButton", self.default_selected, buttons
+        )
+        self.folder_button = self._button(
+            "Show in folder", "showInFolderButton", self.show_selected, buttons
+        )
+        self.delete_button = self._button("Delete…", "deleteButton", self.delete_selected, buttons)
+        buttons.addStretch(1)
+        self._button("Import…", "importButton", self._on_import, buttons)
+        self._button("Rescan", "rescanButton", self.refresh_library, buttons)
+        layout = QVBoxLayout(page)
+        layout.addWidget(self.library_table, 1)
+        layout.addLayout(buttons)
+        self._update_library_buttons()
+        return page
+
+    def _build_downloads(self) -> QWidget:
+        page = QWidget(self)
+        self.downloads_table = QTableWidget(0, 4, page)
+        self.downloads_table.setObjectName("downloadsTable")
+        self.downloads_table.setHorizontalHeaderLabels(["Model", "Progress", "Status", "Size"])
+        self.downloads_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.downloads_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.downloads_table.horizontalHeader().setSectionResizeMode(
+            2, QHeaderView.ResizeMode.Stretch
+        )
+        buttons = QHBoxLayout()
+        self._button("Pause", "pauseButton", lambda: self._control("pause"), buttons)
+        self._button("Resume", "resumeButton", lambda: self._control("resume"), buttons)
+        self._button("Cancel", "cancelDownloadButton", lambda: self._control("cancel"), buttons)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(page)
+        layout.addWidget(self.downloads_table, 1)
+        layout.addLayout(buttons)
+        return page
+
+    def _button(self, text: str, name: str, slot: object, layout: QHBoxLayout) -> QPushButton:
+        b = QPushButton(text, self)
+        b.setObjectName(name)
+        b.clicked.connect(slot)
+        layout.addWidget(b)
+        return b
+
+    # -- discover --------------------------------------------------------------------
+
+    def search(self) -> None:
+        self._query = self.search_box.text()
+        self._sort = str(self.sort_box.currentData())
+        self.results.clear()
+        self._results = 0
+        self.discover_status.setText("Searching…")
+        self.more_button.setEnabled(False)
+        self._search_request = self._services.search(self._query, self._sort, 0, PAGE)
+
+    def more(self) -> None:
+        self.more_button.setEnabled(False)
+        self.discover_status.setText("Loading more…")
+        self._search_request = self._services.search(self._query, self._sort, self._results, PAGE)
+
+    def _on_search_done(self, request: int, hits: list[ModelHit]) -> None:
+        if request != self._search_request:
+            return
+        for hit in hits:
+            updated = hit.updated.strftime("%Y-%m-%d") if hit.updated else ""
+            lock = " 🔒" if hit.gated else ""
+            when = f"  · updated {updated}" if updated else ""
+            item = QListWidgetItem(
+                f"{hit.repo_id}{lock}\n↓ {_count(hit.downloads)}  ♥ {_count(hit.likes)}{when}"
+            )
+            item.setData(ROLE, hit.repo_id)
+            self.results.addItem(item)
+        self._results += len(hits)
+        self.more_button.setEnabled(len(hits) == PAGE)
+        self.discover_status.setText(
+            f"{self._results} model{'s' if self._results != 1 else ''}"
+            if self._results
+            else "No GGUF models match."
+        )
+
+    def _on_result_selected(self, item: QListWidgetItem | None, _prev: object = None) -> None:
+        if item is None:
+            return
+        repo_id = str(item.data(ROLE))
+        self.repo_title.setText(f"<b>{html.escape(repo_id)}</b> — loading files…")
+        self.repo_files.setRowCount(0)
+        self._details = None
+        self._update_download_button()
+        self._details_request = self._services.details(repo_id)
+
+    def _on_details_done(self, request: int, details: RepoDetails) -> None:
+        if request != self._details_request:
+            return
+        self._details = details
+        notes = []
+        if details.gated:
+            notes.append("gated: accept its terms on the Hub and sign in with a token")
+        if details.license:
+            notes.append(f"license {details.license}")
+        if details.refused:
+            n = len(details.refused)
+            notes.append(f"{n} GGUF file{'s' if n != 1 else ''} with unsafe names or data left out")
+        extra = f" <small>({html.escape('; '.join(notes))})</small>" if notes else ""
+        title = html.escape(details.repo_id)
+        self.repo_title.setText(f"<b>{title}</b>{extra}")
+        available = available_memory()
+        choices = [c for c in details.choices if c.kind == "model"]
+        self.repo_files.setRowCount(len(choices))
+        for row, choice in enumerate(choices):
+            parts = f" ({len(choice.files)} parts)" if choice.split else ""
+            cells = [
+                choice.name + parts,
+                choice.quant or "?",
+                size_text(choice.size),
+                fits_hint(choice.size, available),
+            ]
+            for col, text in enumerate(cells):
+                cell = QTableWidgetItem(text)
+                cell.setData(ROLE, row)
+                self.repo_files.setItem(row, col, cell)
+        if not choices:
+            self.repo_title.setText(f"<b>{title}</b> has no GGUF model files.{extra}")
+        self._choices = choices
+        self._update_download_button()
+
+    def _update_download_button(self) -> None:
+        self.download_button.setEnabled(
+            self._details is not None and bool(self.repo_files.selectedItems())
+        )
+
+    def selected_choice(self) -> GgufChoice | None:
+        rows = {i.row() for i in self.repo_files.selectedItems()}
+        if self._details is None or len(rows) != 1:
+            return None
+        return self._choices[rows.pop()]
+
+    def download_selected(self) -> None:
+        choice = self.selected_choice()
+        if choice is None or self._details is None:
+            return
+        try:
+            job = self._services.queue.add(self._details.repo_id, choice, self._details.sha)
+        except LamplightError as exc:
+            QMessageBox.warning(self, "Cannot download", str(exc))
+            return
+        self._show_job(job, 0.0, None)
+        self.tabs.setCurrentWidget(self.downloads_page)
+
+    def _on_failed(self, request: int, message: str) -> None:
+        if request == self._details_request:
+            self.repo_title.setText(html.escape(message))
+        elif request == self._search_request:
+            self.discover_status.setText(message)
+            self.more_button.setEnabled(self._results > 0)
+        # Other requests (a Recommended lookup) report where they were made.
+
+    # -- recommended ---------------------------------------------------------------------
+
+    def show_recommended(self) -> None:
+        """Open the Recommended tab (Help → Recommended models…, the welcome card)."""
+        self._tab_chosen = True
+        self.tabs.setCurrentWidget(self.recommended)
+
+    def _on_tab_clicked(self, _index: int) -> None:
+        self._tab_chosen = True
+
+    # -- downloads -----------------------------------------------------------------------
+
+    def _show_job(self, job: DownloadJob, rate: float, eta: object) -> None:
+        row = self._job_rows.get(job.id)
+        table = self.downloads_table
+        if row is None:
+            row = table.rowCount()
+            table.insertRow(row)
+            self._job_rows[job.id] = row
+            name = QTableWidgetItem(f"{job.repo_id} · {job.name}")
+            name.setData(ROLE, job.id)
+            table.setItem(row, 0, name)
+            new_bar = QProgressBar(table)
+            new_bar.setRange(0, 1000)
+            table.setCellWidget(row, 1, new_bar)
+            table.setItem(row, 2, QTableWidgetItem(""))
+            table.setItem(row, 3, QTableWidgetItem(size_text(job.total_bytes)))
+        bar = table.cellWidget(row, 1)
+        if isinstance(bar, QProgressBar):
+            bar.setValue(int(1000 * job.done_bytes / job.total_bytes) if job.total_bytes else 0)
+        status = table.item(row, 2)
+        if status is not None:
+            status.setText(job_summary(job, rate, eta))
+            status.setToolTip(job.error)
+
+    def _on_progress(self, job: DownloadJob, rate: float, eta: object) -> None:
+        self._show_job(job, rate, eta)
+
+    def _on_job_ended(self, job: DownloadJob) -> None:
+        self._show_job(job, 0.0, None)
+        if job.state == "done":
+            self.refresh_library()
+
+    def _control(self, action: str) -> None:
+        rows = {i.row() for i in self.downloads_table.selectedItems()}
+        for row in rows:
+            item = self.downloads_table.item(row, 0)
+            if item is None:
+                continue
+            job_id = str(item.data(ROLE))
+            getattr(self._services.queue, action)(job_id)
+            job = next((j for j in self._services.queue.jobs if j.id == job_id), None)
+            if job is not None:
+                self._show_job(job, 0.0, None)
+
+    # -- library -------------------------------------------------------------------------
+
+    def refresh_library(self) -> None:
+        self._scans_pending += 1
+        self._services.scan(self.imported)
+
+    def _on_library_done(self, entries: list[LibraryEntry]) -> None:
+        self._entries = entries
+        self.recommended.refresh()  # "Use" for what is on disk now
+        self._scans_pending = max(0, self._scans_pending - 1)
+        if not self._scanned and self._scans_pending == 0:
+            # The answer to the latest request (with the imported models) decides, once.
+            self._scanned = True
+            if not self._tab_chosen and only_default_model(entries):
+                self.tabs.setCurrentWidget(self.recommended)
+        table = self.library_table
+        table.setRowCount(len(entries))
+        for row, e in enumerate(entries):
+            info = e.info
+            params = f"{info.n_params / 1e9:.2f}B" if info and info.n_params else ""
+            cells = [
+                e.name + (" (loaded)" if str(e.path) == self.loaded_model else ""),
+                info.architecture if info else "",
+                params,
+                (info.file_type or "") if info else "",
+                str(info.context_length or "") if info else "",
+                size_text(e.size),
+                size_text(e.ram_estimate(self.n_ctx)) if info else "",
+                ("adapter" if e.is_adapter else "ok") if e.valid else f"invalid: {e.error}",
+            ]
+            for col, text in enumerate(cells):
+                cell = QTableWidgetItem(text)
+                cell.setToolTip(f"{e.path}\n{e.error}" if e.error else str(e.path))
+                table.setItem(row, col, cell)
+        self._update_library_buttons()
+        self.libraryChanged.emit(entries)
+
+    def selected_entry(self) -> LibraryEntry | None:
+        rows = {i.row() for i in self.library_table.selectedItems()}
+        if len(rows) != 1:
+            return None
+        row = rows.pop()
+        return self._entries[row] if row < len(self._entries) else None
+
+    def _update_library_buttons(self) -> None:
+        e = self.selected_entry() if hasattr(self, "_entries") else None
+        usable = e is not None and e.valid and not e.is_adapter
+        self.load_button.setEnabled(usable)
+        self.default_button.setEnabled(usable)
+        self.folder_button.setEnabled(e is not None)
+        self.delete_button.setEnabled(e is not None and e.source == "models")
+
+    def load_selected(self) -> None:
+        e = self.selected_entry()
+        if e is not None and e.valid and not e.is_adapter:
+            self.loadRequested.emit(str(e.path))
+
+    def default_selected(self) -> None:
+        e = self.selected_entry()
+        if e is not None and e.valid:
+            self.defaultRequested.emit(str(e.path))
+
+    def show_selected(self) -> None:
+        e = self.selected_entry()
+        if e is not None:
+            QDesktopServices.openUrl(QUrl.fromLocalFile(str(e.path.parent)))
+
+    def delete_selected(self) -> None:
+        e = self.selected_entry()
+        if e is None or e.source != "models":
+            return
+        files = e.files
+        what = (
+            e.path.name
+            if len(files) == 1
+            else f"{e.path.name} and its other {len(files) - 1} parts"
+        )
+        answer = QMessageBox.question(
+            self,
+            "Delete model",
+            f"Delete {what} ({size_text(e.size)}) from disk? This cannot be undone.",
+        )
+        if answer != QMessageBox.StandardButton.Yes:
+            return
+        if str(e.path) == self.loaded_model:
+            self.unloadRequested.emit()
+            self.loaded_model = None
+        for path in files:
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                QMessageBox.warning(self, "Could not delete", f"{path}: {exc.strerror}")
+                break
+        self.refresh_library()
+
+    def _on_import(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(
+            self, "Import GGUF models", str(Path.home()), "GGUF models (*.gguf)"
+        )
+        self.import_paths([Path(p) for p in paths])
+
+    def import_paths(self, paths: list[Path]) -> None:
+        """List files where they are (no copy)."""
+        for p in paths:
+            if p not in self.imported:
+                self.imported.append(p)
+        self.refresh_library()

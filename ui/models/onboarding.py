@@ -1,0 +1,327 @@
+"""The first run and download alerts, installed on the main window by ``install(win)``.
+
+- A welcome card at the top of the chat column when the model loaded is the
+  embedded default (a 270M *base* model with no chat template) and the library
+  holds no other chat model: it says plainly what that model is, and offers the
+  three recommended models that fit this machine best, one click each to
+  download and switch, plus the model manager. Non-modal; closing it is
+  remembered in ``onboarding.json`` in the data dir. Help → Recommended models…
+  opens the full list at any time.
+- "Download and use" (from the card or the model manager) loads the model once
+  its download is done.
+- A tray message (or, without a system tray, ``QApplication.alert``) when a
+  download finishes or fails while no Lamplight window is active.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QResizeEvent
+from PySide6.QtWidgets import (
+    QApplication,
+    QBoxLayout,
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QSizePolicy,
+    QSystemTrayIcon,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.engine.backend import ModelInfo
+from app.engine.offload import KV_BYTES
+from app.models.downloads import DownloadJob
+from app.models.library import LibraryEntry
+from app.models.recommended import (
+    Recommended,
+    RecommendedListError,
+    default_model_name,
+    first_run_choices,
+    set_welcome_dismissed,
+    welcome_dismissed,
+)
+from app.util import sysinfo
+from ui.models import recommended_view
+from ui.models.hub_workers import RecommendedInstalls
+from ui.models.recommended_view import EntryRow
+
+if TYPE_CHECKING:
+    from ui.window.main_window import MainWindow
+
+log = logging.getLogger(__name__)
+
+ALERT_MS = 8000  # how long a tray message shows
+FIRST_RUN_COUNT = 3
+
+
+def is_default_model(info: ModelInfo) -> bool:
+    """Whether ``info`` is the embedded default model (loaded in-process)."""
+    name = default_model_name()
+    return bool(name) and not info.server and Path(info.path).name == name
+
+
+def other_chat_models(entries: list[LibraryEntry]) -> list[LibraryEntry]:
+    """Usable models in the library other than the embedded default."""
+    default = default_model_name()
+    return [e for e in entries if e.valid and not e.is_adapter and e.path.name != default]
+
+
+class WelcomeCard(QFrame):
+    """What the embedded model is, and three chat models to get instead.
+
+    Signals:
+        closed(): the user closed the card (for good).
+        managerRequested(bool): open the model manager (True: on its Recommended tab).
+    """
+
+    closed = Signal()
+    managerRequested = Signal(bool)
+
+    def __init__(
+        self,
+        installs: RecommendedInstalls,
+        choices: list[Recommended],
+        free: int,
+        n_ctx: int,
+        kv_bytes: float,
+        parent: QWidget | None = None,
+    ) -> None:
+        super().__init__(parent)
+        self.setObjectName("welcomeCard")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        self.setAccessibleName("Welcome: get a chat model")
+        close = QToolButton(self)
+        close.setObjectName("welcomeClose")
+        close.setText("✕")
+        close.setAutoRaise(True)
+        close.setToolTip("Close (Help → Recommended models… shows the list again)")
+        close.setAccessibleName("Close the welcome")
+        close.clicked.connect(self.closed)
+        self.body = QLabel(
+            "<b>Welcome to Lamplight.</b> The built-in Gemma 3 270M is a small text-completion "
+            "model for trying things out: it continues text, it does not chat. For real "
+            "conversations, get a chat model sized for this computer; one click downloads it "
+            "and switches to it.",
+            self,
+        )
+        self.body.setObjectName("welcomeBody")
+        self.body.setTextFormat(Qt.TextFormat.RichText)
+        self.body.setWordWrap(True)
+        head = QHBoxLayout()
+        head.addWidget(self.body, 1)
+        head.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
+        self.memory = QLabel(recommended_view.memory_line(free, sysinfo.physical_memory()), self)
+        self.memory.setObjectName("welcomeMemory")
+        layout = QVBoxLayout(self)
+        layout.setSpacing(4)
+        layout.addLayout(head)
+        self.rows: list[EntryRow] = []
+        for entry in choices:
+            row = EntryRow(entry, installs, n_ctx, kv_bytes, self, compact=True)
+            row.set_free(free)
+            self.rows.append(row)
+            layout.addWidget(row)
+        if not choices:
+            none = QLabel(
+                "None of the recommended models fits the memory free now; the model manager "
+                "lists them all, and others.",
+                self,
+            )
+            none.setWordWrap(True)
+            layout.addWidget(none)
+        buttons = QHBoxLayout()
+        more = QPushButton("All recommended models…", self)
+        more.setObjectName("welcomeMore")
+        more.clicked.connect(partial(self.managerRequested.emit, True))
+        manager = QPushButton("Open the model manager", self)
+        manager.setObjectName("welcomeManager")
+        manager.clicked.connect(partial(self.managerRequested.emit, False))
+        buttons.addWidget(more)
+        buttons.addWidget(manager)
+        buttons.addStretch(1)
+        buttons.addWidget(self.memory)
+        layout.addLayout(buttons)
+        # As tall as its contents, never squeezed: the transcript gives way.
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        # A word-wrapped label's minimum height ignores its width: keep every line visible.
+        self.body.setMinimumHeight(self.body.heightForWidth(max(1, self.body.width())))
+        super().resizeEvent(event)
+
+
+class Onboarding(QObject):
+    """The window's first-run card, "Download and use" loading, and download alerts."""
+
+    def __init__(self, win: MainWindow) -> None:
+        super().__init__(win)
+        self._win = win
+        self._services = win._services
+        self.card: WelcomeCard | None = None
+        self.alerts: list[tuple[str, str]] = []  # every alert shown (title, text)
+        self._waiting_scan = False
+        self._loaded: ModelInfo | None = None
+        self._tray: QSystemTrayIcon | None = None
+        win.modelReady.connect(self._on_model_ready)
+        self.recommended_action = QAction("Recommended models…", win)
+        self.recommended_action.setObjectName("recommendedModelsAction")
+        self.recommended_action.setToolTip("Small chat models that run well on this computer")
+        self.recommended_action.triggered.connect(self.show_recommended)
+        self.recommended_action.setEnabled(self._services is not None)
+        _help_menu(win).addAction(self.recommended_action)
+        services = self._services
+        if services is None:
+            return
+        services.hub.libraryDone.connect(self._on_library)
+        services.installs.ready.connect(self._on_install_ready)
+        services.installs.failed.connect(self._on_install_failed)
+        services.downloads.jobEnded.connect(self._on_job_ended)
+
+    # -- the welcome card ----------------------------------------------------------------
+
+    def _on_model_ready(self, info: ModelInfo) -> None:
+        self._loaded = info
+        if not is_default_model(info):
+            self.hide_card()
+            return
+        if self._services is None or self.card is not None:
+            return
+        if welcome_dismissed(self._win._dirs.root):
+            return
+        self._waiting_scan = True
+        self._services.scan([Path(p) for p in self._win._settings.imported_models])
+
+    def _on_library(self, entries: list[LibraryEntry]) -> None:
+        if not self._waiting_scan:
+            return
+        self._waiting_scan = False
+        loaded = self._loaded
+        if loaded is not None and is_default_model(loaded) and not other_chat_models(entries):
+            self.show_card()
+
+    def show_card(self) -> WelcomeCard | None:
+        """Show the welcome card at the top of the chat column (None: it cannot be)."""
+        if self._services is None:
+            return None
+        if self.card is not None:
+            return self.card
+        try:
+            listing = recommended_view.bundled_list()
+        except RecommendedListError as exc:
+            log.warning("no welcome card: %s", exc)
+            return None
+        load = self._win._settings.load
+        kv_bytes = KV_BYTES.get(load.kv_type, 2.0)
+        free = sysinfo.available_memory()
+        choices = first_run_choices(listing.entries, free, FIRST_RUN_COUNT, load.n_ctx, kv_bytes)
+        layout = self._win.chat.layout()
+        if not isinstance(layout, QBoxLayout):
+            log.warning("no welcome card: the chat column has no box layout")
+            return None
+        card = WelcomeCard(self._services.installs, choices, free, load.n_ctx, kv_bytes)
+        card.closed.connect(self._on_card_closed)
+        card.managerRequested.connect(self._on_manager_requested)
+        layout.insertWidget(0, card)
+        card.show()  # now, not when the layout gets round to it (a queued call)
+        self.card = card
+        return card
+
+    def hide_card(self) -> None:
+        if self.card is not None:
+            self.card.hide()
+            self.card.setParent(None)
+            self.card.deleteLater()
+            self.card = None
+
+    def _on_card_closed(self) -> None:
+        self.hide_card()
+        try:
+            set_welcome_dismissed(self._win._dirs.root)
+        except OSError as exc:
+            self._win.statusBar().showMessage(
+                f"Could not remember that the welcome was closed: {exc.strerror or exc}", 8000
+            )
+
+    def _on_manager_requested(self, recommended: bool) -> None:
+        if recommended:
+            self.show_recommended()
+        else:
+            self._win.show_model_manager()
+
+    def show_recommended(self) -> None:
+        """Open the model manager on its Recommended tab."""
+        self._win.show_model_manager()
+        manager = self._win.model_manager
+        if manager is not None:
+            manager.show_recommended()
+
+    # -- download and use ----------------------------------------------------------------
+
+    def _on_install_ready(self, path: str) -> None:
+        self._win.statusBar().showMessage(f"Loading {Path(path).name}…", 5000)
+        self._win.session.when_idle(partial(self._win.load_model, path))
+
+    def _on_install_failed(self, _entry_id: str, message: str) -> None:
+        self._win.statusBar().showMessage(message, 10000)
+
+    # -- alerts --------------------------------------------------------------------------
+
+    def window_active(self) -> bool:
+        """Whether the user is looking at Lamplight (one of its windows is active)."""
+        return QApplication.activeWindow() is not None
+
+    def _on_job_ended(self, job: DownloadJob) -> None:
+        if job.state not in ("done", "failed") or self.window_active():
+            return
+        if job.state == "done":
+            self.alert("Download finished", f"{job.name} is ready to use.")
+        else:
+            self.alert("Download failed", job.error or f"{job.name} could not be downloaded.")
+
+    def alert(self, title: str, text: str) -> None:
+        """Tell the user while they are elsewhere: a tray message where there is a tray,
+        and the taskbar entry asks for attention."""
+        self.alerts.append((title, text))
+        icon = self._win.windowIcon()
+        if QSystemTrayIcon.isSystemTrayAvailable() and not icon.isNull():
+            if self._tray is None:
+                self._tray = QSystemTrayIcon(icon, self)
+                self._tray.setToolTip("Lamplight")
+                self._tray.messageClicked.connect(self._on_message_clicked)
+            self._tray.show()
+            self._tray.showMessage(title, text, QSystemTrayIcon.MessageIcon.Information, ALERT_MS)
+            QTimer.singleShot(ALERT_MS + 2000, self._hide_tray)
+        QApplication.alert(self._win, 0)
+
+    def _hide_tray(self) -> None:
+        if self._tray is not None:
+            self._tray.hide()
+
+    def _on_message_clicked(self) -> None:
+        if self._win.isMinimized():
+            self._win.showNormal()
+        self._win.raise_()
+        self._win.activateWindow()
+
+
+def _help_menu(win: MainWindow) -> QMenu:
+    """The window's Help menu (made if there is none)."""
+    for action in win.menuBar().actions():
+        menu = action.menu()
+        if isinstance(menu, QMenu) and menu.title().replace("&", "") == "Help":
+            return menu
+    return win.menuBar().addMenu("&Help")
+
+
+def install(win: MainWindow) -> Onboarding:
+    """Add the first-run card, Help → Recommended models… and download alerts to ``win``."""
+    return Onboarding(win)

@@ -1,0 +1,1 @@
+"""Performance charts and the hardware page."""

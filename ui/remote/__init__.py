@@ -1,0 +1,1 @@
+"""Models on other machines."""

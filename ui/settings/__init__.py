@@ -1,0 +1,1 @@
+"""Sampling, presets, template, LoRA and draft settings."""
