@@ -43,7 +43,6 @@ def main() -> int:
 
         win = open_window(dirs, settings, [], make_client, hub_services(dirs))
         win.resize(1280, 820)
-        win.perf_panel.hide()  # the charts are empty before the first reply
         win.start_engine(None)
 
         def wait(condition: object, seconds: float) -> None:

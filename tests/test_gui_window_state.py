@@ -51,7 +51,8 @@ def dirs(tmp_path: Path) -> DataDirs:
 def window(qtbot: QtBot, dirs: DataDirs) -> Iterator[MainWindow]:
     win = open_window(qtbot, dirs)
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def main_splitter(win: MainWindow) -> QSplitter:
@@ -88,8 +89,9 @@ def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDi
     win = open_window(qtbot, dirs)
     assert win.tabifiedDockWidgets(win.sampling_panel) == [win.lora_panel]  # the default
     win.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, win.lora_panel)  # untabbed
-    win.perf_panel.toggleViewAction().trigger()  # closed
-    win.sampling_panel.toggleViewAction().trigger()
+    assert not win.perf_panel.isVisible()  # the charts start closed
+    win.perf_panel.toggleViewAction().trigger()  # opened
+    win.sampling_panel.toggleViewAction().trigger()  # closed
     win.setGeometry(QRect(20, 30, 770, 600))
     splitter = main_splitter(win)
     settle(win)
@@ -105,9 +107,10 @@ def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDi
         assert again.dockWidgetArea(again.lora_panel) == Qt.DockWidgetArea.LeftDockWidgetArea
         assert again.tabifiedDockWidgets(again.sampling_panel) == []
         assert again.lora_panel.isVisible()
-        for closed in (again.perf_panel, again.sampling_panel):
-            assert not closed.isVisible()
-            assert not closed.toggleViewAction().isChecked()
+        assert again.perf_panel.isVisible() and again.perf_panel.toggleViewAction().isChecked()
+        closed = again.sampling_panel
+        assert not closed.isVisible()
+        assert not closed.toggleViewAction().isChecked()
         again.sampling_panel.toggleViewAction().trigger()  # opens where it was
         assert again.dockWidgetArea(again.sampling_panel) == Qt.DockWidgetArea.RightDockWidgetArea
     finally:
@@ -117,6 +120,7 @@ def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDi
 def test_restart_restores_maximized_and_floating(qtbot: QtBot, dirs: DataDirs) -> None:
     win = open_window(qtbot, dirs)
     win.setGeometry(QRect(20, 30, 700, 560))
+    win.perf_panel.show()
     win.perf_panel.setFloating(True)
     win.perf_panel.setGeometry(QRect(60, 500, 640, 260))
     win.showMaximized()
@@ -127,7 +131,7 @@ def test_restart_restores_maximized_and_floating(qtbot: QtBot, dirs: DataDirs) -
     try:
         qtbot.waitUntil(again.isMaximized)
         assert again.normalGeometry() == QRect(20, 30, 700, 560)  # where un-maximizing goes
-        assert again.perf_panel.isFloating()
+        assert again.perf_panel.isFloating() and again.perf_panel.isVisible()
         assert screen_area().contains(again.perf_panel.geometry())
     finally:
         again.close()
@@ -230,6 +234,69 @@ def test_damaged_saved_layout_gives_the_default_with_a_note(
         assert screen_area().contains(again.frameGeometry())
     finally:
         again.close()
+
+
+def test_panels_of_an_older_layout_give_todays_default_quietly(
+    qtbot: QtBot, dirs: DataDirs
+) -> None:
+    """Layout version 1 opened the charts under the chat: not brought back (issue 27)."""
+    win = open_window(qtbot, dirs)
+    assert not win.perf_panel.isVisible()  # closed on a first start
+    win.perf_panel.show()
+    settle(win)
+    old = bytes(win.saveState(1).data())
+    geometry = bytes(win.saveGeometry().data())
+    win.close()
+    assert read_main_window_state(old, 1).docks  # a well-formed state, only older
+    save_layout(dirs, state=old, geometry=geometry)
+    again = open_window(qtbot, dirs)
+    try:
+        assert not again.perf_panel.isVisible()
+        assert again.tabifiedDockWidgets(again.sampling_panel) == [again.lora_panel]
+        assert again.statusBar().currentMessage() == ""  # an upgrade, not a fault
+        assert again.geometry().size() == QRect(*real_geometry(again).geometry).size()
+    finally:
+        again.close()
+
+
+def test_panels_that_squeeze_the_conversation_are_not_restored(
+    qtbot: QtBot, dirs: DataDirs
+) -> None:
+    win = open_window(qtbot, dirs)
+    win.setGeometry(QRect(20, 30, 760, 560))
+    win.perf_panel.show()
+    settle(win)
+    win.resizeDocks([win.perf_panel], [400], Qt.Orientation.Vertical)
+    settle(win)
+    state = read_main_window_state(
+        bytes(win.saveState(window_state.STATE_VERSION).data()), window_state.STATE_VERSION
+    )
+    across, down = layout_format.central_share(state)
+    assert down < window_state.MIN_CENTRAL_SHARE[1], (across, down)
+    assert across >= window_state.MIN_CENTRAL_SHARE[0]  # the height alone squeezes it
+    win.close()
+
+    again = open_window(qtbot, dirs)
+    try:
+        assert "window layout" in again.statusBar().currentMessage()
+        assert not again.perf_panel.isVisible()  # the default panels
+        assert again.geometry() == QRect(20, 30, 760, 560)  # the rest is restored
+        settle(again)
+        assert again.transcript.height() >= again.height() // 2
+    finally:
+        again.close()
+
+
+def test_central_share_of_a_saved_state() -> None:
+    state = layout_format.MainWindowState(
+        central=(600, 300),
+        areas={layout_format.RIGHT: (400, 500), layout_format.BOTTOM: (1000, 300)},
+    )
+    assert layout_format.central_share(state) == (0.6, 0.5)
+    assert layout_format.central_share(layout_format.MainWindowState()) == (1.0, 1.0)
+    assert layout_format.saved_version(b"\x00\x00\x00\xff\x00\x00\x00\x02") == 2
+    assert layout_format.saved_version(b"\x00\x00\x00\xfe\x00\x00\x00\x02") is None
+    assert layout_format.saved_version(b"") is None
 
 
 def test_every_panel_and_toolbar_has_a_stable_name(window: MainWindow) -> None:

@@ -1,12 +1,13 @@
 """The first run and download alerts, installed on the main window by ``install(win)``.
 
-- A welcome card at the top of the chat column when the model loaded is the
-  embedded default (a 270M *base* model with no chat template) and the library
-  holds no other chat model: it says plainly what that model is, and offers the
-  three recommended models that fit this machine best, one click each to
-  download and switch, plus the model manager. Non-modal; closing it is
-  remembered in ``onboarding.json`` in the data dir. Help → Recommended models…
-  opens the full list at any time.
+- A welcome card when the model loaded is the embedded default (a 270M *base*
+  model with no chat template) and the library holds no other chat model: it
+  says plainly what that model is, and offers the three recommended models that
+  fit this machine best, one click each to download and switch, plus the model
+  manager. It floats at the foot of the empty transcript (it takes no room from
+  the conversation) and steps aside while the open chat has messages. Non-modal;
+  closing it is remembered in ``onboarding.json`` in the data dir. Help →
+  Recommended models… opens the full list at any time.
 - "Download and use" (from the card or the model manager) loads the model once
   its download is done.
 - A tray message (or, without a system tray, ``QApplication.alert``) when a
@@ -20,11 +21,10 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QRect, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
-    QBoxLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.conversation import Conversation
 from app.engine.backend import ModelInfo
 from app.engine.offload import KV_BYTES
 from app.models.downloads import DownloadJob
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 
 ALERT_MS = 8000  # how long a tray message shows
 FIRST_RUN_COUNT = 3
+CARD_MAX_WIDTH = 760  # px: a readable line, centred in a wide transcript
+CARD_MARGIN = 12  # px between the card and the transcript's edges
 
 
 def is_default_model(info: ModelInfo) -> bool:
@@ -121,6 +124,7 @@ class WelcomeCard(QFrame):
         head.addWidget(close, 0, Qt.AlignmentFlag.AlignTop)
         self.memory = QLabel(recommended_view.memory_line(free, sysinfo.physical_memory()), self)
         self.memory.setObjectName("welcomeMemory")
+        self.memory.setWordWrap(True)  # beside the buttons in a narrow transcript
         layout = QVBoxLayout(self)
         layout.setSpacing(4)
         layout.addLayout(head)
@@ -150,8 +154,9 @@ class WelcomeCard(QFrame):
         buttons.addStretch(1)
         buttons.addWidget(self.memory)
         layout.addLayout(buttons)
-        # As tall as its contents, never squeezed: the transcript gives way.
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+        # It floats over the transcript: its own background, not the text beneath.
+        self.setAutoFillBackground(True)
 
     def resizeEvent(self, event: QResizeEvent) -> None:
         # A word-wrapped label's minimum height ignores its width: keep every line visible.
@@ -171,6 +176,8 @@ class Onboarding(QObject):
         self._waiting_scan = False
         self._loaded: ModelInfo | None = None
         self._tray: QSystemTrayIcon | None = None
+        self._watching = False  # the transcript's size and contents move the card
+        self._placing = False
         win.modelReady.connect(self._on_model_ready)
         self.recommended_action = QAction("Recommended models…", win)
         self.recommended_action.setObjectName("recommendedModelsAction")
@@ -209,7 +216,7 @@ class Onboarding(QObject):
             self.show_card()
 
     def show_card(self) -> WelcomeCard | None:
-        """Show the welcome card at the top of the chat column (None: it cannot be)."""
+        """Show the welcome card over the foot of the empty transcript (None: it cannot be)."""
         if self._services is None:
             return None
         if self.card is not None:
@@ -223,16 +230,17 @@ class Onboarding(QObject):
         kv_bytes = KV_BYTES.get(load.kv_type, 2.0)
         free = sysinfo.available_memory()
         choices = first_run_choices(listing.entries, free, FIRST_RUN_COUNT, load.n_ctx, kv_bytes)
-        layout = self._win.chat.layout()
-        if not isinstance(layout, QBoxLayout):
-            log.warning("no welcome card: the chat column has no box layout")
-            return None
-        card = WelcomeCard(self._services.installs, choices, free, load.n_ctx, kv_bytes)
+        transcript = self._win.transcript
+        card = WelcomeCard(self._services.installs, choices, free, load.n_ctx, kv_bytes, transcript)
         card.closed.connect(self._on_card_closed)
         card.managerRequested.connect(self._on_manager_requested)
-        layout.insertWidget(0, card)
-        card.show()  # now, not when the layout gets round to it (a queued call)
         self.card = card
+        if not self._watching:
+            self._watching = True
+            transcript.installEventFilter(self)
+            transcript.document().contentsChanged.connect(self.place_card)
+            self._win.session_view.conversation_listeners.append(self._on_conversation)
+        self.place_card()
         return card
 
     def hide_card(self) -> None:
@@ -241,6 +249,55 @@ class Onboarding(QObject):
             self.card.setParent(None)
             self.card.deleteLater()
             self.card = None
+            self._win.transcript.setMinimumSize(0, 0)
+
+    def place_card(self) -> None:
+        """Show the card at the foot of the transcript while the open chat is empty, as
+        wide as reads well and as tall as it needs (at most the transcript's height)."""
+        card = self.card
+        if card is None or self._placing:
+            return
+        self._placing = True  # a minimum size set here resizes the transcript at once
+        try:
+            self._place(card)
+        finally:
+            self._placing = False
+
+    def _place(self, card: WelcomeCard) -> None:
+        transcript = self._win.transcript
+        if self._win.conversation.messages:
+            card.hide()
+            transcript.setMinimumSize(0, 0)
+            return
+        # Room for all of it (a small window grows, as it would for a card in the layout).
+        least = card.minimumSizeHint().width()
+        frame = transcript.size() - transcript.viewport().size()
+        transcript.setMinimumSize(
+            least + 2 * CARD_MARGIN + frame.width(),
+            max(0, card.heightForWidth(least)) + 2 * CARD_MARGIN + frame.height(),
+        )
+        view = transcript.viewport().geometry()
+        width = max(1, min(view.width() - 2 * CARD_MARGIN, CARD_MAX_WIDTH))
+        height = card.heightForWidth(width)
+        if height < 0:
+            height = card.sizeHint().height()
+        height = max(1, min(height, view.height() - 2 * CARD_MARGIN))
+        x = view.x() + (view.width() - width) // 2
+        y = max(view.y(), view.y() + view.height() - CARD_MARGIN - height)
+        card.setGeometry(QRect(x, y, width, height))
+        card.raise_()
+        card.show()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self._win.transcript and event.type() in (
+            QEvent.Type.Resize,
+            QEvent.Type.Show,
+        ):
+            self.place_card()
+        return False
+
+    def _on_conversation(self, _conv: Conversation) -> None:
+        self.place_card()
 
     def _on_card_closed(self) -> None:
         self.hide_card()

@@ -1,4 +1,10 @@
-"""The main window's dock panels: sampling, LoRA adapters (tabbed with it) and charts."""
+"""The main window's dock panels: sampling, LoRA adapters (tabbed with it) and charts.
+
+The conversation is the biggest thing in the window: the sampling and LoRA panels share
+one tabbed column on the right, and the charts (a row the width of the window) start
+closed, under the chat when opened (View → Performance, Ctrl+Shift+P). The status bar
+shows the reply speed meanwhile.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ from ui.settings.sampling_panel import SamplingPanel
 if TYPE_CHECKING:
     from ui.window.main_window import MainWindow
 
+SIDE_WIDTH = 380  # px: the sampling / LoRA column
+PERF_HEIGHT = 250  # px: the charts, once opened
+
 
 def build(win: MainWindow) -> tuple[SamplingPanel, PerfPanel, LoraPanel]:
     """Create the docks, wire them to ``win`` and lay them out."""
@@ -24,7 +33,7 @@ def build(win: MainWindow) -> tuple[SamplingPanel, PerfPanel, LoraPanel]:
     win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, sampling)
     perf = PerfPanel(win)
     perf.exportRequested.connect(
-        lambda: conversation_files.ask_export_metrics(win, win.conversation)
+        lambda: conversation_files.ask_export_metrics(win.ctx, win.conversation)
     )
     win.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, perf)
     lora = LoraPanel(win)
@@ -32,6 +41,7 @@ def build(win: MainWindow) -> tuple[SamplingPanel, PerfPanel, LoraPanel]:
     win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, lora)
     win.tabifyDockWidget(sampling, lora)
     sampling.raise_()
-    win.resizeDocks([perf], [250], Qt.Orientation.Vertical)
-    win.resizeDocks([sampling], [380], Qt.Orientation.Horizontal)
+    win.resizeDocks([perf], [PERF_HEIGHT], Qt.Orientation.Vertical)
+    win.resizeDocks([sampling], [SIDE_WIDTH], Qt.Orientation.Horizontal)
+    perf.hide()  # a saved layout in which the user opened it opens it again
     return sampling, perf, lora

@@ -68,6 +68,8 @@ class MainWindowState:
     docks: list[DockEntry] = field(default_factory=list)
     toolbars: list[str] = field(default_factory=list)
     items: int = 0
+    central: tuple[int, int] = (0, 0)  # the central widget's size (-1: not laid out)
+    areas: dict[int, tuple[int, int]] = field(default_factory=dict)  # dock area -> size
 
 
 @dataclass(frozen=True)
@@ -154,9 +156,8 @@ class _Reader:
             raise _bad(f"{what} is {w}x{h}")
         return x1, y1, w, h
 
-    def size(self, what: str) -> None:
-        self.int_in(-1, COORD, f"{what} width")
-        self.int_in(-1, COORD, f"{what} height")
+    def size(self, what: str) -> tuple[int, int]:
+        return self.int_in(-1, COORD, f"{what} width"), self.int_in(-1, COORD, f"{what} height")
 
     def done(self) -> None:
         if self.pos != len(self.data):
@@ -164,6 +165,30 @@ class _Reader:
 
 
 # -- QMainWindow.saveState ------------------------------------------------------------------
+
+LEFT, RIGHT, TOP, BOTTOM = range(4)  # dock area numbers in a saved state (QInternal)
+
+
+def saved_version(data: bytes) -> int | None:
+    """The layout version a ``saveState`` blob was written with (None: not one)."""
+    if len(data) < 8:
+        return None
+    marker, version = struct.unpack(">ii", data[:8])
+    return int(version) if marker == VERSION_MARKER else None
+
+
+def central_share(state: MainWindowState) -> tuple[float, float]:
+    """How much of the room across and down the central widget had beside the docks
+    when the state was saved (1.0: no docks there, or a size Qt did not record)."""
+
+    def share(centre: int, sides: tuple[int, int], axis: int) -> float:
+        # An area of closed docks keeps its last extent but is 0 px the other way.
+        shown = [state.areas.get(a, (0, 0)) for a in sides]
+        docks = sum(size[axis] for size in shown if min(size) > 0)
+        return centre / (centre + docks) if centre > 0 else 1.0
+
+    width, height = state.central
+    return share(width, (LEFT, RIGHT), 0), share(height, (TOP, BOTTOM), 1)
 
 
 def read_main_window_state(
@@ -210,9 +235,9 @@ def _dock_areas(r: _Reader, state: MainWindowState) -> None:
         if area in areas:
             raise _bad(f"dock area {area} twice")
         areas.add(area)
-        r.size("a dock area")
+        state.areas[area] = r.size("a dock area")
         _area(r, state, 0)
-    r.size("the central widget")
+    state.central = r.size("the central widget")
     for _ in range(4):
         r.one_of(DOCK_AREAS, "a corner", wide=True)
 

@@ -5,6 +5,11 @@ Qt's own ``saveGeometry`` / ``saveState`` / ``QSplitter.saveState`` blobs, base6
 ``ui.window.layout_format`` before Qt reads it (Qt crashes on damaged ones), and the
 geometry is moved onto a screen that exists now and shrunk to fit it, so a layout
 saved on a bigger or a second monitor opens where it can be seen.
+
+The conversation stays the biggest thing in the window: panels saved by an older
+layout version (which put the charts under the chat) are replaced by today's default,
+and so are panels that left the central area less than ``MIN_CENTRAL_SHARE`` of the
+room (with a note in the status bar).
 """
 
 from __future__ import annotations
@@ -22,20 +27,25 @@ from app.util.datafiles import DataFileError
 from ui.window.layout_format import (
     Rect,
     SavedGeometry,
+    central_share,
     read_geometry,
     read_main_window_state,
     read_splitter_state,
+    saved_version,
     write_geometry,
 )
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1  # bump when the docks change so much that old layouts mislead
+# Bump when the docks change so much that old layouts mislead. 2: the charts start closed
+# and the conversation keeps the room (issue 27).
+STATE_VERSION = 2
+MIN_CENTRAL_SHARE = (0.35, 0.45)  # across, down: less than this of the room is "squeezed"
 GEOMETRY_KEY = "geometry"
 STATE_KEY = "state"
 SPLITTER_PREFIX = "splitter:"
 DEFAULT_SIZE = (1280, 860)
-DEFAULT_FILL = 0.9  # of the screen, at most, for a first start
+DEFAULT_FILL = 0.95  # of the screen, at most, for a first start (a laptop's: nearly all)
 MIN_VISIBLE = 120  # px of the window that must be on a screen, across and down
 
 
@@ -71,13 +81,7 @@ def restore(win: QMainWindow, layout: dict[str, str]) -> list[str]:
         win.setGeometry(QRect(*default_rect(screens)))
     state = _decoded(layout, STATE_KEY, problems)
     if state is not None:
-        try:
-            read_main_window_state(state, STATE_VERSION)
-        except DataFileError as exc:
-            problems.append(f"panels: {exc}")
-        else:
-            if not win.restoreState(QByteArray(state), STATE_VERSION):
-                problems.append("panels: Qt did not accept the saved panel layout")
+        _restore_panels(win, state, problems)
     for splitter in win.findChildren(QSplitter):
         name = SPLITTER_PREFIX + splitter.objectName()
         data = _decoded(layout, name, problems) if splitter.objectName() else None
@@ -92,6 +96,29 @@ def restore(win: QMainWindow, layout: dict[str, str]) -> list[str]:
     for line in problems:
         log.warning("window layout not restored: %s", line)
     return problems
+
+
+def _restore_panels(win: QMainWindow, state: bytes, problems: list[str]) -> None:
+    """Docks and toolbars from ``state``, unless it is damaged, older, or squeezes the
+    conversation (the default panels stay)."""
+    version = saved_version(state)
+    if version is not None and 0 < version < STATE_VERSION:
+        log.info("window panels saved by layout version %d: today's default is used", version)
+        return
+    try:
+        saved = read_main_window_state(state, STATE_VERSION)
+    except DataFileError as exc:
+        problems.append(f"panels: {exc}")
+        return
+    across, down = central_share(saved)
+    if across < MIN_CENTRAL_SHARE[0] or down < MIN_CENTRAL_SHARE[1]:
+        problems.append(
+            f"panels: they left the conversation {across:.0%} of the width and "
+            f"{down:.0%} of the height"
+        )
+        return
+    if not win.restoreState(QByteArray(state), STATE_VERSION):
+        problems.append("panels: Qt did not accept the saved panel layout")
 
 
 def _decoded(layout: dict[str, str], key: str, problems: list[str]) -> bytes | None:

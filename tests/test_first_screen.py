@@ -1,0 +1,167 @@
+"""The chat is the biggest thing on the first screen (issue 27): at 1366x768 on a fresh
+data dir, with the welcome card, the system prompt bar and the base-model notice all
+showing, the transcript is the largest area in the window and at least half its height,
+before the first model loads, once it has, and after the first reply. A screenshot of
+each moment is saved under the test's tmp dir (``grab()``) for a person to look at.
+
+The fake engine stands in for the model (the layout does not depend on it); the Hub
+services are real but never reach the network (the library scan is local).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QRect, Qt
+from PySide6.QtWidgets import QApplication, QDockWidget, QWidget
+from pytestqt.qtbot import QtBot
+
+from app.chat.store import ConversationStore
+from app.config.paths import DataDirs, data_dirs
+from app.config.settings import AppSettings
+from app.models.downloader import FileFetcher
+from app.models.downloads import DownloadQueue
+from app.models.hub import HubClient
+from app.models.library import Library
+from app.models.recommended import default_model_name
+from tests.fakes import FakeEngine
+from ui.engine.worker import EngineClient
+from ui.models.hub_workers import HubServices
+from ui.window.main_window import MainWindow
+
+LAPTOP = (1366, 768)
+MIN_SHARE = 0.5  # of the window's height, for the transcript
+
+
+@pytest.fixture()
+def dirs(tmp_path: Path) -> DataDirs:
+    return data_dirs(tmp_path / "data")
+
+
+@pytest.fixture()
+def window(qtbot: QtBot, dirs: DataDirs) -> Iterator[tuple[MainWindow, FakeEngine]]:
+    """A first start: fresh data dir, default settings, Hub services, a base model to come."""
+    fake = FakeEngine()
+    fake.base_model = True  # like the embedded default: the text-completion notice shows
+    store = ConversationStore(dirs.root)
+    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
+    services = HubServices(
+        HubClient(),
+        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
+        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
+    )
+    win = MainWindow(client, AppSettings.load_from(dirs.settings_file), dirs, store, services)
+    qtbot.addWidget(win)
+    win.show()
+    qtbot.waitExposed(win)
+    win.resize(*LAPTOP)
+    settle()
+    yield win, fake
+    win.close()
+
+
+def settle() -> None:
+    """Let resizes and layouts catch up (posted events only: no timers)."""
+    for _ in range(3):
+        QApplication.sendPostedEvents()
+        QApplication.processEvents()
+
+
+def visible_parts(win: MainWindow) -> dict[str, QRect]:
+    """What takes room in the window, each in window coordinates: the docks, the
+    sidebar, the message box and whatever sits above the transcript."""
+    parts: dict[str, QWidget] = {
+        "sidebar": win.sidebar,
+        "message box": win.chat_input,
+        "system prompt bar": win.prompt_controls.bar,
+        "base-model notice": win.prompt_controls.notice,
+    }
+    for dock in win.findChildren(QDockWidget):
+        parts[dock.objectName()] = dock
+    card = win.onboarding.card
+    if card is not None:
+        parts["welcome card"] = card
+    return {
+        name: QRect(w.mapTo(win, w.rect().topLeft()), w.size())
+        for name, w in parts.items()
+        if w.isVisible()
+    }
+
+
+def area(r: QRect) -> int:
+    return r.width() * r.height()
+
+
+def check_transcript_dominates(win: MainWindow, shot: Path) -> QRect:
+    """The transcript is the largest visible area, at least ``MIN_SHARE`` of the window's
+    height, and the window still fits the laptop's screen; saves a screenshot."""
+    settle()
+    assert win.grab().save(str(shot)), shot
+    assert (win.width(), win.height()) == LAPTOP  # nothing forced the window taller
+    transcript = win.transcript
+    assert transcript.isVisible()
+    mine = QRect(transcript.mapTo(win, transcript.rect().topLeft()), transcript.size())
+    assert mine.height() >= MIN_SHARE * win.height(), (mine, win.size())
+    for name, rect in visible_parts(win).items():
+        assert area(mine) > area(rect), (name, rect, mine)
+    return mine
+
+
+def test_the_transcript_is_the_largest_area_at_1366x768(
+    qtbot: QtBot, window: tuple[MainWindow, FakeEngine], dirs: DataDirs, tmp_path: Path
+) -> None:
+    win, _fake = window
+    assert not win.perf_panel.isVisible()  # the charts start closed (View → Performance)
+    assert win.perf_panel.toggleViewAction().isEnabled()
+    check_transcript_dominates(win, tmp_path / "1-no-model.png")
+
+    # The embedded default model (by its file name): the welcome card and the notice come.
+    model = dirs.models / default_model_name()
+    model.parent.mkdir(parents=True, exist_ok=True)
+    model.write_bytes(b"fake model")
+    with qtbot.waitSignal(win.modelReady, timeout=5000):
+        win.load_model(model)
+    qtbot.waitUntil(lambda: win.onboarding.card is not None, timeout=10_000)
+    card = win.onboarding.card
+    assert card is not None
+    notice = win.prompt_controls.notice
+    qtbot.waitUntil(notice.isVisible, timeout=5000)
+    settle()
+    assert card.isVisible()
+    assert notice.height() <= 2.5 * win.chat_input.fontMetrics().height() + 16  # one line
+    transcript = check_transcript_dominates(win, tmp_path / "2-welcome.png")
+    # The card sits in the empty transcript, whole, rather than pushing it down.
+    placed = QRect(card.mapTo(win, card.rect().topLeft()), card.size())
+    assert transcript.contains(placed), (placed, transcript)
+    assert card.height() >= card.sizeHint().height() or card.height() >= placed.height()
+
+    # The first message: the card steps aside for the conversation.
+    qtbot.keyClicks(win.chat_input, "Once upon a time")
+    with qtbot.waitSignal(win.replyEnded, timeout=5000):
+        qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
+    assert win.conversation.messages
+    assert not card.isVisible()
+    check_transcript_dominates(win, tmp_path / "3-first-reply.png")
+
+    # A new, empty chat brings the card back (the default model is still the only one).
+    win.new_chat()
+    qtbot.waitUntil(lambda: not win.conversation.messages, timeout=5000)
+    settle()
+    assert card.isVisible()
+    check_transcript_dominates(win, tmp_path / "4-new-chat.png")
+    for name in ("1-no-model", "2-welcome", "3-first-reply", "4-new-chat"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+
+
+def test_charts_open_under_the_chat_from_the_view_menu(
+    qtbot: QtBot, window: tuple[MainWindow, FakeEngine]
+) -> None:
+    """Closed at first, the charts are one shortcut away and open beneath the chat."""
+    win, _fake = window
+    win.perf_panel.toggleViewAction().trigger()
+    settle()
+    assert win.perf_panel.isVisible()
+    assert win.dockWidgetArea(win.perf_panel) == Qt.DockWidgetArea.BottomDockWidgetArea
+    assert win.transcript.height() > 0
