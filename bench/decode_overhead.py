@@ -44,7 +44,7 @@ class PerfEngine(Engine):
     ) -> Iterator[EngineEvent]:
         import llama_cpp
 
-        ctx = self.llama._ctx.ctx
+        ctx = self.native.ctx
         llama_cpp.llama_perf_context_reset(ctx)
         try:
             yield from super().generate(messages, params, stop)
@@ -69,7 +69,7 @@ def app_round(window: Any, tokens: int) -> float:
             self.times.append(time.perf_counter())
 
     arrivals = Arrivals()
-    window._client.worker.tokens.connect(arrivals.on_tokens)
+    window.client.worker.tokens.connect(arrivals.on_tokens)
     loop = QEventLoop()
     window.replyEnded.connect(loop.quit)
     window.new_chat()
@@ -77,7 +77,7 @@ def app_round(window: Any, tokens: int) -> float:
     window.send()
     loop.exec()
     window.replyEnded.disconnect(loop.quit)
-    window._client.worker.tokens.disconnect(arrivals.on_tokens)
+    window.client.worker.tokens.disconnect(arrivals.on_tokens)
     generated = window.reply_metrics[-1].generated_tokens
     span = arrivals.times[-1] - arrivals.times[0]
     return (generated - 1) / span if span > 0 else 0.0

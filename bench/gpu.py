@@ -315,7 +315,7 @@ def one_reply(engine: Any, tokens: int) -> dict[str, float]:
     # A reply that ends at max_tokens leaves its last llama_decode unsynchronized, and
     # llama_perf_context_reset keeps that pending start time: without this, the next
     # reply's llama.cpp prefill time includes everything in between (docs/notes/gpu.md).
-    llama_cpp.llama_synchronize(engine.llama._ctx.ctx)
+    llama_cpp.llama_synchronize(engine.native.ctx)
     params = SamplingParams.greedy(tokens)
     finished = None
     for event in engine.generate([ChatMessage("user", PROMPT)], params):

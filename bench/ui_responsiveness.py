@@ -86,18 +86,18 @@ def main() -> None:
         window.perf_panel.setVisible(charts)
         window.new_chat()
         probe = Probe()
-        window._client.worker.tokens.connect(probe.on_tokens)
+        window.client.worker.tokens.connect(probe.on_tokens)
         done = QEventLoop()
         window.replyEnded.connect(done.quit)
         # Stop sampling stalls before the reply's one-off Markdown render at the end.
-        window._client.worker.finished.connect(lambda *_: setattr(probe, "streaming", False))
+        window.client.worker.finished.connect(lambda *_: setattr(probe, "streaming", False))
         probe.timer.start()
         window.chat_input.setPlainText("Write a very long story about the sea and a lighthouse.")
         window.send()
         done.exec()
         probe.timer.stop()
         window.replyEnded.disconnect(done.quit)
-        window._client.worker.tokens.disconnect(probe.on_tokens)
+        window.client.worker.tokens.disconnect(probe.on_tokens)
         m = window.reply_metrics[-1]
         return {"tok_s": m.decode_tok_s, "stalls": probe.stalls}
 

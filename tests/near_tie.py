@@ -61,7 +61,7 @@ def batched_rows(engine: Engine, tokens: Sequence[int], first: int) -> Any:
     import llama_cpp
 
     llm = engine.llama
-    ctx = llm._ctx.ctx
+    ctx = engine.native.ctx
     n = len(tokens)
     assert 0 <= first < n <= llama_cpp.llama_n_batch(ctx)  # one batch, or llama.cpp aborts
     engine.reset()

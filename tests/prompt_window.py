@@ -44,7 +44,7 @@ def open_window(
 
 
 def close(win: MainWindow) -> None:
-    client = win._client
+    client = win.client
     win.close()
     assert not client.engine_thread.isRunning()
 
@@ -53,11 +53,11 @@ def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
     with qtbot.waitSignal(win.replyEnded, timeout=60_000):
         qtbot.keyClicks(win.chat_input, text)
         qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
-    win._client.drain()  # the worker's after-reply work is done: its engine is idle
+    win.client.drain()  # the worker's after-reply work is done: its engine is idle
 
 
 def evaluated(win: MainWindow) -> str:
     """The text the engine's KV cache holds."""
-    engine = win._client.worker._engine
+    engine = win.client.worker._engine
     assert isinstance(engine, Engine)
     return engine.context_text

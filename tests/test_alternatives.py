@@ -153,7 +153,8 @@ def fake() -> FakeEngine:
 def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
     win = make_window(qtbot, tmp_path, fake)
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def test_regenerate_keeps_the_old_reply_and_the_arrows_switch_back(
@@ -321,7 +322,7 @@ def test_regenerate_after_an_imported_unanswered_question_answers_it(
     """A transcript left by a crash, or an import, ends with a user turn: regenerate
     answers it instead of replacing it with another version of the reply before it."""
     data = chat("q1", "a1", "the unanswered question").to_dict()
-    conv = window._store.import_json(json.dumps(data))
+    conv = window.store.import_json(json.dumps(data))
     with qtbot.waitSignal(window.conversationOpened, timeout=5000):
         window.open_conversation(conv.id)
     assert "not answered yet" in window.transcript.toPlainText()
@@ -346,7 +347,7 @@ def test_search_finds_a_version_not_shown_and_the_hit_shows_it(
     time.sleep(0.01)
     with qtbot.waitSignal(window.replyEnded, timeout=5000):
         window.regenerate()
-    hits = window._store.search("lighthouses")
+    hits = window.store.search("lighthouses")
     assert len(hits) == 1 and hits[0].index >= len(window.conversation.messages)
     window.search_jump.open_at(hits[0].conv_id, hits[0].index, "lighthouses")
     assert window.conversation.messages[1].content == "about lighthouses"

@@ -38,26 +38,26 @@ def test_switching_versions_reads_only_what_differs_also_after_a_restart(
 ) -> None:
     data = tmp_path / "data"
     win = open_window(qtbot, data, model_path)
-    win._settings.sampling = SHORT
+    win.settings.sampling = SHORT
     reply(qtbot, win, text="Name three colours.")
     first_turn = last_metrics(win).prompt_tokens  # the prompt up to the first reply
-    win._settings.sampling = replace(SHORT, temperature=1.5, seed=7)
+    win.settings.sampling = replace(SHORT, temperature=1.5, seed=7)
     reply(qtbot, win, "regenerate")
     assert win.conversation.version_of(1) == (2, 2)
     # Back to the first reply, then go on: the cache keeps the first turn.
     assert win.session.switch_version(1, -1)
-    win._settings.sampling = SHORT
+    win.settings.sampling = SHORT
     reply(qtbot, win, text="And three more.")
     m = last_metrics(win)
     assert first_turn <= m.cached_tokens < m.prompt_tokens
     assert m.evaluated_tokens == m.prompt_tokens - m.cached_tokens
     conv_id = win.conversation.id
-    qtbot.waitUntil(lambda: win._store.snapshot_bytes(conv_id) > 0, timeout=30_000)
+    qtbot.waitUntil(lambda: win.store.snapshot_bytes(conv_id) > 0, timeout=30_000)
     win.close()
 
     again = open_window(qtbot, data, model_path)
     try:
-        again._settings.sampling = SHORT
+        again.settings.sampling = SHORT
         with qtbot.waitSignal(again.conversationOpened, timeout=30_000) as opened:
             again.open_conversation(conv_id)
         assert opened.args[0].restored

@@ -44,23 +44,23 @@ def test_every_origin_needs_a_key_in_the_dialog(window: MainWindow) -> None:
     dialog.enabled_box.setChecked(True)
     assert not dialog.apply()
     assert "any web page" in dialog.status.text() and "API key" in dialog.status.text()
-    assert not window.api.running and window._settings.api == ApiSettings()  # nothing saved
+    assert not window.api.running and window.settings.api == ApiSettings()  # nothing saved
     generate = dialog.findChild(QPushButton, "apiKeyGenerate")
     assert isinstance(generate, QPushButton)
     generate.click()
     assert dialog.apply(), dialog.status.text()
-    assert window.api.running and window._settings.api.cors_origins == ("*",)
+    assert window.api.running and window.settings.api.cors_origins == ("*",)
 
 
 def test_the_body_limit_and_the_address_shown(window: MainWindow) -> None:
-    window._settings.api = ApiSettings(max_body_mb=64)  # allowed by an older version
+    window.settings.api = ApiSettings(max_body_mb=64)  # allowed by an older version
     dialog = window_actions.show_api_dialog(window)
     assert dialog.body_box.maximum() == MAX_BODY_MB and dialog.body_box.value() == MAX_BODY_MB
     dialog.host_edit.setText("localhost")
     dialog.port_box.setValue(0)
     dialog.enabled_box.setChecked(True)
     assert dialog.apply(), dialog.status.text()
-    assert window._settings.api.max_body_mb == MAX_BODY_MB
+    assert window.settings.api.max_body_mb == MAX_BODY_MB
     url = window.api.url
     assert url.startswith("http://127.0.0.1:")  # bound there; localhost may be ::1
     assert url in dialog.status.text() and window.api.label.text() == f"API: {url}"

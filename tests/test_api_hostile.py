@@ -18,6 +18,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 import app.api.schema
+from app.api.host_gateway import HostGateway
 from app.api.runner import (
     MAX_BODY_MB,
     PARSER_THREAD,
@@ -29,7 +30,6 @@ from app.api.runner import (
 from tests.conftest import ONE_THREAD, Serve
 from tests.fakes import FakeGateway
 from tests.test_api_http import MODEL, USER
-from ui.engine.api_bridge import QtEngineGateway
 from ui.engine.worker import EngineClient
 
 
@@ -333,7 +333,7 @@ def real(
 ) -> Iterator[tuple[ApiServer, EngineClient]]:
     """The default model on the engine worker, served on 127.0.0.1; all stopped after."""
     engine = EngineClient(tmp_path / "models")
-    gateway = QtEngineGateway(engine)
+    gateway = HostGateway(engine.host)
     server = ApiServer(gateway, ApiConfig(port=0))
     try:
         engine.load(model_path, ONE_THREAD)

@@ -297,3 +297,19 @@ def test_our_openai_backend_against_it(served: Served) -> None:
 def test_requests_are_logged_to_stderr(served: Served) -> None:
     lines = [ln for ln in served.stderr().splitlines() if "chatcmpl-" in ln]
     assert lines and any("cancelled" in ln for ln in lines)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+def test_serve_streams_with_no_qt_loaded(client: openai.OpenAI, served: Served) -> None:
+    """The engine host runs on a plain thread: the server process maps no Qt library."""
+    text, chunks = stream_text(client, served, max_tokens=8, **GREEDY)
+    assert text and chunks[-1].choices[0].finish_reason in ("stop", "length")
+    maps = Path(f"/proc/{served.proc.pid}/maps").read_text().lower()
+    qt = sorted(
+        {
+            line.split()[-1]
+            for line in maps.splitlines()
+            if "qt6" in line or "pyside6" in line or "shiboken" in line
+        }
+    )
+    assert qt == [], f"lamplight serve mapped Qt: {qt}"

@@ -120,6 +120,13 @@ def test_the_window_and_serve_load_no_asgi_stack_until_a_server_starts() -> None
     assert loaded == [], f"imported at start-up: {loaded}"
 
 
+def test_serve_loads_no_qt() -> None:
+    """``lamplight serve`` runs the engine host on a plain thread: its modules import no Qt
+    (``test_api_server`` checks the running process's memory map)."""
+    modules = ["ui.main", "ui.api.serve", "app.host.host", "app.api.host_gateway"]
+    assert loaded_roots(modules, ("PySide6", "shiboken6")) == []
+
+
 def test_serve_help_lists_its_options() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "ui", "serve", "--help"],

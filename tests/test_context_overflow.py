@@ -23,8 +23,8 @@ from app.engine.templates import ChatMessage
 from app.util.errors import ContextOverflowError
 from tests.conftest import TEST_LOAD
 from tests.near_tie import assert_greedy, reply_gaps, reply_nll, token_text
-from ui.window.main_window import MainWindow
 from ui.engine.worker import EngineClient
+from ui.window.main_window import MainWindow
 
 pytestmark = pytest.mark.slow
 N_CTX = 512
@@ -96,7 +96,7 @@ def kv_positions(engine: Engine) -> tuple[int, int]:
     """The lowest and highest position in KV sequence 0."""
     import llama_cpp
 
-    mem = llama_cpp.llama_get_memory(engine.llama._ctx.ctx)
+    mem = engine.native.memory
     return llama_cpp.llama_memory_seq_pos_min(mem, 0), llama_cpp.llama_memory_seq_pos_max(mem, 0)
 
 
@@ -318,7 +318,7 @@ def test_the_app_marks_dropped_messages_and_resumes_a_shifted_chat(
         with qtbot.waitSignal(win.replyEnded, timeout=60_000):
             win.send()
         metrics = win.reply_metrics[-1]
-        qtbot.waitUntil(lambda: win._store.snapshot_bytes(win.conversation.id) > 0)
+        qtbot.waitUntil(lambda: win.store.snapshot_bytes(win.conversation.id) > 0)
         return metrics
 
     win = open_window()
@@ -348,3 +348,49 @@ def test_the_app_marks_dropped_messages_and_resumes_a_shifted_chat(
         assert len(again.conversation.messages) == len(saved.messages) + 2  # none lost
     finally:
         again.close()
+
+
+def test_the_prompt_pipeline_marks_message_starts_and_drops_whole_turns() -> None:
+    """The pipeline alone, over a tokenizer of one token per character (BOS is 0): the
+    marks fall on message starts, and a fit drops the oldest whole exchange."""
+    from app.engine.context_map import ContextMap
+    from app.engine.overflow import Overflow
+    from app.engine.prompt_pipeline import PromptPipeline, PromptRequest, record_drops
+    from app.engine.templates import template_for_architecture
+
+    def tokenize(text: str, bos: bool) -> list[int]:
+        return [0] * bos + [ord(c) for c in text]
+
+    template = template_for_architecture("gemma3", lambda _t: True)
+    cmap = ContextMap()
+    pipeline = PromptPipeline(template, tokenize, cmap)
+    chat = [SYSTEM]
+    for i in range(6):
+        chat += [ChatMessage("user", f"question {i} " * 4), ChatMessage("assistant", "an answer")]
+    chat.append(ChatMessage("user", "the last question"))
+    prompt = pipeline.build(chat)
+    assert prompt.tokens == [0, *map(ord, prompt.text)] and prompt.n_mark == 0
+    assert prompt.bounds and all(n == c + 1 for n, c in prompt.bounds)
+    starts = {template.render(chat[:i], False) for i in range(1, len(chat) + 1)}
+    assert {prompt.text[:c] for _n, c in prompt.bounds} <= starts
+
+    params = SamplingParams(max_tokens=16, overflow="rolling")
+    request = PromptRequest(chat, params, n_ctx=len(prompt.tokens) - 40)
+    overflow = Overflow(
+        render=template.render,
+        tokenize=lambda t: tokenize(t, False),
+        cmap=ContextMap(),
+        mem=None,
+        can_shift=False,
+        refill=lambda _t: True,
+        policy=params.overflow,
+        messages=list(chat),
+    )
+    fitted = pipeline.fit(request, prompt, overflow)
+    assert len(fitted.tokens) + request.budget <= request.n_ctx
+    assert overflow.messages[0] == SYSTEM and overflow.messages[-1] == chat[-1]
+    assert overflow.messages[1].role == "user" and overflow.dropped_count % 2 == 0
+    metrics = MessageMetrics()
+    record_drops(overflow, metrics)
+    assert metrics.dropped_count == overflow.dropped_count > 0
+    assert metrics.notes == [overflow.note()]

@@ -375,7 +375,7 @@ def restart(
     with qtbot.waitSignal(win.modelReady, timeout=120_000):
         follow = crash_notice.install(win, report, dirs, lambda: win.start_engine(model))
     assert follow is not None
-    win._settings.sampling = SamplingParams.greedy(24)  # a short answer will do
+    win.settings.sampling = SamplingParams.greedy(24)  # a short answer will do
     return win, report, follow
 
 
@@ -470,6 +470,6 @@ def test_a_fault_in_the_engine_thread_offers_to_turn_the_path_off(
         machines = json.loads(store.read_text())["machines"]
         entries = [m["extra_bufts"] for m in machines.values() if "extra_bufts" in m]
         assert any(e["ok"] is False and e["source"] == "crash" for e in entries)
-        assert any("off on this computer" in n for n in win._model.notes)  # type: ignore[union-attr]
+        assert any("off on this computer" in n for n in win.loaded_model.info.notes)  # type: ignore[union-attr]
     finally:
         win.close()

@@ -42,6 +42,11 @@ FUZZ = settings(
 # -- model_prefs.json ---------------------------------------------------------------------------
 
 
+def model_keys(store: ModelPrefsStore) -> list[str]:
+    """The models the store holds, least recently used first."""
+    return list(store._prefs)
+
+
 def write_models(path: Path, n: int) -> list[str]:
     keys = [f"m{i}.gguf:{i}" for i in range(n)]
     doc = {"version": 1, "models": {k: {"system_prompt": k} for k in keys}}
@@ -58,8 +63,8 @@ def test_a_preference_set_past_the_limit_survives_a_restart(tmp_path: Path) -> N
     again = ModelPrefsStore(path)
     assert again.notes == []  # what was written loads whole
     assert again.get("new.gguf:1").system_prompt == "keep me"
-    assert len(again.model_keys()) == MAX_MODELS
-    assert keys[0] not in again.model_keys()  # the least recently used made room
+    assert len(model_keys(again)) == MAX_MODELS
+    assert keys[0] not in model_keys(again)  # the least recently used made room
 
 
 def test_a_model_in_use_is_kept_over_one_unused(tmp_path: Path) -> None:
@@ -68,7 +73,7 @@ def test_a_model_in_use_is_kept_over_one_unused(tmp_path: Path) -> None:
     store = ModelPrefsStore(path)
     assert store.get(keys[0]).system_prompt == keys[0]  # used: now the most recent
     store.set("new.gguf:1", ModelPrefs(completion=True))
-    kept = ModelPrefsStore(path).model_keys()
+    kept = model_keys(ModelPrefsStore(path))
     assert keys[0] in kept and keys[1] not in kept
 
 
@@ -77,7 +82,7 @@ def test_a_longer_file_keeps_the_newest_entries_with_a_note(tmp_path: Path) -> N
     keys = write_models(path, MAX_MODELS + 250)
     original = path.read_bytes()
     store = ModelPrefsStore(path)
-    assert store.model_keys() == keys[250:]
+    assert model_keys(store) == keys[250:]
     assert "250 models' preferences were left out" in store.notes[0]
     assert store.notes[-1].endswith("the original is kept as model_prefs.json.bad.")
     assert (tmp_path / f"{FILE_NAME}.bad").read_bytes() == original
@@ -94,8 +99,8 @@ def test_the_file_never_grows_past_what_a_load_reads(
         store.set(f"m{i}.gguf:{i}", ModelPrefs(system_prompt=f"{i} " + "é" * 10_000))
         assert path.stat().st_size <= 200_000
     again = ModelPrefsStore(path)
-    assert again.notes == [] and "m39.gguf:39" in again.model_keys()
-    assert 5 <= len(again.model_keys()) < 40
+    assert again.notes == [] and "m39.gguf:39" in model_keys(again)
+    assert 5 <= len(model_keys(again)) < 40
 
 
 class PrefsMachine(RuleBasedStateMachine):
@@ -145,7 +150,7 @@ class PrefsMachine(RuleBasedStateMachine):
         # Only what was written survives: uses since the last write are forgotten.
         self.store = ModelPrefsStore(self.path)
         assert self.store.notes == []
-        kept = self.store.model_keys()
+        kept = model_keys(self.store)
         assert sorted(kept) == sorted(self.model)
         assert all(self.store._prefs[k].system_prompt == self.model[k] for k in kept)
         self.model = OrderedDict((k, self.model[k]) for k in kept)
@@ -153,7 +158,7 @@ class PrefsMachine(RuleBasedStateMachine):
     @invariant()
     def keeps_the_most_recent(self) -> None:
         if hasattr(self, "store"):
-            assert self.store.model_keys() == list(self.model)
+            assert model_keys(self.store) == list(self.model)
 
     def teardown(self) -> None:
         if hasattr(self, "dir"):

@@ -122,10 +122,10 @@ def test_acceptance_figures_add_up(
     spies: list[Spy] = []
     real_decode = engine_module.decode
 
-    def spying_decode(*args: Any, **kwargs: Any) -> Any:
-        spies.append(Spy(kwargs["drafter"]))
-        kwargs["drafter"] = spies[-1]
-        return real_decode(*args, **kwargs)
+    def spying_decode(job: Any) -> Any:
+        spies.append(Spy(job.drafter))
+        job.drafter = spies[-1]
+        return real_decode(job)
 
     monkeypatch.setattr(engine_module, "decode", spying_decode)
     for params in (DRAFT, replace(DRAFT, draft_model=False, speculative=True)):
@@ -303,23 +303,23 @@ def test_a_new_draft_reads_only_recent_text_until_it_has_paid(
     spies: list[Spy] = []
     real_decode = engine_module.decode
 
-    def spying_decode(*args: Any, **kwargs: Any) -> Any:
-        spies.append(Spy(kwargs["drafter"]))
-        kwargs["drafter"] = spies[-1]
-        return real_decode(*args, **kwargs)
+    def spying_decode(job: Any) -> Any:
+        spies.append(Spy(job.drafter))
+        job.drafter = spies[-1]
+        return real_decode(job)
 
     monkeypatch.setattr(engine_module, "decode", spying_decode)
-    engine._draft_costs.clear()  # the shared engine remembers earlier tests' drafts
+    engine._draft.costs.clear()  # the shared engine remembers earlier tests' drafts
     info = engine.set_draft(model_path)  # agrees with the target: its guesses are kept
     assert info is not None
-    costs = engine._draft_costs[f"model:{info.path}"]
+    costs = engine._draft.costs[f"model:{info.path}"]
     assert costs.read_prior > 0.0 and costs.guess_prior > 0.0  # timed as it loaded
     assert not costs.proven and costs.draft_ms == 0.0  # priors only price a probe
     msgs = [ChatMessage("user", " ".join([PARAGRAPH] * 5) + "\n\nSay it again.")]
     params = replace(GREEDY, max_tokens=24, draft_model=True)  # adaptive
     m = reply(engine, msgs, params).metrics
     assert m.prompt_tokens > 2 * draft_length.TAIL and m.accepted_tokens > 0
-    drafter = engine._drafter
+    drafter = engine._draft.drafter
     assert drafter is not None
     # It read only the last TAIL tokens, behind a BOS sink, not the whole prompt.
     assert spies[-1].reads[0] == draft_length.TAIL

@@ -37,8 +37,9 @@ def make_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
 def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
     win = make_window(qtbot, tmp_path, fake)
     yield win
-    win.close()
-    assert not win._client.engine_thread.isRunning()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    assert not win.client.engine_thread.isRunning()
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
@@ -150,7 +151,7 @@ def test_failure_shows_the_message_and_keeps_it_unanswered(
     assert "A very long message" in shown and "not answered yet" in shown
     assert window.chat_input.toPlainText() == "typed while waiting"
     assert [(m.role, m.content) for m in window.messages] == [("user", "A very long message")]
-    saved = window._store.load(window.conversation.id)
+    saved = window.store.load(window.conversation.id)
     assert [m.content for m in saved.messages] == ["A very long message"]
     fake.fail_with = None
     with qtbot.waitSignal(window.replyEnded, timeout=5000) as blocker:
@@ -206,10 +207,11 @@ def test_bad_model_file_keeps_the_app_running(
 def test_close_during_a_reply_joins_the_thread(qtbot: QtBot, tmp_path: Path) -> None:
     fake = FakeEngine(LONG_REPLY, delay=0.01)
     win = make_window(qtbot, tmp_path, fake)
-    client = win._client
+    client = win.client
     send(qtbot, win, "Go")
     qtbot.waitUntil(lambda: "w3" in win.transcript.toPlainText(), timeout=5000)
-    win.close()
+    assert not win.close()  # put off until the stopped reply is recorded and saved
+    qtbot.waitUntil(lambda: win.closed, timeout=5000)
     assert not client.engine_thread.isRunning()
     assert fake.model is None  # unloaded on its own thread before the join
 

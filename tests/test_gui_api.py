@@ -50,7 +50,7 @@ def window(
     win = make_window(qtbot, tmp_path, fake)
     yield win
     win.close()
-    assert not win._client.engine_thread.isRunning()
+    assert not win.client.engine_thread.isRunning()
     assert not [t for t in threading.enumerate() if t.name == "lamplight-api"]
 
 
@@ -107,7 +107,7 @@ def test_the_dialog_turns_the_server_on_and_off(qtbot: QtBot, window: MainWindow
     assert url.startswith("http://127.0.0.1:") and url.endswith("/v1")
     assert window.api.label.isVisible() and window.api.label.text() == f"API: {url}"
     assert url in dialog.status.text()
-    assert window._settings.api.enabled and window._settings.api.port == 0
+    assert window.settings.api.enabled and window.settings.api.port == 0
     qtbot.mouseClick(window.api.label, Qt.MouseButton.LeftButton)
     assert QGuiApplication.clipboard().text() == url
     with openai.OpenAI(base_url=url, api_key="x", max_retries=0) as c:
@@ -117,7 +117,7 @@ def test_the_dialog_turns_the_server_on_and_off(qtbot: QtBot, window: MainWindow
     assert dialog.apply()
     assert not window.api.running and not window.api.label.isVisible()
     assert not api_threads()
-    assert not window._settings.api.enabled
+    assert not window.settings.api.enabled
 
 
 def test_a_network_address_needs_a_key(window: MainWindow, memory_keyring: MemoryKeyring) -> None:
@@ -127,7 +127,7 @@ def test_a_network_address_needs_a_key(window: MainWindow, memory_keyring: Memor
     dialog.enabled_box.setChecked(True)
     assert not dialog.apply()
     assert "key" in dialog.status.text().lower()
-    assert not window.api.running and window._settings.api == ApiSettings()  # nothing saved
+    assert not window.api.running and window.settings.api == ApiSettings()  # nothing saved
 
     key_edit = dialog.key_edit
     generate = dialog.findChild(QPushButton, "apiKeyGenerate")
@@ -136,9 +136,9 @@ def test_a_network_address_needs_a_key(window: MainWindow, memory_keyring: Memor
     assert key_edit.text().startswith("lamplight-") and len(key_edit.text()) > 40
     assert key_edit.echoMode() == key_edit.EchoMode.Normal  # shown after Generate
     assert dialog.apply(), dialog.status.text()
-    assert window.api.running and window._settings.api.host == "0.0.0.0"
+    assert window.api.running and window.settings.api.host == "0.0.0.0"
     assert memory_keyring.values[(keys.SERVICE, KEY_ID)] == key_edit.text()
-    assert key_edit.text() not in window._settings.to_json()  # never in the settings file
+    assert key_edit.text() not in window.settings.to_json()  # never in the settings file
     with (
         openai.OpenAI(
             base_url=window.api.url.replace("0.0.0.0", "127.0.0.1"), api_key="x", max_retries=0
@@ -160,7 +160,7 @@ def test_a_busy_port_is_a_message_not_a_crash(window: MainWindow) -> None:
         assert f"Port {port}" in dialog.status.text() and "in use" in dialog.status.text()
         assert not dialog.enabled_box.isChecked() and not window.api.running
         # At start-up, with the server switched on in the settings: a notice.
-        window._settings.api = ApiSettings(enabled=True, port=port)
+        window.settings.api = ApiSettings(enabled=True, port=port)
         window.start_engine(window.session.model.path if window.session.model else None)
         assert "did not start" in window.transcript.toPlainText()
     assert not api_threads()
@@ -218,6 +218,6 @@ def test_closing_the_window_stops_the_server_first(
     qtbot.waitUntil(lambda: win.api.running_job() is not None, timeout=5000)
     assert api_threads()
     win.close()
-    assert not api_threads() and not win._client.engine_thread.isRunning()
+    assert not api_threads() and not win.client.engine_thread.isRunning()
     streamer.join(check=False)  # ended (cut off, or stopped), not hanging
     assert "w1999" not in streamer.text

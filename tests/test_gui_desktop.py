@@ -72,8 +72,9 @@ def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindo
     win = make_window(qtbot, data_dirs(tmp_path / "data"), fake)
     load(qtbot, win, fake_model(tmp_path))
     yield win
-    win.close()
-    assert not win._client.engine_thread.isRunning()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    assert not win.client.engine_thread.isRunning()
 
 
 def press(
@@ -170,7 +171,7 @@ def test_shortcuts_from_the_message_box(
     first = window.conversation.id
     press(qtbot, Qt.Key.Key_N, CTRL)
     qtbot.waitUntil(lambda: window.conversation.id != first)
-    assert not window.conversation.messages and window._store.load(first).messages
+    assert not window.conversation.messages and window.store.load(first).messages
 
     focus(qtbot, window.sidebar.list)
     press(qtbot, Qt.Key.Key_L, CTRL)  # back to the message box
@@ -178,7 +179,7 @@ def test_shortcuts_from_the_message_box(
 
     press(qtbot, Qt.Key.Key_Q, CTRL)
     qtbot.waitUntil(lambda: not window.isVisible())
-    assert not window._client.engine_thread.isRunning()
+    assert not window.client.engine_thread.isRunning()
 
 
 def start_streaming(qtbot: QtBot, win: MainWindow, text: str) -> None:
@@ -211,7 +212,7 @@ def test_ctrl_n_and_esc_mid_reply_wherever_focus_is(
             press(qtbot, Qt.Key.Key_N, CTRL)
         assert ended.args == ["cancelled"]
         qtbot.waitUntil(lambda: win.conversation.id != first)
-        kept = win._store.load(first).messages
+        kept = win.store.load(first).messages
         assert [m.role for m in kept] == ["user", "assistant"] and kept[1].content
 
         start_streaming(qtbot, win, "Another long one")
@@ -258,7 +259,7 @@ def test_ctrl_n_mid_reply_on_the_real_model(qtbot: QtBot, tmp_path: Path, model_
         assert ended.args == ["cancelled"]
         qtbot.waitUntil(lambda: win.conversation.id != first)
         assert not win.conversation.messages
-        saved = win._store.load(first)
+        saved = win.store.load(first)
         assert [m.role for m in saved.messages] == ["user", "assistant"]
         assert saved.messages[1].content.strip()  # the partial reply, kept
         start_streaming(qtbot, win, "Count to one hundred.")
@@ -311,7 +312,7 @@ def drag_and_drop(widget: QWidget, mime: QMimeData) -> tuple[bool, bool]:
 def test_drops_that_are_refused(
     qtbot: QtBot, window: MainWindow, tmp_path: Path, urls: list[str], why: str
 ) -> None:
-    loads = window._client.worker  # no load may start
+    loads = window.client.worker  # no load may start
     started: list[object] = []
     loads.loadProgress.connect(started.append)
     mime = file_drag(
@@ -391,23 +392,23 @@ def test_recent_models_menu(qtbot: QtBot, window: MainWindow, tmp_path: Path) ->
     assert a is not None
     b = fake_model(tmp_path, "other.gguf")
     load(qtbot, window, b)
-    assert window._settings.recent_models == [str(b), str(a.path)]
+    assert window.settings.recent_models == [str(b), str(a.path)]
     assert menu_texts(window)[:2] == [("&1 other.gguf", True, True), ("&2 model.gguf", True, False)]
 
     with qtbot.waitSignal(window.modelReady, timeout=5000) as ready:
         window.recent_models.menu.actions()[1].trigger()
     assert ready.args[0].path == a.path
-    assert window._settings.recent_models == [str(a.path), str(b)]
+    assert window.settings.recent_models == [str(a.path), str(b)]
 
     b.unlink()
     entries = menu_texts(window)
     assert entries[1] == ("&2 other.gguf — missing", False, False)
     assert ("Remove missing", True, False) in entries
     window.recent_models.remove_missing()
-    assert AppSettings.load_from(window._dirs.settings_file).recent_models == [str(a.path)]
+    assert AppSettings.load_from(window.dirs.settings_file).recent_models == [str(a.path)]
     window.recent_models.clear()
     assert menu_texts(window)[0] == ("No recent models", False, False)
-    assert AppSettings.load_from(window._dirs.settings_file).recent_models == []
+    assert AppSettings.load_from(window.dirs.settings_file).recent_models == []
 
 
 def test_recent_models_keep_eight() -> None:
@@ -464,7 +465,7 @@ def test_follows_the_os_light_dark_switch_live(
     axis = window.perf_panel.live.getAxis("left")
     assert axis.textPen().color().lightness() > 128  # light text on the dark chart
     # The transcript is drawn again for the dark palette (its HTML has colours in it).
-    qtbot.waitUntil(lambda: not window._restyle_pending)
+    qtbot.waitUntil(lambda: not window.restyle.pending)
     assert "Hello" in window.transcript.toPlainText()
     hints.colorSchemeChanged.emit(Qt.ColorScheme.Light)
     qtbot.waitUntil(lambda: not background_dark(window))
@@ -478,7 +479,7 @@ def test_appearance_menu_forces_a_scheme(qtbot: QtBot, window: MainWindow, os_sc
     assert actions["theme_system"].isChecked()
     actions["theme_dark"].trigger()
     qtbot.waitUntil(lambda: background_dark(window))
-    assert AppSettings.load_from(window._dirs.settings_file).theme == "dark"
+    assert AppSettings.load_from(window.dirs.settings_file).theme == "dark"
     actions["theme_system"].trigger()
     qtbot.waitUntil(lambda: not background_dark(window))
 
@@ -486,6 +487,7 @@ def test_appearance_menu_forces_a_scheme(qtbot: QtBot, window: MainWindow, os_sc
 def test_chart_axes_never_say_kms(qtbot: QtBot, window: MainWindow) -> None:
     """pyqtgraph's SI prefix on a value already in ms read "kms"; on tok/s "ktok/s"."""
     perf = window.perf_panel
+    perf.show()  # the charts start closed (View -> Performance); hidden, they are not drawn
     times = [i * 40.0 for i in range(200)]  # 40 ms per token, 8 s
     perf.set_history(
         [

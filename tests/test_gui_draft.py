@@ -45,13 +45,8 @@ def other_vocab(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def control_of(win: MainWindow) -> DraftControl:
-    """The window's draft chooser (installed here if the window does not do it yet)."""
-    ctl = getattr(win, "draft_control", None)
-    if ctl is None:
-        ctl = draft_control.install(win)
-        win.draft_control = ctl  # type: ignore[attr-defined]
-    assert isinstance(ctl, DraftControl)
-    return ctl
+    """The window's draft chooser."""
+    return win.draft_control
 
 
 def library(dirs: DataDirs, *files: Path) -> None:
@@ -91,7 +86,7 @@ def window(
     win, ctl = make_window(qtbot, dirs, fake, model_path, AppSettings())
     yield win, ctl
     win.close()
-    assert not win._client.engine_thread.isRunning()
+    assert not win.client.engine_thread.isRunning()
 
 
 def combo_rows(ctl: DraftControl) -> list[tuple[str, str, bool, str]]:
@@ -211,8 +206,9 @@ def test_reply_shows_acceptance_and_speedup_and_the_chat_brings_its_draft_back(
     load_listed(qtbot, ctl, draft_path, other_vocab)
     assert ctl.loaded is not None
     chosen = str(ctl.loaded.path)
+    win.perf_panel.show()  # the charts start closed
     field(win, "draft_model").click()  # "Use draft model"
-    assert win._settings.sampling.draft_model
+    assert win.settings.sampling.draft_model
     assert "Switch on" not in ctl.status.text()
     with qtbot.waitSignal(win.replyEnded, timeout=5000):
         send(qtbot, win, "Count")
@@ -226,7 +222,7 @@ def test_reply_shows_acceptance_and_speedup_and_the_chat_brings_its_draft_back(
     assert "draft model: 5/9" in win.perf_panel.summary.text()
     first = win.conversation.id
     assert win.conversation.draft_path == chosen
-    assert win._store.load(first).draft_path == chosen  # saved with the conversation
+    assert win.store.load(first).draft_path == chosen  # saved with the conversation
 
     win.new_chat()
     pick(ctl, "")
@@ -248,7 +244,7 @@ def test_a_missing_draft_of_an_opened_chat_is_a_notice(
         send(qtbot, win, "Hi")
     conv = win.conversation
     conv.draft_path = str(tmp_path / "gone-draft.gguf")
-    win._store.save(conv)
+    win.store.save(conv)
     win.new_chat()
     win.open_conversation(conv.id)
     assert "no longer at" in win.transcript.toPlainText()
@@ -276,7 +272,7 @@ def test_an_engine_without_drafts_greys_the_controls_out_with_its_reason(
         ctl.choose(model_path)
         assert "cannot be used" in ctl.status.text() and fake.draft_loads == []
         # The worker refuses too, with the reason, if asked directly.
-        win._client.set_draft(model_path)
+        win.client.set_draft(model_path)
         qtbot.waitUntil(lambda: "cannot be used" in win.statusBar().currentMessage(), timeout=5000)
         assert why in win.statusBar().currentMessage()
     finally:
@@ -352,14 +348,14 @@ def test_real_model_draft_round_trip(
         assert 0 <= m.accepted_tokens <= m.drafted_tokens
         assert "draft model:" in win.transcript.toPlainText()
 
-        win._settings.sampling = replace(sampling, max_tokens=400)
+        win.settings.sampling = replace(sampling, max_tokens=400)
         send(qtbot, win, "Now count from one to two hundred.")
         qtbot.waitUntil(lambda: win.session.reply_started, timeout=60_000)
         with qtbot.waitSignal(win.replyEnded, timeout=10_000) as ended:
             win.stop()
         assert ended.args == ["cancelled"]
 
-        win._settings.sampling = sampling
+        win.settings.sampling = sampling
         with qtbot.waitSignal(win.replyEnded, timeout=60_000) as ended:
             win.regenerate()
         assert ended.args == ["finished"]

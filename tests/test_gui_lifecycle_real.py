@@ -40,7 +40,8 @@ def open_window(qtbot: QtBot, data: Path, model: Path) -> MainWindow:
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
     win = open_window(qtbot, tmp_path / "data", model_path)
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def start_streaming(qtbot: QtBot, win: MainWindow, text: str) -> None:
@@ -61,10 +62,10 @@ def test_first_conversation_survives_ctrl_n_mid_reply_and_a_restart(
         qtbot.keyClick(win.chat_input, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert ended.args == ["cancelled"]
     assert win.conversation.id != first and not win.conversation.messages
-    saved = win._store.load(first)
+    saved = win.store.load(first)
     assert [m.role for m in saved.messages] == ["user", "assistant"]
     assert saved.messages[1].content.strip()  # the partial reply, as it was shown
-    qtbot.waitUntil(lambda: win._store.snapshot_bytes(first) > 0, timeout=30_000)
+    qtbot.waitUntil(lambda: win.store.snapshot_bytes(first) > 0, timeout=30_000)
     win.close()
 
     again = open_window(qtbot, data, model_path)
@@ -83,14 +84,14 @@ def test_snapshot_survives_a_setting_change_mid_reply(qtbot: QtBot, window: Main
     with qtbot.waitSignal(window.snapshotSaved, timeout=60_000):
         window.session.send("Name three colours.", SamplingParams.greedy(16))
     conv = window.conversation.id
-    before = window._store.snapshot_bytes(conv)
+    before = window.store.snapshot_bytes(conv)
     assert before > 0
     start_streaming(qtbot, window, "And three more.")
     with qtbot.waitSignal(window.modelReady, timeout=60_000):
         # The panel's reload: another batch size, applied while the reply streams.
-        window._on_reload_requested(replace(window._settings.load, n_batch=256))
-    assert window._store.snapshot_bytes(conv) >= before  # written, never deleted
-    saved = window._store.load(conv)
+        window._on_reload_requested(replace(window.settings.load, n_batch=256))
+    assert window.store.snapshot_bytes(conv) >= before  # written, never deleted
+    saved = window.store.load(conv)
     assert [m.role for m in saved.messages] == ["user", "assistant"] * 2
     with qtbot.waitSignal(window.conversationOpened, timeout=30_000) as opened:
         pass  # the reload restores the conversation's cache
@@ -106,12 +107,12 @@ def test_a_failed_regenerate_leaves_the_old_reply(
     old = [(m.role, m.content) for m in window.conversation.messages]
     # Passes the app's own checks (it has a root rule) but llama.cpp refuses it.
     bad = replace(SamplingParams.greedy(12), output_format="gbnf", grammar="root ::= (")
-    window._settings.sampling = bad
+    window.settings.sampling = bad
     with qtbot.waitSignal(window.replyEnded, timeout=30_000) as ended:
         window.regenerate()
     assert ended.args == ["failed"]
     assert [(m.role, m.content) for m in window.conversation.messages] == old
-    on_disk = window._store.load(window.conversation.id)
+    on_disk = window.store.load(window.conversation.id)
     assert [(m.role, m.content) for m in on_disk.messages] == old
     shown = " ".join(window.transcript.toPlainText().split())
     assert " ".join(old[-1][1].split()) in shown  # the old reply is still on screen
@@ -130,7 +131,7 @@ def test_stop_before_the_first_token_keeps_roles_alternating(
     with qtbot.waitSignal(window.replyEnded, timeout=60_000) as ended:
         window.session.send("Hello?", SamplingParams.greedy(8))
     assert ended.args == ["finished"]
-    roles = [m.role for m in window._store.load(window.conversation.id).messages]
+    roles = [m.role for m in window.store.load(window.conversation.id).messages]
     assert roles == ["user", "assistant", "user", "assistant"]
 
 

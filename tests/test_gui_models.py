@@ -52,7 +52,8 @@ def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]
     qtbot.addWidget(win)
     win.show()
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def manager(qtbot: QtBot, win: MainWindow) -> ModelManager:
@@ -106,7 +107,7 @@ def test_hub_errors_show_in_the_window(qtbot: QtBot, window: MainWindow, hub: Hu
 def test_invalid_files_are_listed_with_a_reason_and_can_be_deleted(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    models = window._dirs.models
+    models = window.dirs.models
     (models / "broken.gguf").write_bytes(b"junk")
     m = manager(qtbot, window)
     qtbot.waitUntil(lambda: m.library_table.rowCount() == 1, timeout=10_000)
@@ -117,3 +118,44 @@ def test_invalid_files_are_listed_with_a_reason_and_can_be_deleted(
     m.delete_selected()
     assert not (models / "broken.gguf").exists()
     qtbot.waitUntil(lambda: m.library_table.rowCount() == 0, timeout=10_000)
+
+
+def test_a_loaded_model_is_deleted_only_once_the_engine_let_go_of_it(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakes import FakeEngine
+
+    dirs = data_dirs(tmp_path / "data")
+    dirs.models.mkdir(parents=True, exist_ok=True)
+    target = dirs.models / "junk.gguf"  # listed as invalid, deletable; the fake loads it
+    target.write_bytes(b"junk")
+    there_at_unload: list[bool] = []
+
+    class Recording(FakeEngine):
+        def unload(self) -> None:
+            there_at_unload.append(target.exists())
+            super().unload()
+
+    store = ConversationStore(dirs.root)
+    services = HubServices(
+        HubClient(),
+        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
+        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
+    )
+    client = EngineClient(dirs.models, engine_factory=Recording, store=store)
+    win = MainWindow(client, AppSettings(load=TEST_LOAD), dirs, store, services)
+    qtbot.addWidget(win)
+    try:
+        with qtbot.waitSignal(win.modelReady, timeout=10_000):
+            win.load_model(target)
+        m = manager(qtbot, win)
+        qtbot.waitUntil(lambda: m.library_table.rowCount() == 1, timeout=10_000)
+        assert "(loaded)" in m.library_table.item(0, 0).text()
+        m.library_table.selectRow(0)
+        monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+        m.delete_selected()
+        qtbot.waitUntil(lambda: not target.exists(), timeout=10_000)
+        assert there_at_unload and there_at_unload[-1]  # unloaded first, then deleted
+        assert win.loaded_model.info is None and win.session.model is None
+    finally:
+        win.close()

@@ -32,7 +32,8 @@ def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindo
     with qtbot.waitSignal(win.modelReady, timeout=60_000):
         win.load_model(model_path)
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
     assert not client.engine_thread.isRunning()
 
 
@@ -59,7 +60,7 @@ def test_chat_streams_and_second_turn_reuses_the_cache(qtbot: QtBot, window: Mai
 
 
 def test_stop_and_new_chat_on_the_real_engine(qtbot: QtBot, window: MainWindow) -> None:
-    window._settings.sampling = replace(window._settings.sampling, max_tokens=2000)
+    window.settings.sampling = replace(window.settings.sampling, max_tokens=2000)
     send(qtbot, window, "Count from one to a thousand.")
     qtbot.waitUntil(lambda: len(window.transcript.toPlainText()) > 60, timeout=30_000)
     assert window.busy
@@ -68,16 +69,17 @@ def test_stop_and_new_chat_on_the_real_engine(qtbot: QtBot, window: MainWindow) 
     assert blocker.args == ["cancelled"]
     qtbot.mouseClick(window.new_chat_button, Qt.MouseButton.LeftButton)
     assert window.messages == []
-    window._settings.sampling = replace(window._settings.sampling, max_tokens=8)
+    window.settings.sampling = replace(window.settings.sampling, max_tokens=8)
     with qtbot.waitSignal(window.replyEnded, timeout=60_000) as blocker:
         send(qtbot, window, "Hi")
     assert blocker.args == ["finished"]
 
 
 def test_close_mid_generation_joins_the_engine_thread(qtbot: QtBot, window: MainWindow) -> None:
-    window._settings.sampling = replace(window._settings.sampling, max_tokens=2000)
+    window.settings.sampling = replace(window.settings.sampling, max_tokens=2000)
     send(qtbot, window, "Write a long story.")
     qtbot.waitUntil(lambda: len(window.transcript.toPlainText()) > 60, timeout=30_000)
-    client = window._client
-    window.close()
+    client = window.client
+    assert not window.close()  # put off until the stopped reply is recorded and saved
+    qtbot.waitUntil(lambda: window.closed, timeout=10_000)
     assert not client.engine_thread.isRunning()

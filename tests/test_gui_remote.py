@@ -59,8 +59,9 @@ def dirs(tmp_path: Path) -> DataDirs:
 def window(qtbot: QtBot, dirs: DataDirs) -> Iterator[MainWindow]:
     win = open_window(qtbot, dirs)
     yield win
-    win.close()
-    assert not win._client.engine_thread.isRunning()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    assert not win.client.engine_thread.isRunning()
 
 
 def test_chat_on_a_server_and_what_it_cannot_do(
@@ -87,7 +88,7 @@ def test_chat_on_a_server_and_what_it_cannot_do(
     assert not window.compact_cache_action.isEnabled()
     # The model in use is the server's: a restart reconnects, never opening its path here.
     assert ConnectionStore.in_dir(dirs.root).active == "srv1"
-    assert not window._settings.model_path
+    assert not window.settings.model_path
 
 
 def test_back_to_this_computer(
@@ -133,7 +134,7 @@ def test_a_lost_connection_keeps_the_text_and_reconnects(
     with running_llama_server(model_path, tmp_path / "b", n_ctx=1024, port=port):
         qtbot.waitUntil(lambda: window.remote.status.state == "connected", timeout=40_000)
         # A short reply: a 1000-token one takes longer than the wait on a loaded machine.
-        window._settings.sampling = replace(window._settings.sampling, max_tokens=16)
+        window.settings.sampling = replace(window.settings.sampling, max_tokens=16)
         assert send(qtbot, window, "Are you back?") == "finished"
     window.close()
 

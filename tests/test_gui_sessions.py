@@ -31,7 +31,8 @@ def fake() -> FakeEngine:
 def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
     win = make_window(qtbot, tmp_path, fake)
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def chat(qtbot: QtBot, win: MainWindow, text: str) -> None:
@@ -43,7 +44,7 @@ def chat(qtbot: QtBot, win: MainWindow, text: str) -> None:
 
 def test_replies_are_saved_and_listed(qtbot: QtBot, window: MainWindow) -> None:
     chat(qtbot, window, "What is a lighthouse?")
-    store = window._store
+    store = window.store
     rows = store.list()
     assert [r.title for r in rows] == ["What is a lighthouse?"]
     assert rows[0].n_messages == 2 and rows[0].snapshot_bytes > 0
@@ -86,10 +87,10 @@ def test_rename_in_the_list(qtbot: QtBot, window: MainWindow) -> None:
     item = window.sidebar.item_for(conv_id)
     assert item is not None
     item.setText("My trip plans")  # what an inline edit does
-    assert window._store.load(conv_id).title == "My trip plans"
+    assert window.store.load(conv_id).title == "My trip plans"
     assert window.conversation.title == "My trip plans"
     chat(qtbot, window, "More")  # a custom title is kept
-    assert window._store.load(conv_id).title == "My trip plans"
+    assert window.store.load(conv_id).title == "My trip plans"
 
 
 def test_delete_asks_first(
@@ -100,11 +101,11 @@ def test_delete_asks_first(
     answers = [QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes]
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: answers.pop(0))
     window.sidebar.deleteRequested.emit(conv_id)
-    assert window._store.list() != []
+    assert window.store.list() != []
     window.sidebar.deleteRequested.emit(conv_id)
-    assert window._store.list() == []
+    assert window.store.list() == []
     # The worker drops the snapshot in its queue, after the save the reply queued.
-    snapshot = window._store.snapshot_path(conv_id)
+    snapshot = window.store.snapshot_path(conv_id)
     qtbot.waitUntil(lambda: not snapshot.exists(), timeout=5000)
     assert window.conversation.id != conv_id and window.messages == []
 
@@ -118,9 +119,9 @@ def test_fork_from_a_message(qtbot: QtBot, window: MainWindow) -> None:
     fork = window.conversation
     assert fork.id != original and fork.forked_from == original
     assert [m.content for m in fork.messages] == ["Start", "Hello there, **friend**."]
-    assert len(window._store.load(original).messages) == 4
+    assert len(window.store.load(original).messages) == 4
     chat(qtbot, window, "Another way")
-    assert len(window._store.load(fork.id).messages) == 4
+    assert len(window.store.load(fork.id).messages) == 4
 
 
 def test_edit_replaces_the_message_and_what_follows(
@@ -168,7 +169,7 @@ def test_export_and_import(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> 
     window.export_conversation(window.conversation, tmp_path / "c.md", "markdown")
     window.export_conversation(window.conversation, tmp_path / "c.json", "json")
     assert "Export this" in (tmp_path / "c.md").read_text()
-    imported = window._store.import_json((tmp_path / "c.json").read_text())
+    imported = window.store.import_json((tmp_path / "c.json").read_text())
     assert imported.id != window.conversation.id
     assert [m.content for m in imported.messages] == [
         m.content for m in window.conversation.messages
@@ -179,7 +180,7 @@ def test_a_damaged_transcript_does_not_hide_the_others(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     chat(qtbot, window, "Healthy chat")
-    bad = window._store.conversations_dir / "deadbeef.json"
+    bad = window.store.conversations_dir / "deadbeef.json"
     bad.write_text("{ not json")
     warnings: list[str] = []
     monkeypatch.setattr(QMessageBox, "warning", lambda _p, _t, msg, *a: warnings.append(msg))
@@ -188,7 +189,7 @@ def test_a_damaged_transcript_does_not_hide_the_others(
     window.refresh_sidebar()  # a listing sets it aside, with a note; the others stay
     assert window.sidebar.ids() == [window.conversation.id]
     assert bad.with_name("deadbeef.json.bad").read_text() == "{ not json"
-    [note] = window._store.take_notes()
+    [note] = window.store.take_notes()
     assert "deadbeef.json: damaged" in note
     assert "Healthy chat" in window.transcript.toPlainText()
 
@@ -199,7 +200,8 @@ def test_closing_mid_reply_saves_the_partial_reply(qtbot: QtBot, tmp_path: Path)
     send(qtbot, win, "Go")
     qtbot.waitUntil(lambda: "w3" in win.transcript.toPlainText(), timeout=5000)
     conv_id = win.conversation.id
-    win.close()
+    assert not win.close()  # put off until the stopped reply is recorded and saved
+    qtbot.waitUntil(lambda: win.closed, timeout=5000)
     store = ConversationStore(tmp_path / "data")
     saved = store.load(conv_id)
     assert saved.messages[1].role == "assistant" and saved.messages[1].content.startswith("w0")
@@ -280,13 +282,13 @@ def test_a_conversation_reopens_with_its_settings(
     assert spin is not None
     spin.setValue(0.3)
     spin.editingFinished.emit()
-    assert window._settings.sampling.temperature == pytest.approx(0.3)
+    assert window.settings.sampling.temperature == pytest.approx(0.3)
     chat(qtbot, window, "Careful answer please")
     first = window.conversation.id
-    window._on_sampling_changed(replace(window._settings.sampling, temperature=1.4))
+    window._on_sampling_changed(replace(window.settings.sampling, temperature=1.4))
     window.new_chat()
     chat(qtbot, window, "Wild answer please")
     with qtbot.waitSignal(window.conversationOpened, timeout=5000):
         window.open_conversation(first)
-    assert window._settings.sampling.temperature == pytest.approx(0.3)
+    assert window.settings.sampling.temperature == pytest.approx(0.3)
     assert spin.value() == pytest.approx(0.3)

@@ -91,7 +91,7 @@ def assert_fresh_read(engine: Engine, messages: list[ChatMessage]) -> None:
     fresh = engine.prompt_tokens(messages)
     assert cache[0] == engine.llama.token_bos()
     assert cache[: len(fresh)] == fresh
-    mem = llama_cpp.llama_get_memory(engine.llama._ctx.ctx)
+    mem = engine.native.memory
     pos = llama_cpp.llama_memory_seq_pos_min(mem, 0), llama_cpp.llama_memory_seq_pos_max(mem, 0)
     assert pos == (0, len(cache) - 1)
     marks = engine._map.marks

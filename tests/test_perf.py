@@ -88,11 +88,13 @@ def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindo
     )
     qtbot.addWidget(win)
     win.resize(1400, 900)
+    win.perf_panel.show()  # the charts start closed
     win.show()
     with qtbot.waitSignal(win.modelReady, timeout=60_000):
         win.load_model(model_path)
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def points(panel: PerfPanel) -> int:
@@ -110,6 +112,7 @@ def test_panel_follows_a_real_generation_and_survives_resume(
     qtbot: QtBot, window: MainWindow, tmp_path: Path
 ) -> None:
     panel = window.perf_panel
+    panel.show()  # the charts start closed (View -> Performance)
     assert panel.isVisible()
     before = panel.redraws
     window.chat_input.setPlainText("Write a long story about the sea.")

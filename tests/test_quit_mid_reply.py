@@ -24,7 +24,8 @@ def test_ctrl_q_mid_reply_keeps_the_reply_so_far(
     qtbot.waitUntil(lambda: len(win.session._request.parts) > 3, timeout=30_000)  # type: ignore[union-attr]
     conv_id = win.conversation.id
     qtbot.keyClick(win.chat_input, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
-    assert not win.isVisible()
+    # The close waits (no nested event loop) for the stopped reply to be recorded.
+    qtbot.waitUntil(lambda: not win.isVisible(), timeout=10_000)
     saved = ConversationStore(data_dirs(data).root).load(conv_id)
     assert [m.role for m in saved.messages] == ["user", "assistant"]
     assert saved.messages[1].content.strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +44,6 @@ from app.models.recommended import (
     load_list,
     parse_entry,
     parse_list,
-    parse_text,
     set_welcome_dismissed,
     welcome_dismissed,
 )
@@ -155,6 +155,15 @@ def damaged_bytes(draw: st.DrawFn) -> bytes:
             start = draw(st.integers(0, max(0, len(data) - 1)))
             data[pos:pos] = data[start : start + draw(st.integers(1, 400))]
     return bytes(data)
+
+
+def parse_text(text: str | bytes) -> RecommendedList:
+    """``load_list`` of a file holding ``text`` (the product reads the list from a file)."""
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "recommended.json"
+        path.write_bytes(raw)
+        return load_list(path)
 
 
 @FUZZ
@@ -472,7 +481,8 @@ def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]
     qtbot.addWidget(win)
     win.show()
     yield win
-    win.close()
+    win.close()  # put off while a reply settles (at most 5 s)
+    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def _test_entry(size: int) -> Recommended:
@@ -540,12 +550,10 @@ def test_first_run_card_downloads_and_switches_to_a_chat_model(
     click(qtbot, row.button)
     _deactivate()
     # Down to a real load of the downloaded file; the card goes once a chat model is in.
-    target = window._dirs.models / "lamplight-test__tiny-chat-GGUF" / TEST_FILE
-    qtbot.waitUntil(
-        lambda: window._model is not None and window._model.path == target, timeout=120_000
-    )
+    target = window.dirs.models / "lamplight-test__tiny-chat-GGUF" / TEST_FILE
+    qtbot.waitUntil(lambda: window.loaded_model.local_path == str(target), timeout=120_000)
     assert target.stat().st_size == size
-    assert window._settings.model_path == str(target)
+    assert window.settings.model_path == str(target)
     qtbot.waitUntil(lambda: onboarding.card is None, timeout=5_000)
     # The download ended while no window was active: the user was told.
     assert onboarding.alerts == [("Download finished", f"{TEST_FILE} is ready to use.")]
@@ -563,7 +571,7 @@ def test_closing_the_card_is_remembered(
 ) -> None:
     onboarding = window.onboarding
     card = onboarding.show_card()
-    assert card is not None and window.chat.layout().indexOf(card) == 0
+    assert card is not None and card.parent() is window.transcript and card.isVisible()
     # "All recommended models…" opens the manager on that tab.
     click(qtbot, card.findChild(QWidget, "welcomeMore"))
     m = window.model_manager
@@ -573,9 +581,9 @@ def test_closing_the_card_is_remembered(
     assert onboarding.recommended_action in _help_actions(window)
     click(qtbot, card.findChild(QWidget, "welcomeClose"))
     assert onboarding.card is None
-    assert welcome_dismissed(window._dirs.root)
+    assert welcome_dismissed(window.dirs.root)
     # Loading the default model again does not bring it back.
-    monkeypatch.setattr(window._services, "scan", lambda *_a: pytest.fail("no scan needed"))
+    monkeypatch.setattr(window.services, "scan", lambda *_a: pytest.fail("no scan needed"))
     with qtbot.waitSignal(window.modelReady, timeout=60_000):
         window.load_model(model_path)
     assert onboarding.card is None
@@ -589,7 +597,7 @@ def _help_actions(win: MainWindow) -> list[object]:
 def test_no_card_when_another_chat_model_is_there(
     qtbot: QtBot, window: MainWindow, model_path: Path
 ) -> None:
-    other = window._dirs.models / "someone__chat-GGUF" / "chat-Q4_K_M.gguf"
+    other = window.dirs.models / "someone__chat-GGUF" / "chat-Q4_K_M.gguf"
     other.parent.mkdir(parents=True)
     other.symlink_to(model_path)
     with qtbot.waitSignal(window.modelReady, timeout=60_000):
@@ -613,11 +621,11 @@ def test_download_alerts_only_in_the_background(
     paused = DownloadJob("o/a-GGUF", "a-Q4_K_M.gguf", files, state="paused")
     window.activateWindow()
     qtbot.waitUntil(lambda: QApplication.activeWindow() is window, timeout=5_000)
-    window._services.downloads.jobEnded.emit(done)
+    window.services.downloads.jobEnded.emit(done)
     assert onboarding.alerts == [] and alerted == []  # the user is looking at it
     _deactivate()
     for job in (done, failed, paused):
-        window._services.downloads.jobEnded.emit(job)
+        window.services.downloads.jobEnded.emit(job)
     assert onboarding.alerts == [
         ("Download finished", "a-Q4_K_M.gguf is ready to use."),
         ("Download failed", "Disk full while writing."),

@@ -72,7 +72,7 @@ def test_saves_deletes_and_outside_changes_keep_the_index_in_step(
     time.sleep(0.01)
     atomic_write_text(store.transcript_path(conv.id), __import__("json").dumps(conv.to_dict()))
     assert store.search("windmill") and not store.search("lighthouse")
-    store.delete(conv.id)
+    store.delete_transcript(conv.id)
     assert store.search("windmill") == []
     # A transcript removed outside the app disappears from the results as well.
     again = chat("Again", "zeppelin")
@@ -250,7 +250,7 @@ def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindo
     win = open_window(qtbot, tmp_path / "data", model_path, max_tokens=48)
     yield win
     close(win)
-    win._store.index.close()
+    win.store.index.close()
 
 
 def test_search_opens_the_old_chat_at_the_message(qtbot: QtBot, window: MainWindow) -> None:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from collections.abc import Callable
+from dataclasses import asdict, fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.config import settings as settings_module
 from app.config.params import (
     API_SPEC_BY_NAME,
     ApiSettings,
@@ -20,7 +23,7 @@ from app.config.params import (
     is_origin,
     validate_api,
 )
-from app.config.settings import AppSettings
+from app.config.settings import SETTINGS_VERSION, AppSettings
 from tests.test_hostile_files import (
     FUZZ,
     check_set_aside_or_repaired,
@@ -203,3 +206,93 @@ def test_the_old_default_queue_size_is_upgraded(tmp_path: Path) -> None:
     doc["api"]["max_queue"] = 5  # a choice stays
     path.write_text(json.dumps(doc))
     assert AppSettings.load_with_notes(path)[0].api.max_queue == 5
+
+
+# -- versions -------------------------------------------------------------------------------
+
+
+def test_there_is_one_migration_per_older_version() -> None:
+    assert sorted(settings_module.MIGRATIONS) == list(range(1, SETTINGS_VERSION))
+
+
+def test_migrations_run_in_order_from_the_files_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[int] = []
+
+    def step(n: int) -> Callable[[dict[str, Any]], None]:
+        def run(data: dict[str, Any]) -> None:
+            ran.append(n)
+            data["system_prompt"] = data.get("system_prompt", "") + str(n)
+
+        return run
+
+    monkeypatch.setattr(settings_module, "SETTINGS_VERSION", 5)
+    monkeypatch.setattr(settings_module, "MIGRATIONS", {n: step(n) for n in range(1, 5)})
+    assert AppSettings.from_dict({"version": 2}).system_prompt == "234"
+    assert ran == [2, 3, 4]
+    ran.clear()
+    assert AppSettings.from_dict({"version": 5, "system_prompt": "x"}).system_prompt == "x"
+    assert AppSettings.from_dict({"version": 7}).system_prompt == ""  # newer: none run
+    assert ran == []
+
+
+@pytest.mark.parametrize("version", ["2", None, 0, -3, 2.5, True])
+def test_an_unusable_version_is_taken_as_version_1(version: object) -> None:
+    notes: list[str] = []
+    loaded = AppSettings.from_dict({"version": version, "api": {"max_queue": 8}}, notes)
+    assert loaded.api.max_queue == 32  # the version 1 step ran
+    assert len(notes) == 1 and "version 1 is assumed" in notes[0]
+
+
+def newer_file(path: Path) -> bytes:
+    """A settings file of a version after this one, with settings this one does not know
+    and a value past this version's range."""
+    doc = json.loads(AppSettings(system_prompt="Be kind.", api=CUSTOM).to_json())
+    doc["version"] = SETTINGS_VERSION + 1
+    doc["future_top"] = {"nested": [1, 2]}
+    doc["api"]["max_queue"] = 500  # this version allows at most 64
+    doc["api"]["future_api"] = "on"
+    doc["sampling"]["future_sampler"] = 0.5
+    content = json.dumps(doc, indent=2).encode()
+    path.write_bytes(content)
+    return content
+
+
+def test_a_newer_file_is_read_as_well_as_possible_and_left_as_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    content = newer_file(path)
+    loaded, notes = AppSettings.load_with_notes(path)
+    assert loaded.system_prompt == "Be kind." and loaded.api.port == CUSTOM.port
+    assert loaded.api.max_queue == ApiSettings().max_queue  # usable here
+    assert any("newer Lamplight" in n for n in notes)
+    assert any("Queue size" in n for n in notes)
+    assert path.read_bytes() == content  # not repaired on disk
+    assert [p.name for p in tmp_path.iterdir()] == ["settings.json"]  # nothing set aside
+
+
+def test_saving_over_a_newer_file_keeps_its_version_and_what_was_not_changed(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "settings.json"
+    newer_file(path)
+    loaded, _ = AppSettings.load_with_notes(path)
+    loaded.system_prompt = "Be brief."  # changed here: written
+    loaded.api = replace(loaded.api, port=9000)
+    loaded.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["version"] == SETTINGS_VERSION + 1  # never downgraded
+    assert doc["future_top"] == {"nested": [1, 2]}
+    assert doc["api"]["future_api"] == "on" and doc["sampling"]["future_sampler"] == 0.5
+    assert doc["api"]["max_queue"] == 500  # not changed here: the newer version's value
+    assert doc["system_prompt"] == "Be brief." and doc["api"]["port"] == 9000
+    again, _ = AppSettings.load_with_notes(path)
+    assert again == loaded
+
+
+def test_a_file_of_this_version_is_written_with_it(tmp_path: Path) -> None:
+    path = tmp_path / "settings.json"
+    doc = json.loads(AppSettings().to_json())
+    doc["version"] = 1
+    path.write_text(json.dumps(doc))
+    loaded, _ = AppSettings.load_with_notes(path)
+    loaded.save(path)
+    assert json.loads(path.read_text())["version"] == SETTINGS_VERSION

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -308,11 +312,13 @@ def test_delete_removes_transcript_and_snapshot(store: ConversationStore) -> Non
     store.save(conv)
     store.save(other)
     store.snapshot_path(conv.id).write_bytes(b"kv")
-    store.delete(conv.id)
+    store.delete_transcript(conv.id)
+    store.drop_snapshot(conv.id)  # the session has the engine thread do this
     assert not store.transcript_path(conv.id).exists()
     assert not store.snapshot_path(conv.id).exists()
     assert [s.id for s in store.list()] == [other.id]
-    store.delete(conv.id)  # already gone: no error
+    store.delete_transcript(conv.id)  # already gone: no error
+    store.drop_snapshot(conv.id)
 
 
 @pytest.mark.parametrize("bad", ["../x", "", "a/b", "a.b", "..", "x y", "é", "/etc/passwd"])
@@ -321,7 +327,7 @@ def test_invalid_ids_are_refused(store: ConversationStore, bad: str) -> None:
         store.transcript_path,
         store.snapshot_path,
         store.load,
-        store.delete,
+        store.delete_transcript,
         store.touch_snapshot,
         store.drop_snapshot,
         store.snapshot_bytes,
@@ -497,3 +503,130 @@ def test_kill_9_while_saving_leaves_old_or_new_complete_files(tmp_path: Path) ->
     assert n_messages[-1] > n_messages[0]  # the writer made progress between kills
     assert iterations == sorted(iterations) and iterations[-1] > iterations[0]  # never older
     print(f"{kills} kills, {interrupted} left a temp file, {iterations[-1]} snapshot writes")
+
+
+# -- two threads -----------------------------------------------------------------------------
+
+
+def indexed(root: Path) -> dict[str, tuple[str, list[str]]]:
+    """What the search index holds: id -> (stamp, indexed texts), read with a connection
+    of its own."""
+    with contextlib.closing(sqlite3.connect(root / "search.sqlite3")) as db:
+        stamps = dict(db.execute("SELECT conv_id, stamp FROM docs").fetchall())
+        return {
+            conv_id: (
+                stamp,
+                [
+                    str(text)
+                    for (text,) in db.execute(
+                        "SELECT content FROM messages WHERE conv_id = ? ORDER BY rowid",
+                        (conv_id,),
+                    )
+                ],
+            )
+            for conv_id, stamp in stamps.items()
+        }
+
+
+def test_two_threads_hammering_leave_whole_files_and_the_index_in_step(tmp_path: Path) -> None:
+    """The GUI thread and the engine thread at once: saves, renames, deletes, lists and
+    searches of the same conversations, with snapshots pruned meanwhile."""
+    root = tmp_path / "data"
+    store = ConversationStore(root, budget_bytes=3000)
+    ids = [Conversation().id for _ in range(4)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(3)
+
+    def gui(name: str) -> None:
+        rng = random.Random(name)
+        start.wait()
+        for i in range(60):
+            conv_id = rng.choice(ids)
+            words = [f"{name}w{i}", f"{name}x{i}"]
+            conv = Conversation(id=conv_id, messages=[Message("user", w) for w in words])
+            action = rng.random()
+            if action < 0.6:
+                row = store.save_row(conv)
+                assert row.id == conv_id and row.n_messages == 2
+            elif action < 0.7:
+                store.delete_transcript(conv_id)
+            elif action < 0.8:
+                with contextlib.suppress(ConversationError):  # deleted meanwhile
+                    store.rename(conv_id, f"{name} {i}")
+            elif action < 0.9:
+                store.list()
+            else:
+                store.search(f"{name}w")
+
+    def engine() -> None:
+        start.wait()
+        for i in range(120):
+            conv_id = ids[i % len(ids)]
+            store.snapshot_path(conv_id).write_bytes(b"\0" * 1000)
+            store.prune(frozenset({conv_id}))
+            store.touch_snapshot(conv_id)
+
+    def guarded(run: Callable[[], None]) -> Callable[[], None]:
+        def body() -> None:
+            try:
+                run()
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+
+        return body
+
+    threads = [
+        threading.Thread(target=guarded(lambda: gui("a"))),
+        threading.Thread(target=guarded(lambda: gui("b"))),
+        threading.Thread(target=guarded(engine)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+
+    assert store.take_notes() == []  # nothing was found damaged
+    on_disk = {p.stem for p in store.conversations_dir.glob("*.json")}
+    assert list(store.conversations_dir.glob(".*.tmp")) == []
+    index = indexed(root)
+    assert set(index) == on_disk  # nothing deleted is still found, nothing saved is missing
+    fresh = ConversationStore(root)  # reads every row from the files
+    for conv_id in on_disk:
+        conv = store.load(conv_id)  # a whole file
+        st = store.transcript_path(conv_id).stat()
+        assert index[conv_id] == (
+            f"{st.st_size}:{st.st_mtime_ns}",
+            [m.content for m in conv.messages],
+        )
+        assert store.summary(conv_id) == fresh.summary(conv_id)
+    assert store.total_snapshot_bytes() <= 3000
+
+
+@pytest.mark.parametrize("title", ["Sea & sky", "", "t" * 300])
+def test_save_row_is_the_row_a_fresh_read_gives(store: ConversationStore, title: str) -> None:
+    conv = chat(3)
+    conv.title = title  # 300 characters: more than a read keeps
+    conv.model_name = "m" * 1200
+    conv.n_tokens = 12
+    store.snapshot_path(conv.id).write_bytes(b"\0" * 10)
+    row = store.save_row(conv)
+    assert row.transcript_bytes == store.transcript_path(conv.id).stat().st_size > 0
+    assert row == ConversationStore(store.conversations_dir.parent).summary(conv.id)
+    assert store.summary(conv.id) == row
+    assert store.save(conv) == store.transcript_path(conv.id).stat().st_size
+
+
+def test_the_row_after_a_save_is_not_read_from_disk(
+    store: ConversationStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conv = chat()
+    row = store.save_row(conv)
+
+    def no_read(conv_id: str) -> Conversation:
+        raise AssertionError(f"{conv_id} read again")
+
+    monkeypatch.setattr(store, "load", no_read)
+    assert store.summary(conv.id) == row
+    assert store.list() == [row]

@@ -46,7 +46,7 @@ def test_chat_system_prompt_reaches_the_model_and_survives_reopen(
         send(qtbot, win, "Hello")
         assert evaluated(win).startswith(f"{TURN}Answer in French.\n\nHello<end_of_turn>\n")
         conv_id = win.conversation.id
-        store = win._store
+        store = win.store
         assert store.load(conv_id).system_prompt == "Answer in French."
 
         # Changed mid-conversation: the next reply reads everything again with it...
@@ -90,7 +90,7 @@ def test_defaults_for_new_chats_the_model_before_the_global(
 ) -> None:
     root = tmp_path / "data"
     win = open_window(qtbot, root, model_path)
-    dirs = win._dirs
+    dirs = win.dirs
     key = model_key(model_path, model_path.stat().st_size)
     try:
         controls = win.prompt_controls

@@ -48,7 +48,8 @@ from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
 from tests.prompt_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
-from ui.settings.template_dialog import TemplateDialog
+from tests.test_data_limits import model_keys
+from ui.chat.template_dialog import TemplateDialog
 
 GREEDY = SamplingParams.greedy(4)
 # A ChatML-like template with markers of its own, to see in the evaluated text.
@@ -279,7 +280,7 @@ def test_prefs_round_trip_and_limits(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         store.set("e.gguf:5", ModelPrefs(template="custom", template_source=""))
     again = ModelPrefsStore(path)
-    assert again.notes == [] and sorted(again.model_keys()) == ["a.gguf:1", "b.gguf:2", "c.gguf:3"]
+    assert again.notes == [] and sorted(model_keys(again)) == ["a.gguf:1", "b.gguf:2", "c.gguf:3"]
     assert again.get("a.gguf:1").system_prompt == "Be brief. \ufffd"
     assert again.get("c.gguf:3").template_source == GEMMA_IT
     assert again.get("zzz") == ModelPrefs()
@@ -304,14 +305,14 @@ def test_prefs_bad_values_are_repaired_and_the_original_kept(tmp_path: Path) -> 
     )
     store = ModelPrefsStore(path)
     assert store.get("ok.gguf:1") == ModelPrefs(system_prompt="fine")
-    assert store.model_keys() == ["ok.gguf:1"]
+    assert model_keys(store) == ["ok.gguf:1"]
     assert any("text-completion setting was not usable" in n for n in store.notes)
     assert store.notes[-1].endswith("the original is kept as model_prefs.json.bad.")
     assert (tmp_path / f"{FILE_NAME}.bad").exists()
     assert ModelPrefsStore(path).notes == []
     path.write_text("[1, 2")
     store = ModelPrefsStore(path)
-    assert store.model_keys() == [] and "is not valid JSON" in store.notes[0]
+    assert model_keys(store) == [] and "is not valid JSON" in store.notes[0]
     assert not path.exists() and (tmp_path / f"{FILE_NAME}.2.bad").exists()
 
 
@@ -383,7 +384,7 @@ def test_fuzz_prefs_file(raw: bytes) -> None:
         path = Path(d) / FILE_NAME
         path.write_bytes(raw)
         store = ModelPrefsStore(path)
-        for key in store.model_keys():
+        for key in model_keys(store):
             prefs = store.get(key)
             problems: list[str] = []
             assert prefs_from_dict(prefs.to_dict(), problems) == prefs and not problems
@@ -392,8 +393,8 @@ def test_fuzz_prefs_file(raw: bytes) -> None:
             assert any(p.name.endswith(".bad") for p in Path(d).iterdir())
         again = ModelPrefsStore(path)
         assert again.notes == []
-        kept = {k: store.get(k) for k in store.model_keys()}
-        assert {k: again.get(k) for k in again.model_keys()} == kept
+        kept = {k: store.get(k) for k in model_keys(store)}
+        assert {k: again.get(k) for k in model_keys(again)} == kept
 
 
 # -- servers -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.gguf.info import _parse_header
+from app.gguf.header import parse_header
 from app.gguf.vocab_compat import draft_problem, vocab_signature
 from tests.draft_model import read_gguf, vocab_variant
 
@@ -184,7 +184,7 @@ def test_unusable_drafts_are_named(model_path: Path, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def header_end(draft_path: Path) -> int:
-    return _parse_header(draft_path)[2]
+    return parse_header(draft_path)[2]
 
 
 @settings(max_examples=30, deadline=None)

@@ -15,12 +15,12 @@ from PySide6.QtCore import QObject, Slot
 from pytestqt.qtbot import QtBot
 
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
+from app.api.host_gateway import HostGateway
 from app.config.params import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.llama import Engine
 from app.engine.templates import AUTO, PLAIN, ChatMessage
 from tests.conftest import ONE_THREAD
-from ui.engine.api_bridge import QtEngineGateway
 from ui.engine.worker import EngineClient
 
 GREEDY = SamplingParams.greedy(6)
@@ -151,8 +151,8 @@ def client(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[EngineCli
 
 
 @pytest.fixture()
-def gateway(qtbot: QtBot, client: EngineClient, model_path: Path) -> QtEngineGateway:
-    gw = QtEngineGateway(client)
+def gateway(qtbot: QtBot, client: EngineClient, model_path: Path) -> HostGateway:
+    gw = HostGateway(client.host)
     assert gw.model() is None and not gw.loading()
     client.load(model_path, ONE_THREAD)
     qtbot.waitUntil(lambda: gw.model() is not None, timeout=WAIT_MS)
@@ -178,7 +178,7 @@ def run(qtbot: QtBot, client: EngineClient, job: ApiJob, sink: Sink) -> None:
     client.drain()
 
 
-def test_every_job_ends_once(qtbot: QtBot, client: EngineClient, gateway: QtEngineGateway) -> None:
+def test_every_job_ends_once(qtbot: QtBot, client: EngineClient, gateway: HostGateway) -> None:
     info = gateway.model()
     assert info is not None
     ok, ok_sink = make_job(info, SYSTEM + "Tell me about one.")
@@ -215,7 +215,7 @@ def test_every_job_ends_once(qtbot: QtBot, client: EngineClient, gateway: QtEngi
 
 
 def test_gui_and_api_replies_never_interleave(
-    qtbot: QtBot, client: EngineClient, gateway: QtEngineGateway
+    qtbot: QtBot, client: EngineClient, gateway: HostGateway
 ) -> None:
     info = gateway.model()
     assert info is not None
@@ -261,7 +261,7 @@ def test_gui_and_api_replies_never_interleave(
 
 
 def test_the_gui_conversation_keeps_its_cache_across_an_api_job(
-    qtbot: QtBot, client: EngineClient, gateway: QtEngineGateway
+    qtbot: QtBot, client: EngineClient, gateway: HostGateway
 ) -> None:
     info = gateway.model()
     assert info is not None
@@ -285,7 +285,7 @@ def test_the_gui_conversation_keeps_its_cache_across_an_api_job(
 
 
 def test_api_jobs_use_their_template_and_put_the_windows_back(
-    qtbot: QtBot, client: EngineClient, gateway: QtEngineGateway
+    qtbot: QtBot, client: EngineClient, gateway: HostGateway
 ) -> None:
     info = gateway.model()
     assert info is not None and info.base_model
@@ -313,7 +313,7 @@ def test_api_jobs_use_their_template_and_put_the_windows_back(
 def test_a_job_for_a_model_no_longer_loaded_is_404(
     qtbot: QtBot,
     client: EngineClient,
-    gateway: QtEngineGateway,
+    gateway: HostGateway,
     model_path: Path,
     tmp_path: Path,
 ) -> None:
@@ -333,7 +333,7 @@ def test_a_job_for_a_model_no_longer_loaded_is_404(
 
 
 def test_a_job_submitted_from_a_plain_thread_runs(
-    qtbot: QtBot, client: EngineClient, gateway: QtEngineGateway
+    qtbot: QtBot, client: EngineClient, gateway: HostGateway
 ) -> None:
     gw: EngineGateway = gateway  # the protocol the server codes against
     results: list[tuple[ModelInfo | None, bool]] = []
@@ -360,7 +360,7 @@ def test_a_job_submitted_from_a_plain_thread_runs(
 
 
 def test_no_model_is_503(qtbot: QtBot, client: EngineClient) -> None:
-    gw = QtEngineGateway(client)
+    gw = HostGateway(client.host)
     info = ModelInfo(Path("x.gguf"), "x", "gemma3", 0, 0, 0, 0, 1, 0, "", "CPU", 0.0)
     job, sink = make_job(info, "Hello")
     gw.submit(job)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import logging.handlers
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
 from app.util import crash_record
-from app.util.datafiles import os_reason
+from ui.startup import choose_model, setup_logging
 
 if TYPE_CHECKING:
     from app.chat.store import ConversationStore
@@ -64,48 +63,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def setup_logging(dirs: DataDirs) -> str:
-    """Log to ``logs/lamplight.log`` (and errors to the console); a note if the file cannot be."""
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    console = logging.StreamHandler()
-    console.setLevel(logging.ERROR)
-    root.addHandler(console)
-    try:
-        handler = logging.handlers.RotatingFileHandler(
-            dirs.logs / "lamplight.log", maxBytes=2_000_000, backupCount=3, encoding="utf-8"
-        )
-    except OSError as exc:
-        return f"The log file cannot be written ({os_reason(exc)}); nothing is logged."
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    return ""
-
-
 def resources_dir() -> Path:
     """``resources/``: beside the packages in a checkout, or in the frozen bundle."""
     base = getattr(sys, "_MEIPASS", None)
     return (
         Path(base) / "resources" if base else Path(__file__).resolve().parent.parent / "resources"
     )
-
-
-def choose_model(args: argparse.Namespace, settings: AppSettings) -> tuple[str | None, str]:
-    """The model to open (None: the embedded default) and a note when a saved one is gone."""
-    if args.model:
-        return str(Path(args.model).expanduser()), ""
-    if settings.model_path:
-        if _is_file(settings.model_path):
-            return settings.model_path, ""
-        return None, f"The last model ({settings.model_path}) is gone; using the default model."
-    return None, ""
-
-
-def _is_file(path: str) -> bool:
-    try:
-        return Path(path).is_file()
-    except (OSError, ValueError):  # a name too long, a NUL in it
-        return False
 
 
 def show_startup_notes(window: MainWindow, notes: Sequence[str]) -> None:

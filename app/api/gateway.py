@@ -1,11 +1,12 @@
-"""The seam between the HTTP server and the engine worker: ``EngineGateway``.
+"""The seam between the HTTP server and the engine host: ``EngineGateway``.
 
-The server thread builds an ``ApiJob`` and submits it; the engine worker runs it on
-its own thread, through the same ``Backend`` the GUI uses, and reports back through
-``job.emit``: ``Token`` events, then exactly one terminal event (``Finished`` or
-``ApiFailure``). ``job.halt(why)`` may be called from any thread (a client disconnect,
-the UI's Stop, shutdown): it sets ``job.stop``, which ends the job promptly, and keeps
-the first reason, so the server can tell the client why its reply was cut short.
+The server thread builds an ``ApiJob`` and submits it; the engine host runs it on
+its own thread (``host_gateway.HostGateway``), through the same ``Backend`` the GUI
+uses, and reports back through ``job.emit``: ``Token`` events, then exactly one
+terminal event (``Finished`` or ``ApiFailure``). ``job.halt(why)`` may be called from
+any thread (a client disconnect, the UI's Stop, shutdown): it sets ``job.stop``, which
+ends the job promptly, and keeps the first reason, so the server can tell the client
+why its reply was cut short.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Literal, Protocol
 from app.config.params import SamplingParams, SettingError
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates import ChatMessage, ChatTemplateError
+from app.host.jobs import ModelGone, NoResult, TemplateUnavailable, model_id
 from app.util.errors import ContextOverflowError, LamplightError, NoModelLoaded
 
 log = logging.getLogger(__name__)
@@ -82,13 +84,19 @@ class EngineGateway(Protocol):
         """Queue ``job`` on the engine worker (FIFO with the GUI's requests)."""
 
 
-def model_id(info: ModelInfo) -> str:
-    """The id ``/v1/models`` lists for a loaded model."""
-    return info.path.stem if info.path.name else info.name
+__all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for", "model_id"]
 
 
 def failure_for(exc: BaseException) -> ApiFailure:
-    """The API failure for an exception raised while running a job."""
+    """The API failure for an exception raised while running a job (or the host's
+    refusal of it): the one place that picks a job's HTTP status."""
+    if isinstance(exc, ModelGone):
+        return ApiFailure(404, "invalid_request_error", "model_not_found", str(exc), "model")
+    if isinstance(exc, TemplateUnavailable):
+        message = f"{exc} Use /v1/chat/completions."
+        return ApiFailure(400, "invalid_request_error", "unsupported_endpoint", message, "prompt")
+    if isinstance(exc, NoResult):
+        return ApiFailure(500, "server_error", "internal_error", str(exc))
     if isinstance(exc, ContextOverflowError):
         return ApiFailure(
             400, "invalid_request_error", "context_length_exceeded", str(exc), "messages"
@@ -99,9 +107,8 @@ def failure_for(exc: BaseException) -> ApiFailure:
     if isinstance(exc, ChatTemplateError):
         return ApiFailure(400, "invalid_request_error", "template_error", str(exc), "messages")
     if isinstance(exc, NoModelLoaded):
-        return ApiFailure(
-            503, "server_error", "model_not_loaded", str(exc) or "No model is loaded."
-        )
+        message = str(exc) or "No model is loaded."
+        return ApiFailure(503, "server_error", "model_not_loaded", message, "model")
     if isinstance(exc, LamplightError):
         return ApiFailure(500, "server_error", "engine_error", str(exc))
     log.error("API job failed", exc_info=exc)

@@ -48,7 +48,7 @@ from app.api.sse import ChunkWriter, Reply
 from app.engine.backend import Finished, ModelInfo, Token
 
 if TYPE_CHECKING:
-    from app.api.runner import ApiConfig
+    from app.api.config import ApiConfig
 
 log = logging.getLogger(__name__)
 

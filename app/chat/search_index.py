@@ -98,7 +98,8 @@ def fts5_available() -> bool:
 
 
 class SearchIndex:
-    """The index file of one data dir. Used from one thread (the GUI thread's store).
+    """The index file of one data dir. Not thread-safe: one caller at a time (the store
+    serializes its calls under its lock).
 
     ``transcripts`` is the folder the conversations' files are in (by default
     ``conversations/`` next to the index, as ``ConversationStore`` lays them out).
@@ -137,7 +138,8 @@ class SearchIndex:
         return None
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=2.0, isolation_level=None)
+        # Any thread may ask, one at a time (the store's lock); not only the one that opened it.
+        db = sqlite3.connect(self.path, timeout=2.0, isolation_level=None, check_same_thread=False)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             version = _meta(db, "schema")

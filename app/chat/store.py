@@ -13,6 +13,11 @@ set aside as ``<id>.json.bad`` when the list is read, with a note for the user
 now (permissions, over the size limit, a newer format) stays where it is and is
 listed with the reason. Files in the snapshot folder that are not snapshots
 (odd names, directories, links, pipes) are left alone and never counted.
+
+The store is used from the GUI thread (transcripts, search) and the engine thread
+(snapshots), so transcripts and the index are read and written under one lock and
+snapshots under another: two saves of one conversation never interleave their file
+write and index update, and a long search never holds up the engine's pruning.
 """
 
 from __future__ import annotations
@@ -22,11 +27,22 @@ import contextlib
 import copy
 import json
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import update_wrapper
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
-from app.chat.conversation import Conversation, ConversationError, is_valid_id, new_id
+from app.chat.conversation import (
+    NAME_MAX,
+    TITLE_MAX,
+    Conversation,
+    ConversationError,
+    is_valid_id,
+    new_id,
+)
 from app.chat.search_index import SearchHit, SearchIndex
 from app.config.params import short_repr
 from app.util.atomic import atomic_write_text
@@ -45,6 +61,9 @@ SNAPSHOT_SUFFIX = ".lpkv"
 MAX_TRANSCRIPT_BYTES = 64 * 1024 * 1024  # a very long chat with pasted logs is ~10 MB
 MAX_DEPTH = 16  # a transcript nests 5 levels: messages[{metrics{token_times_ms[...]}}]
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
 
 @dataclass(frozen=True)
 class ConversationSummary:
@@ -59,6 +78,20 @@ class ConversationSummary:
     snapshot_bytes: int
     error: str = ""
     set_aside: bool = False  # the transcript was damaged and moved to <id>.json.bad
+    transcript_bytes: int = 0  # size of the transcript file (0 when unreadable)
+
+
+def _locked(
+    method: Callable[Concatenate[ConversationStore, _P], _R],
+) -> Callable[Concatenate[ConversationStore, _P], _R]:
+    """Run ``method`` under the store's lock (re-entrant: locked methods call each other)."""
+
+    def run(self: ConversationStore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    update_wrapper(run, method)  # not ``@wraps``: mypy loses the signature through it
+    return run
 
 
 class ConversationStore:
@@ -76,6 +109,8 @@ class ConversationStore:
         # Sidebar rows by id, with the transcript's (size, mtime_ns) they were read at.
         self._summaries: dict[str, tuple[tuple[int, int], ConversationSummary]] = {}
         self.index = SearchIndex(root / "search.sqlite3")
+        self._lock = threading.RLock()  # transcripts, sidebar rows, the index
+        self._snapshot_lock = threading.RLock()  # snapshots (taken after ``_lock``, never before)
 
     # -- paths -----------------------------------------------------------------------
 
@@ -87,11 +122,13 @@ class ConversationStore:
 
     # -- transcripts -------------------------------------------------------------------
 
+    @_locked
     def take_notes(self) -> builtins.list[str]:
         """What was set aside since the last call, one line each (then forgotten)."""
         notes, self._notes = self._notes, []
         return notes
 
+    @_locked
     def list(self) -> list[ConversationSummary]:
         """Every conversation, newest first. Damaged transcripts are set aside (see
         ``take_notes``); unreadable ones are listed with the reason.
@@ -113,6 +150,7 @@ class ConversationStore:
         out.sort(key=lambda s: s.updated, reverse=True)
         return out
 
+    @_locked
     def summary(self, conv_id: str) -> ConversationSummary:
         """One sidebar row, read again only when the transcript changed on disk.
 
@@ -129,16 +167,7 @@ class ConversationStore:
         if known is not None and known[0] == stamp:
             return replace(known[1], snapshot_bytes=size)
         try:
-            conv = self.load(conv_id)
-            row = ConversationSummary(
-                id=conv.id,
-                title=conv.title or "New chat",
-                updated=conv.updated,
-                model_name=conv.model_name,
-                n_tokens=conv.n_tokens,
-                n_messages=len(conv.messages),
-                snapshot_bytes=size,
-            )
+            row = _row(self.load(conv_id), size, max(stamp[0], 0))
         except ConversationError as exc:
             error = str(exc)
             aside = exc.damaged and self._set_aside(path, error)
@@ -168,6 +197,7 @@ class ConversationStore:
         self._notes.append(f"{error}; it was set aside as {aside.name}.")
         return True
 
+    @_locked
     def load(self, conv_id: str) -> Conversation:
         """The transcript of ``conv_id``.
 
@@ -188,7 +218,13 @@ class ConversationStore:
         return conv
 
     def save(self, conv: Conversation) -> int:
-        """Write the transcript; its size in bytes.
+        """Write the transcript; its size in bytes (``save_row`` gives its sidebar row)."""
+        return self.save_row(conv).transcript_bytes
+
+    @_locked
+    def save_row(self, conv: Conversation) -> ConversationSummary:
+        """Write the transcript; its sidebar row (``transcript_bytes``: its size), made
+        from ``conv`` and kept, so that ``summary`` does not read the file again.
 
         Raises:
             ConversationError: it would be larger than ``load`` reads (nothing written).
@@ -206,11 +242,19 @@ class ConversationStore:
                 "a conversation can hold"
             )
         atomic_write_text(path, text)
+        try:
+            st = path.stat()
+            stamp = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = (-1, -1)
         # Indexed with the stamp of what was written: a crash before this line leaves a
         # stale stamp, which the next search's ``sync`` repairs.
         self.index.update(conv, _stamp(path))
-        return size
+        row = _row(conv, self.snapshot_bytes(conv.id), size)
+        self._summaries[conv.id] = (stamp, row)
+        return row
 
+    @_locked
     def search(self, text: str) -> builtins.list[SearchHit]:
         """Messages of any saved conversation that contain every word of ``text``.
 
@@ -235,11 +279,7 @@ class ConversationStore:
         except ConversationError:
             return None
 
-    def delete(self, conv_id: str) -> None:
-        """Remove the transcript and the snapshot."""
-        self.delete_transcript(conv_id)
-        self.drop_snapshot(conv_id)
-
+    @_locked
     def delete_transcript(self, conv_id: str) -> None:
         """Remove the transcript (the snapshot goes through the engine thread, after any
         write of it that is under way)."""
@@ -248,12 +288,14 @@ class ConversationStore:
         self._summaries.pop(conv_id, None)
         self.index.remove(conv_id)
 
+    @_locked
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.load(conv_id)
         conv.rename(title)
         self.save(conv)
         return conv
 
+    @_locked
     def fork(self, conv: Conversation, upto: int) -> Conversation:
         """A new conversation with messages ``0..upto`` of ``conv``; saved."""
         if not 0 <= upto < len(conv.messages):
@@ -270,6 +312,7 @@ class ConversationStore:
         self.save(fork)
         return fork
 
+    @_locked
     def import_file(self, path: Path) -> Conversation:
         """A conversation from an exported JSON file, saved under a new id.
 
@@ -285,6 +328,7 @@ class ConversationStore:
             raise ConversationError(f"{path.name}: not a conversation ({reason(exc)})") from exc
         return self._import(raw)
 
+    @_locked
     def import_json(self, text: str) -> Conversation:
         """A conversation from exported JSON, saved under a new id."""
         if len(text) > MAX_TRANSCRIPT_BYTES:
@@ -313,15 +357,16 @@ class ConversationStore:
 
     def touch_snapshot(self, conv_id: str) -> None:
         """Mark a snapshot as just used (for least-recently-used pruning)."""
-        with contextlib.suppress(OSError):
+        with self._snapshot_lock, contextlib.suppress(OSError):
             os.utime(self.snapshot_path(conv_id))
 
     def drop_snapshot(self, conv_id: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+        with self._snapshot_lock, contextlib.suppress(FileNotFoundError):
             self.snapshot_path(conv_id).unlink()
 
     def total_snapshot_bytes(self) -> int:
-        return sum(size for _, size, _ in self._snapshot_files())
+        with self._snapshot_lock:
+            return sum(size for _, size, _ in self._snapshot_files())
 
     def prune(self, keep: frozenset[str] = frozenset()) -> builtins.list[str]:
         """Drop least recently used snapshots until the total fits the budget.
@@ -329,6 +374,10 @@ class ConversationStore:
         Snapshots whose id is in ``keep`` (the open conversation) stay.
         Returns the ids dropped.
         """
+        with self._snapshot_lock:
+            return self._prune(keep)
+
+    def _prune(self, keep: frozenset[str]) -> builtins.list[str]:
         files = sorted(self._snapshot_files(), key=lambda f: f[2])
         total = sum(size for _, size, _ in files)
         dropped = []
@@ -352,6 +401,10 @@ class ConversationStore:
     def drop_orphan_snapshots(self, keep: frozenset[str] = frozenset()) -> None:
         """Delete snapshots whose transcript is gone (a transcript that could not be
         written, say); ``keep``: ids whose transcript may still be written."""
+        with self._lock, self._snapshot_lock:
+            self._drop_orphans(keep)
+
+    def _drop_orphans(self, keep: frozenset[str]) -> None:
         for conv_id, _, _ in self._snapshot_files():
             if conv_id not in keep and not os.path.lexists(self.transcript_path(conv_id)):
                 with contextlib.suppress(OSError):
@@ -377,6 +430,21 @@ class ConversationStore:
                 continue  # gone since the listing
             out.append((conv_id, st.st_size, st.st_mtime))
         return out
+
+
+def _row(conv: Conversation, snapshot_bytes: int, transcript_bytes: int) -> ConversationSummary:
+    """The sidebar row of ``conv``; cut as ``load`` cuts, so that the row made from a
+    conversation being saved is the row a read of the file gives."""
+    return ConversationSummary(
+        id=conv.id,
+        title=conv.title[:TITLE_MAX] or "New chat",
+        updated=conv.updated,
+        model_name=conv.model_name[:NAME_MAX],
+        n_tokens=conv.n_tokens,
+        n_messages=len(conv.messages),
+        snapshot_bytes=snapshot_bytes,
+        transcript_bytes=transcript_bytes,
+    )
 
 
 def _checked(conv_id: str) -> str:

@@ -174,9 +174,6 @@ class ModelPrefsStore:
         self._prefs[key] = prefs
         return prefs
 
-    def model_keys(self) -> list[str]:
-        return list(self._prefs)
-
     def set(self, key: str, prefs: ModelPrefs) -> None:
         """Store ``prefs`` for ``key`` and write the file.
 

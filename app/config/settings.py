@@ -9,15 +9,23 @@ as ``settings.json.bad`` and the repaired settings are written in its place.
 Either way the caller gets one line per change, to show the user: no value is
 used other than as written without one (a wrong type, ``null`` where a value
 belongs, a setting in the wrong group, a list cut to its limit).
+
+Files carry ``version``. An older file is brought up to ``SETTINGS_VERSION`` one
+step at a time (``MIGRATIONS``). A file written by a newer Lamplight is read as
+well as this version can, and is never downgraded: it is not repaired on disk,
+and saving keeps its version, the settings this version does not know, and every
+value the user did not change here (see docs/notes/datafiles.md).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -36,7 +44,7 @@ from app.util.datafiles import DataFileError, read_json, repair_on_disk, set_asi
 
 log = logging.getLogger(__name__)
 
-SETTINGS_VERSION = 2  # 2: the API queue default went from 8 to 32 (_upgrade)
+SETTINGS_VERSION = 2  # one more than the last step in MIGRATIONS
 MAX_BYTES = 4 * 1024 * 1024  # far above any real settings file (schemas included)
 MAX_DEPTH = 8  # the real file nests 3 levels: {"sampling": {"stop": [...]}}
 PATH_CHARS = 4096
@@ -69,10 +77,23 @@ class AppSettings:
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     api: ApiSettings = field(default_factory=ApiSettings)  # the local API server (off)
+    # A file of a newer version, as read, and these settings as first read from it:
+    # what ``to_json`` writes back over (never a setting of the file, never compared).
+    newer: tuple[dict[str, Any], dict[str, Any]] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def to_json(self) -> str:
-        data: dict[str, Any] = {"version": SETTINGS_VERSION, **asdict(self)}
+        data: dict[str, Any] = {"version": SETTINGS_VERSION, **self._values()}
+        if self.newer is not None:
+            raw, first = self.newer
+            data = _over_newer(raw, first, data)
         return json.dumps(data, indent=2)
+
+    def _values(self) -> dict[str, Any]:
+        data = asdict(self)
+        del data["newer"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], notes: list[str] | None = None) -> AppSettings:
@@ -82,15 +103,17 @@ class AppSettings:
         for key in GROUPS:
             if key in data and not isinstance(data[key], dict):
                 notes.append(f"the {key} settings were not an object; using the defaults.")
+        raw = copy.deepcopy(data) if _is_newer(data) else None
         version = data.get("version", SETTINGS_VERSION)
         if isinstance(version, bool) or not isinstance(version, int) or version < 1:
             notes.append(f"version was not usable ({short_repr(version)}); version 1 is assumed.")
+            version = 1
         elif version > SETTINGS_VERSION:
             notes.append(
                 f"it was written by a newer Lamplight (settings version {short_repr(version)}); "
                 "only the settings this version knows are used."
             )
-        _upgrade(data, version)
+        migrate(data, version)
         load, load_notes = repair_load(data.get("load"))
         sampling, sampling_notes = repair_sampling(data.get("sampling"))
         api, api_notes = repair_api(data.get("api"))
@@ -122,7 +145,7 @@ class AppSettings:
         recent = _recent(data.get("recent_models", _ABSENT), notes)
         layout = _layout(data.get("window_layout", _ABSENT), notes)
         theme = data.get("theme")
-        return cls(
+        settings = cls(
             model_path=take("model_path", _is_path(model_path), None),
             system_prompt=take("system_prompt", isinstance(system_prompt, str), ""),
             last_conversation=take("last_conversation", _is_id(last), None),
@@ -139,6 +162,9 @@ class AppSettings:
             sampling=sampling,
             api=api,
         )
+        if raw is not None:
+            settings.newer = (raw, settings._values())
+        return settings
 
     def remember_model(self, path: str) -> None:
         """Put ``path`` first in ``recent_models`` (once), keeping the newest ``MAX_RECENT``."""
@@ -170,6 +196,11 @@ class AppSettings:
             return cls(), [note]
         repairs: list[str] = []
         settings = cls.from_dict(data, repairs)
+        if settings.newer is not None:
+            # Not this version's to repair: a newer one may read it as it is.
+            for note in repairs:
+                log.warning("%s: %s", path.name, note)
+            return settings, [f"{path.name}: {note}" for note in repairs]
         if not repairs:
             return settings, []
         notes = repair_on_disk(path, repairs, lambda: settings.save(path))
@@ -248,15 +279,45 @@ def _is_id(value: Any) -> bool:
     )
 
 
-def _upgrade(data: dict[str, Any], version: object) -> None:
-    """Stored settings of an older version, brought up to this one (in place)."""
+def _queue_default_to_32(data: dict[str, Any]) -> None:
+    """Version 1 to 2: version 1 wrote the old default queue size (8) into every file, and
+    a burst of a dozen client requests was refused. A file's 8 is that default, not a
+    choice: it becomes the new default."""
     api = data.get("api")
-    # Version 1 wrote the old default queue size (8) into every file: a burst of a dozen
-    # client requests was refused. A file's 8 is that default, not a choice.
-    if (
-        isinstance(version, int)
-        and version < 2
-        and isinstance(api, dict)
-        and api.get("max_queue") == 8
-    ):
+    if isinstance(api, dict) and api.get("max_queue") == 8:
         api["max_queue"] = 32
+
+
+# Version N to N + 1, in place, on the file's data as read (before any repair).
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], None]] = {
+    1: _queue_default_to_32,
+}
+
+
+def migrate(data: dict[str, Any], version: int) -> None:
+    """Stored settings of ``version`` brought up to ``SETTINGS_VERSION`` (in place); a
+    newer version is left as it is."""
+    for step in range(version, SETTINGS_VERSION):
+        MIGRATIONS[step](data)
+
+
+def _is_newer(data: dict[str, Any]) -> bool:
+    version = data.get("version")
+    return isinstance(version, int) and not isinstance(version, bool) and version > SETTINGS_VERSION
+
+
+def _over_newer(raw: dict[str, Any], first: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """What to write over a newer version's file ``raw``: its keys and version, with each
+    setting this version knows that changed here (``now`` differs from ``first``, as
+    read) written as it is now. One level of groups (``load``, ``sampling``, ``api``)."""
+    out = {**raw}
+    for key, value in now.items():
+        if key == "version":
+            continue
+        old = raw.get(key, _ABSENT)
+        if isinstance(value, dict) and isinstance(old, dict) and key in GROUPS:
+            was = first.get(key, {})
+            out[key] = {**old, **{k: v for k, v in value.items() if was.get(k, _ABSENT) != v}}
+        elif old is _ABSENT or first.get(key, _ABSENT) != value:
+            out[key] = value
+    return out

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.llama_log import RECENT_PROBLEMS
+from app.engine.native import Native
 from app.gguf.lora import (
     AdapterInfo,
     LoraError,
@@ -89,7 +90,7 @@ class AdapterSet:
         n = len(applied)
         c_handles = (llama_cpp.llama_adapter_lora_p_ctypes * n)(*(handles[k] for k in applied))
         c_scales = (ctypes.c_float * n)(*(scales[k] for k in applied))
-        llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, c_handles, n, c_scales)
+        llama_cpp.llama_set_adapters_lora(Native(llm).ctx, c_handles, n, c_scales)
         self.stack, self.signature = stack, signature
         tick = next(self._clock)
         for key in applied:
@@ -118,7 +119,7 @@ class AdapterSet:
         # log line, and some bad headers abort the process inside it.
         info = check_adapter(read_adapter(key), self._model_tensors())
         RECENT_PROBLEMS.clear()
-        handle = llama_cpp.llama_adapter_lora_init(llm._model.model, key.encode("utf-8"))
+        handle = llama_cpp.llama_adapter_lora_init(Native(llm).model, key.encode("utf-8"))
         if not handle:  # a NULL ctypes pointer is falsy (llama-cpp-python does not check)
             detail = "; ".join(RECENT_PROBLEMS)
             raise LoraError(f"llama.cpp could not load {info.path.name}: {detail or 'see the log'}")

@@ -12,6 +12,7 @@ import codecs
 import threading
 import time
 from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.config.params import SamplingParams
@@ -20,6 +21,7 @@ from app.engine.context_map import ContextMap
 from app.engine.draft_length import RETRY, DraftLength
 from app.engine.drafting import Drafter
 from app.engine.metrics import MessageMetrics
+from app.engine.native import Native
 from app.engine.sampler import build_sampler
 from app.engine.stopping import StopStringFilter
 from app.util.errors import DecodeError
@@ -102,60 +104,49 @@ class Reply:
         return tail
 
 
-def decode(
-    llm: Any,
-    cmap: ContextMap,
-    params: SamplingParams,
-    seed: int,
-    metrics: MessageMetrics,
-    t0: float,
-    stop: threading.Event,
-    *,
-    template_stops: tuple[str, ...],
-    drafter: Drafter | None,
-    length: DraftLength | None = None,
-    one: Any,
-    token_bytes: Callable[[int], bytes],
-    rewind: Callable[[int], str],
-    stop_ids: frozenset[int] = frozenset(),
-    make_room: Callable[[], bool] = lambda: False,
-) -> Generator[EngineEvent, None, None]:
-    """Sample the reply after the prompt in ``cmap``: ``Token`` events, then ``Finished``.
+@dataclass
+class DecodeJob:
+    """One reply's decoding, once its prompt is in the KV cache.
 
-    ``llm`` is the loaded ``llama_cpp.Llama``; ``cmap`` the engine's map of its KV
-    sequence 0, kept up to date as tokens are evaluated. ``drafter`` (with the
-    draft length ``length``) picks speculative decoding. ``one`` is a one-token
-    ``llama_token`` array, ``token_bytes`` a token's text, ``rewind`` the engine's cache rewind.
-    ``stop_ids`` are stop strings that are single tokens with no text
-    (``<start_of_turn>``): sampling one ends the reply like its stop string.
-    ``make_room`` frees space when the context is full (dropping older
-    messages); when it cannot, the reply ends with ``context_full``.
+    ``native`` is the loaded model's handles; ``cmap`` the engine's map of its KV
+    sequence 0, kept up to date as tokens are evaluated. ``token_bytes`` gives a
+    token's text, ``rewind`` is the engine's cache rewind. ``stop_ids`` are stop
+    strings that are single tokens with no text (``<start_of_turn>``): sampling one
+    ends the reply like its stop string. ``drafter`` (with the draft length
+    ``length``) picks speculative decoding. ``make_room`` frees space when the
+    context is full (dropping older messages); when it cannot, the reply ends with
+    ``context_full``.
     """
+
+    native: Native
+    cmap: ContextMap
+    params: SamplingParams
+    seed: int
+    metrics: MessageMetrics
+    t0: float
+    stop: threading.Event
+    token_bytes: Callable[[int], bytes]
+    rewind: Callable[[int], str]
+    template_stops: tuple[str, ...] = ()
+    stop_ids: frozenset[int] = frozenset()
+    drafter: Drafter | None = None
+    length: DraftLength | None = None
+    make_room: Callable[[], bool] = field(default=lambda: False)
+
+
+def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
+    """Sample the reply after the prompt in ``job.cmap``: ``Token`` events, then ``Finished``."""
     import llama_cpp
 
-    sampler = build_sampler(llm, params, seed, cmap.tokens)
-    reply = Reply(cmap, token_bytes, params, template_stops, metrics, t0)
+    native, cmap, params, metrics = job.native, job.cmap, job.params, job.metrics
+    sampler = build_sampler(native.llm, params, job.seed, cmap.tokens)
+    reply = Reply(cmap, job.token_bytes, params, job.template_stops, metrics, job.t0)
     try:
-        if drafter is not None:
-            length = length or DraftLength(params.draft_len, params.adaptive_draft)
-            reason = yield from loop_draft(
-                llm,
-                cmap,
-                sampler,
-                reply,
-                params,
-                metrics,
-                stop,
-                drafter,
-                length,
-                one,
-                stop_ids,
-                make_room,
-            )
+        if job.drafter is not None:
+            length = job.length or DraftLength(params.draft_len, params.adaptive_draft)
+            reason = yield from loop_draft(job, sampler, reply, job.drafter, length)
         else:
-            reason = yield from loop_plain(
-                llm, cmap, sampler, reply, params, stop, one, rewind, stop_ids, make_room
-            )
+            reason = yield from loop_plain(job, sampler, reply)
     finally:
         llama_cpp.llama_sampler_free(sampler)
         reply.close()
@@ -164,44 +155,31 @@ def decode(
         yield Token(tail)
     metrics.stop_reason = reason
     metrics.kv_tokens = len(cmap.tokens)
-    read_perf(llm, metrics)
+    read_perf(native, metrics)
     yield Finished(reply.text, metrics)
 
 
-def read_perf(llm: Any, metrics: MessageMetrics) -> None:
+def read_perf(native: Native, metrics: MessageMetrics) -> None:
     """llama.cpp's own prefill and decode speeds, and the process's memory, into ``metrics``."""
-    import llama_cpp
-
-    perf = llama_cpp.llama_perf_context(llm._ctx.ctx)
-    if perf.t_p_eval_ms > 0:
-        metrics.native_prefill_tok_s = perf.n_p_eval * 1000.0 / perf.t_p_eval_ms
-    if perf.t_eval_ms > 0:
-        metrics.native_decode_tok_s = perf.n_eval * 1000.0 / perf.t_eval_ms
+    perf = native.perf()
+    if perf.prompt_ms > 0:
+        metrics.native_prefill_tok_s = perf.n_prompt * 1000.0 / perf.prompt_ms
+    if perf.decode_ms > 0:
+        metrics.native_decode_tok_s = perf.n_decode * 1000.0 / perf.decode_ms
     metrics.rss_mb = rss_bytes() / 1e6
 
 
-def loop_plain(
-    llm: Any,
-    cmap: ContextMap,
-    sampler: Any,
-    reply: Reply,
-    params: SamplingParams,
-    stop: threading.Event,
-    one: Any,
-    rewind: Callable[[int], str],
-    stop_ids: frozenset[int] = frozenset(),
-    make_room: Callable[[], bool] = lambda: False,
-) -> Generator[Token, None, str]:
+def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, None, str]:
     """One token per llama_decode (the fastest path when nothing can be drafted)."""
     import llama_cpp
 
-    ctx = llm._ctx.ctx
-    vocab = llm._model.vocab
-    n_ctx = llm.n_ctx()
-    for _ in range(params.max_tokens):
+    native, cmap, stop, stop_ids = job.native, job.cmap, job.stop, job.stop_ids
+    ctx, vocab, n_ctx = native.ctx, native.vocab, native.n_ctx()
+    decode_one = native.decode_one
+    for _ in range(job.params.max_tokens):
         if stop.is_set():
             return "cancelled"
-        if len(cmap.tokens) >= n_ctx and not make_room():
+        if len(cmap.tokens) >= n_ctx and not job.make_room():
             return "context_full"
         tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
@@ -215,55 +193,28 @@ def loop_plain(
             return "stop_string"
         if stop.is_set():
             return "cancelled"
-        one[0] = tok
-        rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
+        rc = decode_one(tok)
         if rc != 0:
-            rewind(len(cmap.tokens))
+            job.rewind(len(cmap.tokens))
             raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
         reply.commit(tok)
     return "max_tokens"
 
 
 def loop_draft(
-    llm: Any,
-    cmap: ContextMap,
-    sampler: Any,
-    reply: Reply,
-    params: SamplingParams,
-    metrics: MessageMetrics,
-    stop: threading.Event,
-    drafter: Drafter,
-    length: DraftLength,
-    one: Any,
-    stop_ids: frozenset[int] = frozenset(),
-    make_room: Callable[[], bool] = lambda: False,
+    job: DecodeJob, sampler: Any, reply: Reply, drafter: Drafter, length: DraftLength
 ) -> Generator[Token, None, str]:
-    """Speculative decoding: ``drafter`` guesses, the target checks the guesses in one batch.
-
-    The sampled token and up to ``length.next()`` guesses are evaluated in one
-    batch, with logits for each position. Each position is then sampled with the
-    target's own sampler chain, in order, and a guess is kept while it equals what
-    was sampled; the first sample that differs is the next token. So every token
-    of the reply is drawn from the target's distribution by the same sampler with
-    the same random draws as plain decoding (greedy or sampled, penalties and
-    grammars included): the drafter only decides how much is evaluated at once.
-    What can differ is arithmetic: llama.cpp's CPU kernels round a batch of
-    positions slightly differently from one token at a time, so logits differ in
-    the last bits and a greedy choice between two near-equal tokens can flip (see
-    docs/NOTES.md). Rejected guesses are removed from the KV cache.
-
-    A step with no guesses (``length`` says 0, or the drafter has none) is a plain
-    one-token step, as in :func:`loop_plain`.
+    """Speculative decoding: ``drafter`` guesses, the target checks the guesses in one batch
+    (``_Checker``: every token is still the target's own sample). Rejected guesses are
+    removed from the KV cache. A step with no guesses (``length`` says 0, or the drafter
+    has none) is a plain one-token step, as in :func:`loop_plain`.
     """
     import llama_cpp
 
-    ctx = llm._ctx.ctx
-    vocab = llm._model.vocab
-    n_ctx = llm.n_ctx()
-    mem = llama_cpp.llama_get_memory(ctx)
+    native, cmap, params, metrics, stop = job.native, job.cmap, job.params, job.metrics, job.stop
+    ctx, vocab, n_ctx = native.ctx, native.vocab, native.n_ctx()
     k_max = max(1, length.k_max)
-    batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
-    is_eog = llama_cpp.llama_vocab_is_eog
+    check = _Checker(native, sampler, k_max, job.stop_ids)
     sample = llama_cpp.llama_sampler_sample
     perf = time.perf_counter
     metrics.draft_kind = drafter.kind
@@ -274,13 +225,13 @@ def loop_draft(
             if stop.is_set():
                 return "cancelled"
             if len(cmap.tokens) >= n_ctx:
-                if not make_room():
+                if not job.make_room():
                     return "context_full"
                 drafter.sync(cmap.tokens, stop)
             n_past = len(cmap.tokens)
-            if is_eog(vocab, pending):
+            if llama_cpp.llama_vocab_is_eog(vocab, pending):
                 return "eos"
-            if pending in stop_ids:
+            if pending in job.stop_ids:
                 return "stop_string"
             text = reply.emit(pending)
             if text:
@@ -291,9 +242,8 @@ def loop_draft(
             if stop.is_set():
                 return "cancelled"
             drafter.observe((pending,))
-            room = min(
-                length.next(drafter.lag), params.max_tokens - reply.count, n_ctx - n_past - 2, k_max
-            )
+            left = min(params.max_tokens - reply.count, n_ctx - n_past - 2, k_max)
+            room = min(length.next(drafter.lag), left)
             t0 = perf()
             draft = drafter.propose(room, length.read_limit) if room > 0 else []
             t1 = perf()
@@ -302,37 +252,13 @@ def loop_draft(
             if room > 0 and drafter.read_n:
                 length.read(drafter.read_n, drafter.read_ms)
             if not draft:
-                one[0] = pending
-                rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(one, 1))
-                if rc != 0:
-                    llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
-                    raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+                check.plain(pending, n_past)
                 reply.commit(pending)
                 pending = sample(sampler, ctx, -1)
                 length.plain((perf() - t1) * 1000, drafter.round_ms if room > 0 else 0.0, spent)
                 continue
-            batch.n_tokens = 1 + len(draft)
-            for i, tok in enumerate((pending, *draft)):
-                batch.token[i] = tok
-                batch.pos[i] = n_past + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = True
-            rc = llama_cpp.llama_decode(ctx, batch)
-            if rc != 0:
-                llama_cpp.llama_memory_seq_rm(mem, 0, n_past, -1)
-                raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+            kept, nxt = check.guesses(pending, draft, n_past, params.max_tokens - reply.count)
             reply.commit(pending)
-            # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
-            kept = 0
-            nxt = sample(sampler, ctx, 0)
-            for i, guess in enumerate(draft):
-                if nxt != guess or nxt in stop_ids or is_eog(vocab, nxt):
-                    break
-                kept += 1
-                if reply.count + kept >= params.max_tokens:
-                    break  # the reply ends with this guess: nothing to sample after it
-                nxt = sample(sampler, ctx, i + 1)
             length.round(len(draft), kept, (perf() - t1) * 1000, drafter.round_ms, spent)
             used = 0
             for guess in draft[:kept]:
@@ -347,24 +273,106 @@ def loop_draft(
             metrics.accepted_tokens += used
             drafter.rewind(used)
             if used < len(draft):
-                llama_cpp.llama_memory_seq_rm(mem, 0, n_past + 1 + used, -1)
+                native.seq_rm(n_past + 1 + used)
             ended = reply.ended(params.max_tokens)
             if ended:
                 return ended
             pending = nxt
     finally:
-        llama_cpp.llama_batch_free(batch)
-        metrics.draft_len_final = length.k
-        length.finish()
-        if length.adaptive and length.cannot_pay():
-            c = length.costs
-            metrics.notes.append(
-                f"drafting cannot speed this model up here (a guess costs {c.draft_ms:.1f} ms "
-                f"against {c.plain_ms:.1f} ms for a model step, and checking guesses in a "
-                "batch costs more than they save), so it stays off"
-            )
-        elif length.resting:
-            metrics.notes.append(
-                "the draft model did not speed up recent replies, so this one was not "
-                f"drafted (it tries again every {RETRY}th reply)"
-            )
+        check.close()
+        _finish_draft(length, metrics)
+
+
+class _Checker:
+    """The target's side of speculative decoding: evaluate a token and its guesses in
+    one batch, and sample each position to see how many guesses hold.
+
+    The sampled token and up to ``length.next()`` guesses are evaluated in one
+    batch, with logits for each position. Each position is then sampled with the
+    target's own sampler chain, in order, and a guess is kept while it equals what
+    was sampled; the first sample that differs is the next token. So every token
+    of the reply is drawn from the target's distribution by the same sampler with
+    the same random draws as plain decoding (greedy or sampled, penalties and
+    grammars included): the drafter only decides how much is evaluated at once.
+    What can differ is arithmetic: llama.cpp's CPU kernels round a batch of
+    positions slightly differently from one token at a time, so logits differ in
+    the last bits and a greedy choice between two near-equal tokens can flip (see
+    docs/NOTES.md).
+    """
+
+    def __init__(self, native: Native, sampler: Any, k_max: int, stop_ids: frozenset[int]) -> None:
+        import llama_cpp
+
+        self._native = native
+        self._sampler = sampler
+        self._stop_ids = stop_ids
+        self._batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
+
+    def close(self) -> None:
+        import llama_cpp
+
+        llama_cpp.llama_batch_free(self._batch)
+
+    def plain(self, token: int, n_past: int) -> None:
+        """Evaluate ``token`` alone.
+
+        Raises:
+            DecodeError: llama.cpp failed (what it evaluated is removed).
+        """
+        rc = self._native.decode_one(token)
+        if rc != 0:
+            self._native.seq_rm(n_past)
+            raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+
+    def guesses(self, pending: int, draft: list[int], n_past: int, left: int) -> tuple[int, int]:
+        """Evaluate ``pending`` and ``draft``; returns how many guesses the target's own
+        samples agree with (at most ``left - 1``, the reply's room), and the next token.
+
+        Raises:
+            DecodeError: llama.cpp failed (what it evaluated is removed).
+        """
+        import llama_cpp
+
+        batch = self._batch
+        batch.n_tokens = 1 + len(draft)
+        for i, tok in enumerate((pending, *draft)):
+            batch.token[i] = tok
+            batch.pos[i] = n_past + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = True
+        native = self._native
+        rc = llama_cpp.llama_decode(native.ctx, batch)
+        if rc != 0:
+            native.seq_rm(n_past)
+            raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+        # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
+        sample, is_eog = llama_cpp.llama_sampler_sample, llama_cpp.llama_vocab_is_eog
+        kept = 0
+        nxt = sample(self._sampler, native.ctx, 0)
+        for i, guess in enumerate(draft):
+            if nxt != guess or nxt in self._stop_ids or is_eog(native.vocab, nxt):
+                break
+            kept += 1
+            if kept >= left:
+                break  # the reply ends with this guess: nothing to sample after it
+            nxt = sample(self._sampler, native.ctx, i + 1)
+        return kept, nxt
+
+
+def _finish_draft(length: DraftLength, metrics: MessageMetrics) -> None:
+    """The draft length's last word on this reply, and a note when drafting stays off."""
+    metrics.draft_len_final = length.k
+    length.finish()
+    if length.adaptive and length.cannot_pay():
+        c = length.costs
+        metrics.notes.append(
+            f"drafting cannot speed this model up here (a guess costs {c.draft_ms:.1f} ms "
+            f"against {c.plain_ms:.1f} ms for a model step, and checking guesses in a "
+            "batch costs more than they save), so it stays off"
+        )
+    elif length.resting:
+        metrics.notes.append(
+            "the draft model did not speed up recent replies, so this one was not "
+            f"drafted (it tries again every {RETRY}th reply)"
+        )

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from app.engine.context_map import common_prefix
+from app.engine.native import Native
 from app.engine.ngram import NgramIndex
 
 log = logging.getLogger(__name__)
@@ -122,18 +123,19 @@ class ModelDrafter:
         import numpy as np
 
         self.llm = llm
+        self.native = native = Native(llm)
         self.p_min = p_min
         self.ms = 0.0
         self.round_ms = 0.0
         self.read_n = 0
         self.read_ms = 0.0
-        self._ctx = llm._ctx.ctx
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        self._n_ctx = int(llm.n_ctx())
-        self._n_batch = int(llm.n_batch)
-        self._n_vocab = int(llm.n_vocab())
-        self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
-        vocab = llm._model.vocab
+        self._ctx = native.ctx
+        self._mem = native.memory
+        self._n_ctx = native.n_ctx()
+        self._n_batch = native.n_batch
+        self._n_vocab = native.n_vocab()
+        self._n_swa = native.n_swa()
+        vocab = native.vocab
         bos = int(llama_cpp.llama_vocab_bos(vocab))
         self._bos = bos if bos >= 0 and llama_cpp.llama_vocab_get_add_bos(vocab) else -1
         self._buf = np.empty(self._n_vocab, dtype=np.float32)

@@ -10,9 +10,12 @@ one-token batch, the native sampler chain) so no per-token copy of the
 262k-entry logits row is made in Python.
 
 ``Engine`` is the only entry point. The modules beside it hold its parts:
-``loader`` (opening a model), ``vocab`` (token text), ``adapters`` (LoRA
-handles), ``kv_state`` (KV serialization), ``sampler`` (the native sampler
-chain), ``decode`` (the decode loops) and ``llama_log`` (llama.cpp's log).
+``loader`` (opening a model), ``native`` (the binding's native handles),
+``engine_cache`` (the KV cache side, Engine's base), ``prompt_pipeline`` (the
+prompt's steps, shared with llama-server), ``draft_slot`` (the draft model),
+``vocab`` (token text), ``adapters`` (LoRA handles), ``kv_state`` (KV
+serialization), ``sampler`` (the native sampler chain), ``decode`` (the decode
+loops) and ``llama_log`` (llama.cpp's log).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,24 +36,31 @@ from app.engine.backend import (
     DraftInfo,
     EngineEvent,
     Finished,
-    KvState,
     LoadCancelled,
     ModelInfo,
-    PrefillProgress,
     ProgressFn,
 )
-from app.engine.context_map import ContextMap, common_prefix
-from app.engine.decode import decode
-from app.engine.draft_length import DraftCosts, DraftLength
-from app.engine.drafting import Drafter, ModelDrafter, NgramDrafter
+from app.engine.context_map import common_prefix
+from app.engine.decode import DecodeJob, decode
+from app.engine.draft_slot import DraftSlot
+from app.engine.engine_cache import HEAD_LOST_NOTE as HEAD_LOST_NOTE
+from app.engine.engine_cache import LORA_CHANGED_NOTE as LORA_CHANGED_NOTE
+from app.engine.engine_cache import EngineCache
 from app.engine.hardware import HardwareInfo, detect_hardware
-from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.llama_log import install_log_route
 from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
+from app.engine.native import Native
 from app.engine.native_guard import NativeGuard, default_guard
 from app.engine.native_libs import load_backends
-from app.engine.overflow import Overflow, message_starts, reply_budget
+from app.engine.overflow import Overflow
+from app.engine.prompt_pipeline import (
+    Prompt,
+    PromptPipeline,
+    PromptRequest,
+    record_drops,
+    render,
+)
 from app.engine.sampler import build_sampler
 from app.engine.templates import (
     AUTO as AUTO_TEMPLATE,
@@ -58,32 +68,22 @@ from app.engine.templates import (
 from app.engine.templates import (
     ChatMessage,
     ChatTemplate,
-    ChatTemplateError,
     TemplateInputs,
     TemplateOverride,
     build_template,
     looks_like_base_model,
-    render_or_fall_back,
     template_for_architecture,
 )
-from app.engine.threadpool import SharedThreadPool, ThreadPoolUnavailable
 from app.engine.vocab import Vocab
-from app.gguf.info import read_gguf_info
-from app.gguf.lora import AdapterInfo, LoraStack, stack_key
+from app.gguf.info import GgufInfo, read_gguf_info
 from app.util.errors import (
     ContextOverflowError,
-    DecodeError,
     DraftError,
-    LamplightError,
     ModelFileError,
     ModelLoadError,
-    NoModelLoaded,
 )
 
 log = logging.getLogger(__name__)
-
-LORA_CHANGED_NOTE = "the LoRA stack changed"
-HEAD_LOST_NOTE = "the cached conversation did not start with the model's BOS token"
 
 
 _CAPABILITIES = Capabilities(
@@ -102,26 +102,20 @@ _CAPABILITIES = Capabilities(
 _CAPABILITIES_GPU = replace(_CAPABILITIES, gpu_offload=True, why_not={})
 
 
-class Engine:
+class Engine(EngineCache):
     """Owns one model and its KV cache; streams replies as events."""
 
     def __init__(self, guard: NativeGuard | None = None) -> None:
+        super().__init__()
         install_log_route()
         load_backends()  # the CPU variant for this processor, GPU modules: before any model
         # Switches off native paths that crash on this machine (the window's and the
         # server's engines get one on their data folder; see native_guard.default_guard).
         self._guard = guard if guard is not None else default_guard()
-        self._llm: Any = None
         self._info: ModelInfo | None = None
         self._template: ChatTemplate | None = None
         self._inputs = TemplateInputs()  # what the loaded model's templates are made from
         self._backend: HardwareInfo | None = None
-        self._config: LoadConfig | None = None
-        # Tokens whose keys/values are in KV sequence 0, and the text they encode.
-        self._map = ContextMap()
-        self._n_swa = 0
-        self._stop = threading.Event()
-        self._abort_cb: Any = None
         self._vocab: Vocab | None = None
         self._stop_ids: frozenset[int] = frozenset()  # the template's stop tokens with no text
         self._notes: tuple[str, ...] = ()
@@ -130,23 +124,13 @@ class Engine:
         self._can_shift = False  # llama_memory_can_shift: drops need no re-reading
         # The last request's messages, and its overflow (what the model still sees).
         self._sent: tuple[list[ChatMessage], Overflow] | None = None
-        self._one_token: Any = None
-        # What the engine puts before the template's text (BOS, if the model wants it).
-        self._head: tuple[int, ...] = ()
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
-        # LoRA: the loaded adapters and the applied stack; the stack the KV cache was
-        # computed under (it goes stale when the two differ).
-        self._adapters = AdapterSet()
-        self._kv_lora_sig: list[dict[str, Any]] = []
         # Templates built for the loaded model, by choice: the API server swaps between
         # the window's choice and its own per request, so each is built once per load.
         self._built: dict[TemplateOverride, tuple[ChatTemplate, frozenset[int]]] = {}
         # Speculative decoding: the draft model (dropped with the target model), and
         # the measured costs the adaptive draft length weighs, per kind of drafter.
-        self._drafter: ModelDrafter | None = None
-        self._pool: SharedThreadPool | None = None  # one CPU thread pool for model and draft
-        self._draft_info: DraftInfo | None = None
-        self._draft_costs: dict[str, DraftCosts] = {}
+        self._draft = DraftSlot()
 
     # -- model -----------------------------------------------------------------
 
@@ -167,11 +151,6 @@ class Engine:
     def llama(self) -> Any:
         """The ``llama_cpp.Llama`` object, for benchmarks and tests on the owner thread."""
         return self._llm
-
-    @property
-    def cached_tokens(self) -> list[int]:
-        """A copy of the token ids currently held in the KV cache."""
-        return list(self._map.tokens)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -215,15 +194,7 @@ class Engine:
         load_ms = (time.perf_counter() - t0) * 1000
         vocab = Vocab(llm)
         try:
-            inputs = TemplateInputs(
-                embedded=gguf.chat_template or "",
-                arch=gguf.architecture,
-                builtin=template_for_architecture(gguf.architecture, vocab.is_special).name,
-                bos_token=vocab.text(llm.token_bos()),
-                eos_token=vocab.text(llm.token_eos()),
-            )
-            template = build_template(AUTO_TEMPLATE, inputs, vocab.is_special)
-            stop_ids = vocab.stop_tokens(template.stop_strings)
+            inputs, template, stop_ids = auto_template(gguf, llm, vocab)
         except BaseException:
             llm.close()
             raise
@@ -242,10 +213,9 @@ class Engine:
         self._notes = (*guarded, *((template.note,) if template.note else ()))
         for note in self._notes:
             log.warning("%s", note)
-        self._n_swa = int(llama_cpp.llama_model_n_swa(llm._model.model))
-        mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
-        self._can_shift = bool(llama_cpp.llama_memory_can_shift(mem))
-        self._one_token = (llama_cpp.llama_token * 1)()
+        native = self._native = Native(llm)
+        self._n_swa = native.n_swa()
+        self._can_shift = native.can_shift()
         self._head = head_tokens(llm)
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
         self._info = ModelInfo(
@@ -255,7 +225,7 @@ class Engine:
             n_params=gguf.n_params,
             file_size=gguf.file_size,
             n_ctx=llm.n_ctx(),
-            n_ctx_train=llm._model.n_ctx_train(),
+            n_ctx_train=native.n_ctx_train(),
             n_threads=config.threads(),
             n_gpu_layers=config.n_gpu_layers,
             template=self._template.label,
@@ -277,11 +247,12 @@ class Engine:
         # handles are only dropped here: freeing one after the model would be a double free.
         self._adapters = AdapterSet()
         self._kv_lora_sig = []
-        self._drop_draft()
-        self._draft_costs = {}
+        self._draft.drop()
+        self._draft.costs = {}
         if self._llm is not None:
             self._llm.close()
         self._llm = None
+        self._native = None
         self._vocab = None
         self._info = None
         self._template = None
@@ -296,12 +267,12 @@ class Engine:
     @property
     def draft_info(self) -> DraftInfo | None:
         """The loaded draft model, or None."""
-        return self._draft_info
+        return self._draft.info
 
     @property
     def draft_tokens(self) -> list[int]:
         """A copy of the token ids in the draft model's KV cache (for tests)."""
-        return self._drafter.cached_tokens if self._drafter is not None else []
+        return self._draft.tokens
 
     def set_draft(
         self, path: str | Path | None, n_ctx: int = 0, progress: ProgressFn | None = None
@@ -322,7 +293,7 @@ class Engine:
         """
         llm = self._require()
         if path is None:
-            self._drop_draft()
+            self._draft.drop()
             return None
         from app.gguf.vocab_compat import draft_problem
 
@@ -341,32 +312,11 @@ class Engine:
             raise DraftError("Loading the draft model was cancelled.") from exc
         except (ModelFileError, ModelLoadError) as exc:
             raise DraftError(f"The draft model was not loaded: {exc}") from exc
-        self._drop_draft()
-        self._drafter = ModelDrafter(draft_llm)
-        self._pool = share_threads(config.threads(), (llm._ctx.ctx, draft_llm._ctx.ctx))
-        # What was learnt about this draft with this model stays while the model does.
-        costs = self._draft_costs.setdefault(self._costs_key(gguf.path), DraftCosts())
-        costs.read_prior, costs.guess_prior = self._drafter.warm()
-        self._draft_info = DraftInfo(
+        info = DraftInfo(
             path=gguf.path, name=gguf.display_name, n_params=gguf.n_params, n_ctx=draft_llm.n_ctx()
         )
-        log.info("draft model loaded: %s (n_ctx %d)", gguf.path, draft_llm.n_ctx())
-        return self._draft_info
-
-    def _drop_draft(self) -> None:
-        if self._pool is not None:  # detached before either context is freed
-            self._pool.close()
-            self._pool = None
-        if self._drafter is not None:
-            self._drafter.close()
-            log.info("draft model unloaded")
-        self._drafter = None
-        self._draft_info = None
-
-    @staticmethod
-    def _costs_key(draft: Path | None) -> str:
-        """Which ``DraftCosts`` a drafter uses: prompt lookup's, or one per draft file."""
-        return f"model:{draft}" if draft is not None else "lookup"
+        self._draft.attach(draft_llm, gguf.path, info, self.native, config.threads())
+        return info
 
     # -- chat template -------------------------------------------------------------------
 
@@ -405,177 +355,6 @@ class Engine:
             log.warning("%s", note)
         self._info = replace(self._info, template=template.label, notes=self._notes)
 
-    def _render(self, messages: Sequence[ChatMessage]) -> tuple[str, str]:
-        """The prompt text, and a note when a chosen template failed and its fallback took
-        over (from now on)."""
-        assert self._template is not None
-        text, fallback = render_or_fall_back(self._template, messages)
-        if fallback is None:
-            return text, ""
-        self._use_template(fallback)
-        return text, fallback.note.rstrip(".")
-
-    @property
-    def context_text(self) -> str:
-        """The text the KV cache holds (the last prompt as rendered, and its reply)."""
-        return self._map.text
-
-    def reset(self) -> None:
-        """Forget the conversation held in the KV cache (for a new chat)."""
-        llm = self._require()
-        import llama_cpp
-
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(llm._ctx.ctx), True)
-        self._map.clear()
-
-    # -- LoRA --------------------------------------------------------------------------
-
-    @property
-    def lora_stack(self) -> LoraStack:
-        """A copy of the adapter stack applied to the context (empty after every load)."""
-        return self._adapters.stack.copy()
-
-    def lora_signature(self) -> list[dict[str, Any]]:
-        """The applied stack's ``LoraStack.signature()``."""
-        return [dict(s) for s in self._adapters.signature]
-
-    @property
-    def lora_stale(self) -> bool:
-        """The KV cache holds tokens evaluated under a stack that changes the output differently."""
-        return bool(self._map.tokens) and stack_key(self._kv_lora_sig) != stack_key(
-            self._adapters.signature
-        )
-
-    def set_lora_stack(self, stack: LoraStack) -> bool:
-        """Apply ``stack`` from the next message on; the model stays loaded.
-
-        Loaded adapters are reused, new ones checked first (``AdapterSet.apply``).
-        On any error nothing changes.
-
-        Returns True when the cached conversation is now stale: the next ``generate``
-        evaluates it again and says so in ``metrics.cache_note``. Changes that leave the
-        output alone (order, a disabled or scale-0 entry) keep the cache.
-
-        Raises:
-            NoModelLoaded, LoraError.
-        """
-        self._adapters.apply(self._require(), stack)
-        stale = self.lora_stale
-        log.info(
-            "LoRA stack applied: %s%s",
-            self._adapters.stack.summary() or "none",
-            " (cache stale)" * stale,
-        )
-        return stale
-
-    def adapter_info(self, path: str | Path) -> AdapterInfo:
-        """Read ``path`` and check it against the loaded model, without loading it.
-
-        Raises:
-            NoModelLoaded, LoraError.
-        """
-        self._require()
-        return self._adapters.check(path)
-
-    @property
-    def loaded_adapters(self) -> int:
-        """How many adapters llama.cpp holds for this model (applied or idle)."""
-        return len(self._adapters)
-
-    def last_logits(self) -> Any:
-        """A numpy copy of the logits of the last evaluated token (for tests and benches)."""
-        llm = self._require()
-        import llama_cpp
-        import numpy as np
-
-        row = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
-        if not row:
-            raise LamplightError("There are no logits yet: nothing has been evaluated.")
-        return np.ctypeslib.as_array(row, shape=(llm.n_vocab(),)).copy()
-
-    def _check_head(self) -> str:
-        """Empty a cache that does not start with ``_head`` (BOS); returns the note to show.
-
-        Older versions dropped BOS with the first message when the context was full, and
-        saved such caches in snapshots: every later reply would be read without it.
-        """
-        head = list(self._head)
-        if not head or not self._map.tokens or self._map.tokens[: len(head)] == head:
-            return ""
-        import llama_cpp
-
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm._ctx.ctx), True)
-        self._map.clear()
-        log.info("cache rebuilt: %s", HEAD_LOST_NOTE)
-        return HEAD_LOST_NOTE
-
-    def _sync_lora(self) -> str:
-        """Empty a cache evaluated under another stack; returns the note to show, if any."""
-        if not self.lora_stale:
-            return ""
-        import llama_cpp
-
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self._llm._ctx.ctx), True)
-        self._map.clear()
-        self._kv_lora_sig = self._adapters.signature
-        log.info("cache rebuilt: %s", LORA_CHANGED_NOTE)
-        return LORA_CHANGED_NOTE
-
-    # -- KV state ------------------------------------------------------------------
-
-    def cache_config(self) -> dict[str, Any]:
-        """Context settings a saved KV state depends on."""
-        self._require()
-        assert self._config is not None
-        return {
-            "n_ctx": self._llm.n_ctx(),
-            "kv_type": self._config.kv_type,
-            # Flash attention stores V untransposed: a state from one does not fit the other.
-            "flash_attn": self._config.flash_attn or self._config.kv_type != "f16",
-            "swa_full": True,
-            "n_swa": self._n_swa,
-            # The adapters the cached tokens were evaluated with (SessionCache moves this
-            # to the snapshot header's own ``lora`` field).
-            "lora": [
-                dict(s)
-                for s in (self._kv_lora_sig if self._map.tokens else self._adapters.signature)
-            ],
-        }
-
-    def state_size(self) -> int:
-        """Bytes llama.cpp needs to serialize KV sequence 0."""
-        import llama_cpp
-
-        return int(llama_cpp.llama_state_seq_get_size(self._require()._ctx.ctx, 0))
-
-    def export_state(self, key: str = "") -> KvState:
-        """Copy KV sequence 0 out of llama.cpp (no logits: it scales with the cache)."""
-        return KvState(
-            state=read_sequence(self._require()._ctx.ctx),
-            tokens=list(self._map.tokens),
-            text=self._map.text,
-            marks=list(self._map.marks),
-        )
-
-    def import_state(self, kv: KvState) -> None:
-        """Replace the cache with ``kv``; on failure the cache is left empty.
-
-        Raises:
-            LamplightError: llama.cpp rejected the state, or it does not cover ``kv.tokens``.
-        """
-        import llama_cpp
-
-        ctx = self._require()._ctx.ctx
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        self._map.clear()
-        if not kv.tokens:
-            return
-        write_sequence(ctx, kv.state, len(kv.tokens), self._n_swa)
-        # Sorted, each once: files from versions whose drops doubled a mark hold repeats.
-        self._map = ContextMap(list(kv.tokens), kv.text, sorted(set(kv.marks)) or [(0, 0)])
-        # The caller (SessionCache) applied the stack the state was saved under.
-        self._kv_lora_sig = self._adapters.signature
-
     # -- tokens ------------------------------------------------------------------
 
     def tokenize(self, text: str) -> list[int]:
@@ -608,112 +387,88 @@ class Engine:
             NoModelLoaded, ContextOverflowError, DecodeError, ChatTemplateError (the
             model's own template failed on ``messages``, or rendered nothing).
         """
-        import llama_cpp
-
         llm = self._require()
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
-        assert self._template is not None
         # A bad grammar fails before any work.
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
-        llama_cpp.llama_perf_context_reset(llm._ctx.ctx)
+        self.native.perf_reset()
         lora_note = self._sync_lora() or self._check_head()
-        text, template_note = self._render(messages)
-        n_mark, c_mark = self._map.match(text)
-        prompt, bounds = self._prompt(messages, text, n_mark, c_mark)
-        if not prompt:  # llama.cpp aborts the process on an empty batch
-            raise ChatTemplateError(
-                "The chat template rendered an empty prompt: there is nothing to send to the "
-                "model. Edit the conversation, or start a new chat."
-            )
-        n_ctx = llm.n_ctx()
-        overflow = self._overflow(messages, params.overflow, stop)
-        budget = reply_budget(params.max_tokens, n_ctx)
-        for _ in range(3):  # a drop is measured per message; re-measure the whole prompt
-            if params.overflow == "stop" or len(prompt) + budget <= n_ctx:
-                break
-            self._map.keep_marks(n_mark)
-            if not overflow.drop(len(prompt) + budget - n_ctx, keep_last=1):
-                break
-            text = self._template.render(overflow.messages, True)
-            n_mark, c_mark = self._map.match(text)
-            prompt, bounds = self._prompt(overflow.messages, text, n_mark, c_mark)
-        if len(prompt) >= n_ctx:
-            raise ContextOverflowError(len(prompt) + 1, n_ctx)
-        self._sent = (list(messages), overflow)
-
-        self._map.keep_marks(n_mark)
-        keep = common_prefix(self._map.tokens, prompt)
-        if keep == len(prompt):
+        request = PromptRequest(messages, params, llm.n_ctx())
+        prompt, overflow, template_note = self._fit(request, stop)
+        keep = common_prefix(self._map.tokens, prompt.tokens)
+        if keep == len(prompt.tokens):
             keep -= 1  # the last prompt token must be evaluated to get its logits
         note = self._rewind(keep)
         keep = len(self._map.tokens)
         seed = params.seed if params.seed >= 0 else secrets.randbits(31)
         metrics = MessageMetrics(
-            prompt_tokens=len(prompt),
+            prompt_tokens=len(prompt.tokens),
             cached_tokens=keep,
-            n_ctx=n_ctx,
+            n_ctx=request.n_ctx,
             seed=seed,
             cache_note=lora_note or note,
-            turn_offset=min(n_mark, keep),
+            turn_offset=min(prompt.n_mark, keep),
         )
         if template_note:
             metrics.notes.append(template_note)
 
         t_prefill = time.perf_counter()
-        yield from self._prefill(prompt[keep:], stop)
+        yield from self._prefill(prompt.tokens[keep:], stop)
         metrics.evaluated_tokens = len(self._map.tokens) - keep
         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
-        self._record_drops(overflow, metrics)
-        if len(self._map.tokens) < len(prompt):
+        record_drops(overflow, metrics)
+        if len(self._map.tokens) < len(prompt.tokens):
             metrics.stop_reason = "cancelled"
             yield Finished("", metrics)
             return
-        for n_tokens, n_chars in bounds:
+        for n_tokens, n_chars in prompt.bounds:
             self._map.mark_at(n_tokens, n_chars)
-        self._map.mark(text)
+        self._map.mark(prompt.text)
 
         def make_room() -> bool:
             if params.overflow == "stop":
                 return False
             before = len(self._map.tokens)
-            if not overflow.drop(budget, keep_last=1):
+            if not overflow.drop(request.budget, keep_last=1):
                 return False
             # No boundaries to cut at (a template that folds the system prompt into the
             # first user turn): the kept text is read again, then the reply so far.
             if len(self._map.tokens) >= before and not self._reread_reply(overflow, stop):
                 return False
-            self._record_drops(overflow, metrics)
+            record_drops(overflow, metrics)
             return True
 
         yield from self._decode(params, seed, metrics, t0, stop, make_room)
 
-    def _prompt(
-        self, messages: Sequence[ChatMessage], text: str, n_mark: int, c_mark: int
-    ) -> tuple[list[int], list[tuple[int, int]]]:
-        """The prompt's tokens: the cached ones up to the mark, then the rest of ``text``.
+    def _pipeline(self) -> PromptPipeline:
+        """The prompt pipeline over this model's template, tokenizer and cache map."""
+        assert self._template is not None
+        return PromptPipeline(self._template, self._tokenize, self._map)
 
-        The rest is tokenized message by message, and the boundaries come back
-        as ``(n_tokens, n_chars)`` marks, so a later context overflow can drop
-        whole messages from the cache.
+    def _fit(self, request: PromptRequest, stop: threading.Event) -> tuple[Prompt, Overflow, str]:
+        """The request's prompt, fitted to the context (older turns dropped, if the policy
+        drops), its overflow, and a note when the template's fallback took over.
+
+        Raises:
+            ContextOverflowError, ChatTemplateError.
         """
         assert self._template is not None
-        starts = message_starts(self._template.render, messages, text, after=c_mark)
-        cuts = sorted(c for c in starts.values() if c_mark < c < len(text))
-        tokens = self._map.tokens[:n_mark]
-        bounds = []
-        pos = c_mark
-        for cut in [*cuts, len(text)]:
-            tokens += self._tokenize(text[pos:cut], bos=not tokens)
-            if cut < len(text):
-                bounds.append((len(tokens), cut))
-            pos = cut
-        return tokens, bounds
+        rendered = render(self._template, request.messages)
+        if rendered.fallback is not None:
+            self._use_template(rendered.fallback)
+        pipeline = self._pipeline()
+        prompt = pipeline.build(request.messages, rendered.text)
+        overflow = self._overflow(request.messages, request.params.overflow, stop)
+        prompt = pipeline.fit(request, prompt, overflow)
+        if len(prompt.tokens) >= request.n_ctx:
+            raise ContextOverflowError(len(prompt.tokens) + 1, request.n_ctx)
+        self._sent = (list(request.messages), overflow)
+        return prompt, overflow, rendered.note
 
     def _reread_reply(self, overflow: Overflow, stop: threading.Event) -> bool:
         """Read ``overflow.messages`` again from the last mark they share with the cache,
         then the reply so far (its marks kept); False when there is no room or it stopped."""
-        assert self._template is not None
         cmap = self._map
         old = cmap.text  # the prompt's text: the reply's is added when it ends
         n_end = cmap.char_mark(len(old))
@@ -721,33 +476,29 @@ class Engine:
             return False
         reply = cmap.tokens[n_end:]
         reply_marks = [(n - n_end, c - len(old)) for n, c in cmap.marks if n > n_end]
-        text = self._template.render(overflow.messages, True)
-        n_mark, c_mark = cmap.match(text)
-        prompt, bounds = self._prompt(overflow.messages, text, n_mark, c_mark)
-        if len(prompt) + len(reply) >= self._llm.n_ctx():
+        prompt = self._pipeline().build(overflow.messages)
+        if len(prompt.tokens) + len(reply) >= self._llm.n_ctx():
             return False
-        self._rewind(n_mark)  # may empty the cache: then all of the prompt is read
+        self._rewind(prompt.n_mark)  # may empty the cache: then all of the prompt is read
         start = len(cmap.tokens)
-        for _event in self._prefill(prompt[start:], stop):
+        for _event in self._prefill(prompt.tokens[start:], stop):
             pass
-        if len(cmap.tokens) < len(prompt):
+        if len(cmap.tokens) < len(prompt.tokens):
             return False
-        for n_tokens, n_chars in bounds:
+        for n_tokens, n_chars in prompt.bounds:
             cmap.mark_at(n_tokens, n_chars)
-        cmap.mark(text)
+        cmap.mark(prompt.text)
         for _event in self._prefill(reply, stop):
             pass
-        if len(cmap.tokens) < len(prompt) + len(reply):
+        if len(cmap.tokens) < len(prompt.tokens) + len(reply):
             return False
-        cmap.marks += [(n + len(prompt), c + len(text)) for n, c in reply_marks]
-        overflow.reread_tokens += len(prompt) - start + len(reply)
+        cmap.marks += [(n + len(prompt.tokens), c + len(prompt.text)) for n, c in reply_marks]
+        overflow.reread_tokens += len(prompt.tokens) - start + len(reply)
         return True
 
     def _overflow(
         self, messages: Sequence[ChatMessage], policy: str, stop: threading.Event
     ) -> Overflow:
-        import llama_cpp
-
         assert self._template is not None
 
         def refill(tokens: list[int]) -> bool:
@@ -759,26 +510,13 @@ class Engine:
             render=self._template.render,
             tokenize=lambda t: self._tokenize(t, bos=False),
             cmap=self._map,
-            mem=llama_cpp.llama_get_memory(self._llm._ctx.ctx),
+            mem=self.native.memory,
             can_shift=self._can_shift,
             refill=refill,
             policy=policy,
             messages=list(messages),
             head=self._head,
         )
-
-    def _record_drops(self, overflow: Overflow, metrics: MessageMetrics) -> None:
-        metrics.dropped_from = overflow.dropped_from
-        metrics.dropped_count = overflow.dropped_count
-        metrics.dropped_tokens = overflow.dropped_tokens
-        # Text read again because the cache could not shift is evaluated work too.
-        metrics.evaluated_tokens += overflow.reread_tokens - overflow.reread_reported
-        overflow.reread_reported = overflow.reread_tokens
-        if overflow.noted in metrics.notes:
-            metrics.notes.remove(overflow.noted)  # a later drop in the same reply: one note
-        overflow.noted = overflow.note()
-        if overflow.noted:
-            metrics.notes.append(overflow.noted)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
         """Evaluate the template text that opens the user's next turn, ahead of time.
@@ -793,27 +531,12 @@ class Engine:
         if self.lora_stale or self._template.completion:
             # Continue-the-text mode opens no turn: the next text may follow with no space.
             return 0  # the cache belongs to the previous stack; generate will rebuild it
-        sentinel = "\ue000"  # a private-use character no template produces
         if self._sent is not None and self._sent[0] == list(messages):
             messages = self._sent[1].messages  # what the model still sees after an overflow
-        history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", sentinel)]
-        rendered = self._template.render(history, False)
-        cut = rendered.find(sentinel)
-        cached = self._map.text
-        if cut <= len(cached) or not rendered.startswith(cached):
+        turn = self._pipeline().next_turn(messages, reply)
+        if turn is None:
             return 0
-        head = rendered[:cut]
-        marks = self._map.marks
-        if not marks or marks[-1][0] != len(self._map.tokens):
-            return 0  # the cached tokens end mid-character: no safe boundary to extend
-        # The next message starts where the reply's turn ends: a mark there lets a
-        # context overflow drop whole turns later.
-        try:
-            turn = self._template.render([*messages, ChatMessage("assistant", reply)], False)
-        except ChatTemplateError:
-            turn = ""
-        turn_end = len(turn) if turn and rendered.startswith(turn) else -1
-        split = turn_end if len(cached) < turn_end < len(head) else len(cached)
+        head, cached, split = turn.head, turn.cached, turn.split
         first = self._tokenize(head[len(cached) : split], bos=False)
         tokens = first + self._tokenize(head[split:], bos=False)
         if not tokens or len(self._map.tokens) + len(tokens) + 1 >= llm.n_ctx():
@@ -829,46 +552,6 @@ class Engine:
         self._map.mark(head)
         return done
 
-    def _tokenize(self, text: str, bos: bool) -> list[int]:
-        if not text:
-            return []
-        data = text.encode("utf-8", "replace")
-        return list(self._llm.tokenize(data, add_bos=bos, special=True))
-
-    def _prefill(self, tokens: Sequence[int], stop: threading.Event) -> Iterator[PrefillProgress]:
-        """Evaluate ``tokens`` in batches with the abort callback armed."""
-        import llama_cpp
-
-        if not tokens:  # llama.cpp aborts the process on an empty batch
-            return
-        ctx = self._llm._ctx.ctx
-        n_batch = self._llm.n_batch
-        self._stop = stop
-        if not self._map.tokens:
-            # An empty cache fills under the applied stack.
-            self._kv_lora_sig = self._adapters.signature
-        llama_cpp.llama_set_abort_callback(ctx, self._abort_cb, None)
-        try:
-            for start in range(0, len(tokens), n_batch):
-                if stop.is_set():
-                    return
-                chunk = tokens[start : start + n_batch]
-                arr = (llama_cpp.llama_token * len(chunk))(*chunk)
-                rc = llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(chunk)))
-                if rc == 2 or (rc != 0 and stop.is_set()):
-                    # Aborted: some ubatches may be in memory; drop what we cannot vouch for.
-                    self._rewind(len(self._map.tokens))
-                    return
-                if rc != 0:
-                    self._rewind(len(self._map.tokens))
-                    raise DecodeError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
-                self._map.tokens.extend(chunk)
-                yield PrefillProgress(start + len(chunk), len(tokens))
-        finally:
-            # Off during decoding: llama.cpp calls it for every graph node, which
-            # would cost a Python call per node per token.
-            llama_cpp.llama_set_abort_callback(ctx, llama_cpp.ggml_abort_callback(), None)
-
     def _decode(
         self,
         params: SamplingParams,
@@ -883,88 +566,41 @@ class Engine:
         flash = self._config is not None and (
             self._config.flash_attn or self._config.kv_type != "f16"
         )
-        drafter: Drafter | None = None
-        if params.draft_model and self._drafter is not None:
-            drafter = self._drafter
-        elif params.speculative:
-            drafter = NgramDrafter()
-        if params.draft_model and self._drafter is None:
-            metrics.notes.append(
-                "no draft model is loaded"
-                + (": prompt lookup drafted instead" * (params.speculative and not flash))
-            )
-        if drafter is not None and flash:
-            metrics.notes.append(
-                "drafting is off with flash attention, whose batched evaluation rounds "
-                "differently and could change the reply"
-            )
-            drafter = None
-        length = None
-        if drafter is not None:
-            draft = self._draft_info.path if self._draft_info and drafter.kind == "model" else None
-            costs = self._draft_costs.setdefault(self._costs_key(draft), DraftCosts())
-            length = DraftLength(
-                params.draft_len,
-                params.adaptive_draft,
-                costs,
-                reads_prompt=drafter.kind == "model",
-            )
-        return decode(
-            self._llm,
-            self._map,
-            params,
-            seed,
-            metrics,
-            t0,
-            stop,
-            template_stops=self._template.stop_strings,
-            drafter=drafter,
-            length=length,
-            one=self._one_token,
+        drafter, length = self._draft.choose(params, flash, metrics)
+        job = DecodeJob(
+            native=self.native,
+            cmap=self._map,
+            params=params,
+            seed=seed,
+            metrics=metrics,
+            t0=t0,
+            stop=stop,
             token_bytes=self._vocab.piece,
             rewind=self._rewind,
+            template_stops=self._template.stop_strings,
             stop_ids=self._stop_ids | self._vocab.stop_tokens(params.stop),
+            drafter=drafter,
+            length=length,
             make_room=make_room,
         )
+        return decode(job)
 
-    # -- internals -----------------------------------------------------------------
 
-    def _should_abort(self, _data: Any) -> bool:
-        return self._stop.is_set()
-
-    def _rewind(self, n: int) -> str:
-        """Keep only the first ``n`` tokens in the KV cache.
-
-        Returns a note when the cache had to be emptied instead: llama.cpp
-        refused the partial removal, or a sliding-window layer no longer holds
-        the window that position ``n`` attends to (restored snapshots keep only
-        the last window). Then the whole prompt is evaluated again.
-        """
-        import llama_cpp
-
-        mem = llama_cpp.llama_get_memory(self._llm._ctx.ctx)
-        note = ""
-        # Checked before the removal: afterwards the window's cells may all be gone.
-        pos_min = llama_cpp.llama_memory_seq_pos_min(mem, 0)
-        if n > 0 and self._n_swa > 0 and pos_min > max(0, n - self._n_swa):
-            note = (
-                f"the sliding-window cache starts at token {pos_min}, "
-                f"too late to continue from token {n}"
-            )
-        elif n < len(self._map.tokens) and not llama_cpp.llama_memory_seq_rm(mem, 0, n, -1):
-            note = "llama.cpp could not rewind the cache"
-        if note:
-            log.info("cache rebuilt: %s", note)
-            llama_cpp.llama_memory_clear(mem, True)
-            self._map.clear()
-        else:
-            self._map.truncate(n)
-        return note
-
-    def _require(self) -> Any:
-        if self._llm is None:
-            raise NoModelLoaded("No model is loaded. Open a model first.")
-        return self._llm
+def auto_template(
+    gguf: GgufInfo, llm: Any, vocab: Vocab
+) -> tuple[TemplateInputs, ChatTemplate, frozenset[int]]:
+    """What a loaded model's templates are made from, its automatic template, and that
+    template's stop tokens that have no text.
+    """
+    inputs = TemplateInputs(
+        embedded=gguf.chat_template or "",
+        arch=gguf.architecture,
+        builtin=template_for_architecture(gguf.architecture, vocab.is_special).name,
+        bos_token=vocab.text(llm.token_bos()),
+        eos_token=vocab.text(llm.token_eos()),
+    )
+    template = build_template(AUTO_TEMPLATE, inputs, vocab.is_special)
+    return inputs, template, vocab.stop_tokens(template.stop_strings)
 
 
 def head_tokens(llm: Any) -> tuple[int, ...]:
@@ -976,22 +612,3 @@ def head_tokens(llm: Any) -> tuple[int, ...]:
         if with_head[i : i + len(bare)] == bare:
             return tuple(with_head[:i])
     return ()
-
-
-def share_threads(n_threads: int, contexts: tuple[Any, ...]) -> SharedThreadPool | None:
-    """One ggml thread pool for ``contexts`` (the model's and its draft's), or None.
-
-    Without OpenMP each context brings its own pool, whose threads poll for a while
-    after their work and steal cores from the other model's; with OpenMP (this
-    wheel) both already run on the calling thread's libgomp team and the shared pool
-    changes nothing measurable (``app/engine/threadpool.py``, ``bench/threadpool.py``).
-    Where the pool cannot be made, llama.cpp's own threads are used, as before.
-    """
-    try:
-        pool = SharedThreadPool(n_threads)
-    except ThreadPoolUnavailable as exc:
-        log.info("no shared thread pool for the draft model: %s", exc)
-        return None
-    for ctx in contexts:
-        pool.attach(ctx)
-    return pool

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.config.params import SamplingParams, SettingError, grammar_for
 from app.engine.llama_log import RECENT_PROBLEMS
+from app.engine.native import Native
 
 
 def build_sampler(
@@ -35,7 +36,9 @@ def build_sampler(
     grammar = grammar_for(params)
     if grammar:
         RECENT_PROBLEMS.clear()
-        g = llama_cpp.llama_sampler_init_grammar(llm._model.vocab, grammar.encode("utf-8"), b"root")
+        g = llama_cpp.llama_sampler_init_grammar(
+            Native(llm).vocab, grammar.encode("utf-8"), b"root"
+        )
         if not g:
             llama_cpp.llama_sampler_free(chain)
             detail = "; ".join(m for m in RECENT_PROBLEMS if "parse" in m or "error" in m)
@@ -61,6 +64,21 @@ def build_sampler(
                 params.presence_penalty,
             )
         )
+    add_choice(add, llm.n_vocab(), params, seed)
+    if penalize:
+        # The penalties look back over the context; the grammar must not see the prompt.
+        window = params.repeat_last_n if params.repeat_last_n > 0 else len(context)
+        for tok in context[-window:]:
+            llama_cpp.llama_sampler_accept(
+                llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
+            )
+    return chain
+
+
+def add_choice(add: Callable[[Any], None], n_vocab: int, params: SamplingParams, seed: int) -> None:
+    """The samplers that pick the token (greedy, mirostat, or the truncations and a draw)."""
+    import llama_cpp
+
     if params.temperature <= 0.0:
         add(llama_cpp.llama_sampler_init_greedy())
     elif params.mirostat != "off":
@@ -68,7 +86,7 @@ def build_sampler(
         if params.mirostat == "v1":
             add(
                 llama_cpp.llama_sampler_init_mirostat(
-                    llm.n_vocab(), seed, params.mirostat_tau, params.mirostat_eta, 100
+                    n_vocab, seed, params.mirostat_tau, params.mirostat_eta, 100
                 )
             )
         else:
@@ -88,11 +106,3 @@ def build_sampler(
             add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(llama_cpp.llama_sampler_init_temp(params.temperature))
         add(llama_cpp.llama_sampler_init_dist(seed))
-    if penalize:
-        # The penalties look back over the context; the grammar must not see the prompt.
-        window = params.repeat_last_n if params.repeat_last_n > 0 else len(context)
-        for tok in context[-window:]:
-            llama_cpp.llama_sampler_accept(
-                llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
-            )
-    return chain

@@ -29,24 +29,18 @@ own code can swallow them.
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import inspect
 import json
 import re
 import string
-import sys
-import threading
 import time
 import types
 from collections.abc import Callable, Iterable, MappingView
 from datetime import datetime
 from itertools import repeat
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-import jinja2
-from jinja2 import TemplateSyntaxError, nodes
+from jinja2 import nodes
 from jinja2.compiler import CodeGenerator, Frame
 from jinja2.ext import Extension, loopcontrols
 from jinja2.filters import FILTERS, make_attrgetter
@@ -55,21 +49,24 @@ from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum, pass_environment
 
-from app.engine.templates import ChatTemplateError
+# Re-exported: callers of the sandbox see one module.
+from app.engine.template_guard import GRACE_S as GRACE_S
+from app.engine.template_guard import Aborted as _Aborted
+from app.engine.template_guard import Guard as _Guard
+from app.engine.template_guard import Raised as _Raised
+from app.engine.template_guard import Rejected as Rejected
+from app.engine.template_guard import current_guard as _guard
+from app.engine.template_guard import describe as describe
+from app.engine.template_guard import run_bounded as run_bounded
 
 T = TypeVar("T")
 
 LOAD_BUDGET_S = 2.0  # compiling a model's template and its check renders
 RENDER_BUDGET_S = 1.0  # one render, at each reply
-GRACE_S = 1.0  # how much longer the caller waits before abandoning the thread
 MAX_SOURCE_CHARS = 200_000  # real templates are under 20 000
 BASE_OUTPUT_CHARS = 200_000  # plus twice the conversation's own text
-MAX_CALL_DEPTH = 64  # nested template calls: macros, blocks, recursive loops
 MAX_NESTING = 100  # levels of lists, tuples and dicts a template may build
 MAX_INT_BITS = 8192
-MAX_REASON_CHARS = 200
-STACK_BYTES = 16 * 1024 * 1024
-TEMPLATE_FILE = "<template>"  # the file name of Jinja's compiled code
 
 # Filters HF templates never use whose regular expressions or text wrapping could
 # run for long on a large input inside one call.
@@ -81,198 +78,6 @@ COUNTED_FILTERS = frozenset({"center", "indent", "batch", "slice"})
 def output_limit(input_chars: int) -> int:
     """How long a render's output, or any value it builds, may grow."""
     return BASE_OUTPUT_CHARS + 2 * max(0, input_chars)
-
-
-# -- the limits, enforced on the render's thread --------------------------------------
-
-
-class _Aborted(BaseException):
-    """Ends a render from inside; Jinja's ``except Exception`` clauses let it through."""
-
-    def __init__(self, reason: str = "ran past its time limit") -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class _Raised(Exception):
-    """The template called ``raise_exception``."""
-
-
-class Rejected(Exception):
-    """A caller's check refused what the template rendered; the message is the reason."""
-
-
-class _Guard:
-    """A render's deadline, size limit and call depth, checked by its tracer."""
-
-    __slots__ = ("budget_s", "deadline", "depth", "limit", "lines")
-
-    def __init__(self, budget_s: float, limit: int) -> None:
-        self.budget_s = budget_s
-        self.deadline = time.monotonic() + budget_s
-        self.limit = limit
-        self.depth = 0
-        self.lines = 0
-
-    def expire(self) -> NoReturn:
-        raise _Aborted(f"ran longer than {self.budget_s:g} s")
-
-    def on_call(self, frame: types.FrameType, event: str, arg: Any) -> Any:
-        """The global tracer: every new Python frame (and generator resume).
-
-        The deadline raises only in the template's code, Jinja's and this
-        module's, and not when a generator resumes: the garbage collector runs
-        weakref callbacks, ``__del__`` and generator finalizers inside the render,
-        and they would swallow the exception (Python then drops the tracer too).
-        The template's own lines, and any function call, still see the deadline.
-        """
-        code = frame.f_code
-        late = not code.co_flags & _RESUMABLE and time.monotonic() > self.deadline
-        if code.co_filename != TEMPLATE_FILE:
-            if late and code.co_filename.startswith(_RENDER_CODE):
-                self.expire()
-            return None  # no line events in library code: its calls are enough
-        if late:
-            self.expire()
-        self.depth += 1
-        if self.depth > MAX_CALL_DEPTH:
-            raise _Aborted(f"nests macros or blocks more than {MAX_CALL_DEPTH} deep")
-        return self.on_line
-
-    def on_line(self, frame: types.FrameType, event: str, arg: Any) -> Any:
-        """The tracer of a template frame: its lines (loops) and its return."""
-        if event == "line":
-            self.lines += 1
-            if not self.lines & 63 and time.monotonic() > self.deadline:
-                self.expire()
-        elif event == "return":
-            self.depth -= 1
-        return self.on_line
-
-
-# Frames that a generator finalizer may resume.
-_RESUMABLE = (
-    inspect.CO_GENERATOR
-    | inspect.CO_COROUTINE
-    | inspect.CO_ASYNC_GENERATOR
-    | inspect.CO_ITERABLE_COROUTINE
-)
-# Where a render's own Python code lives: Jinja and this module.
-_RENDER_CODE = (str(Path(jinja2.__file__).parent), __file__)
-_STATE = threading.local()
-_STACK_LOCK = threading.Lock()
-
-
-def _guard() -> _Guard:
-    guard: _Guard | None = getattr(_STATE, "guard", None)
-    if guard is None:  # a render outside run_bounded: refuse rather than run unlimited
-        raise _Aborted("was rendered without limits")
-    return guard
-
-
-def run_bounded(fn: Callable[[], T], budget_s: float, limit: int) -> T:
-    """Run ``fn`` (a compile or a render) on a fresh thread, within the limits.
-
-    Raises:
-        ChatTemplateError: ``fn`` raised anything, broke a limit, or ran past
-            ``budget_s`` plus a grace period (its thread is then abandoned).
-    """
-    box: list[tuple[bool, Any]] = []
-
-    def target() -> None:
-        guard = _Guard(budget_s, limit)
-        _STATE.guard = guard
-        sys.settrace(guard.on_call)
-        try:
-            box.append((True, fn()))
-        except BaseException as exc:  # every failure is reported to the caller
-            box.append((False, exc))
-        finally:
-            sys.settrace(None)
-            _STATE.guard = None
-
-    try:
-        thread = _start(target)
-    except (RuntimeError, MemoryError) as exc:  # no thread to be had: the system's limit
-        raise ChatTemplateError(f"could not be run: {describe(exc)}") from None
-    thread.join(budget_s + GRACE_S)
-    if not box:
-        _interrupt(thread)
-        raise ChatTemplateError(f"ran longer than {budget_s:g} s")
-    ok, value = box[0]
-    if ok:
-        return value  # type: ignore[no-any-return]
-    raise ChatTemplateError(describe(value)) from None
-
-
-INTERRUPT_TRIES = 50
-INTERRUPT_PAUSE_S = 0.02
-
-
-def _interrupt(thread: threading.Thread) -> None:
-    """The backstop for a render that outlived its tracer: raise in its thread.
-
-    Python raises the exception at the thread's next bytecode, so a loop in
-    Python ends; one long call in C still runs to its end (the size checks keep
-    those short), and the thread is abandoned meanwhile.
-    """
-    if thread.ident is None or not thread.is_alive():
-        return
-    ident = ctypes.c_ulong(thread.ident)
-    # Raised again until the thread ends: an exception that lands in a garbage
-    # collector callback is printed and dropped, and the loop would go on.
-    for _ in range(INTERRUPT_TRIES):
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(_Aborted))
-        thread.join(INTERRUPT_PAUSE_S)
-        if not thread.is_alive():
-            return
-
-
-def _start(target: Callable[[], None]) -> threading.Thread:
-    """A daemon thread with a stack deep enough for the nesting the limits allow."""
-    thread = threading.Thread(target=target, name="lamplight-template", daemon=True)
-    with _STACK_LOCK:
-        try:
-            old = threading.stack_size(STACK_BYTES)
-        except (ValueError, RuntimeError):  # the platform keeps its default
-            thread.start()
-            return thread
-        try:
-            thread.start()
-        finally:
-            threading.stack_size(old)
-    return thread
-
-
-def describe(exc: BaseException) -> str:
-    """One short line saying why a template failed."""
-    if isinstance(exc, _Aborted):
-        text = exc.reason
-    elif isinstance(exc, RecursionError):
-        text = "recurses too deeply"
-    elif isinstance(exc, MemoryError):
-        text = "ran out of memory"
-    elif isinstance(exc, TemplateSyntaxError):
-        text = f"does not compile: {exc.message} (line {exc.lineno})"
-    elif isinstance(exc, SyntaxError):  # Python refused Jinja's code: nested too deep
-        text = f"does not compile: {exc.msg}"
-    elif isinstance(exc, _Raised):
-        text = f"raised an error: {_safe_str(exc)}"
-    elif isinstance(exc, Rejected):
-        text = _safe_str(exc)
-    else:
-        text = f"failed with {type(exc).__name__}: {_safe_str(exc)}"
-    text = " ".join(text.split())
-    if len(text) > MAX_REASON_CHARS:
-        text = text[: MAX_REASON_CHARS - 1] + "…"
-    return text
-
-
-def _safe_str(exc: BaseException) -> str:
-    try:
-        return str(exc)[: MAX_REASON_CHARS * 2]
-    except Exception:  # an exception whose message cannot be made
-        return type(exc).__name__
 
 
 def _too_big(what: str, guard: _Guard) -> NoReturn:

@@ -14,16 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from app.util.errors import LamplightError
+# Re-exported: defined beside the sandbox, imported from here by the rest of the app.
+from app.engine.template_errors import ChatTemplateError as ChatTemplateError
 
 Role = Literal["system", "user", "assistant"]
-
-
-class ChatTemplateError(LamplightError, ValueError):
-    """A chat template failed: it does not compile, broke a limit, or raised.
-
-    A ``ValueError`` too, for callers that caught the template's errors as one.
-    """
 
 
 @dataclass(frozen=True)

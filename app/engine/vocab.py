@@ -6,13 +6,15 @@ import ctypes
 from collections.abc import Iterable
 from typing import Any
 
+from app.engine.native import Native
+
 
 class Vocab:
     """Token text for one ``llama_cpp.Llama``, through a reused piece buffer."""
 
     def __init__(self, llm: Any) -> None:
         self._llm = llm
-        self._vocab = llm._model.vocab
+        self._vocab = Native(llm).vocab
         self._buf = ctypes.create_string_buffer(256)
 
     def piece(self, token: int, special: bool = False) -> bytes:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.gguf.info import _STRING, GGUF_MAGIC, _parse_header, shown
+from app.gguf.header import GGUF_MAGIC, STRING, parse_header, shown
 from app.util.errors import LamplightError
 from app.util.hashing import sha256_file
 
@@ -131,12 +131,12 @@ def read_adapter(path: str | Path) -> AdapterInfo:
         # llama.cpp reads general.type and friends with gguf_get_val_str and the alpha
         # with gguf_get_val_f32, which assert on any other type: check the types too.
         types: dict[str, int] = {}
-        meta, tensors, data_start = _parse_header(p, types)
+        meta, tensors, data_start = parse_header(p, types)
     except (ValueError, struct.error, OSError, KeyError, RecursionError) as exc:
         raise LoraError(f"{p.name} is a damaged GGUF file ({exc}).") from exc
 
     def text_key(key: str) -> str:
-        if key in types and types[key] != _STRING:
+        if key in types and types[key] != STRING:
             raise LoraError(f"{p.name} is damaged: {key} is not text.")
         return str(meta.get(key) or "")
 
@@ -306,7 +306,7 @@ def read_model_tensors(path: str | Path) -> ModelTensors:
             cached = _model_cache.get(key)
         if cached is not None:
             return cached
-        meta, tensors, _ = _parse_header(p)
+        meta, tensors, _ = parse_header(p)
     except (ValueError, struct.error, OSError, KeyError) as exc:
         raise LoraError(
             f"The model file {p.name} could not be read to check adapters: {exc}"

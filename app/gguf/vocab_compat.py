@@ -21,19 +21,19 @@ import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.gguf.info import (
-    _ARRAY,
-    _BOOL,
-    _INTS,
-    _SCALARS,
-    _STRING,
-    _U64,
-    _Header,
-    _mapped,
-    _parse,
-    read_gguf_info,
+from app.gguf.header import (
+    ARRAY,
+    BOOL,
+    INTS,
+    SCALARS,
+    STRING,
+    U64,
+    Header,
+    mapped_file,
     shown,
+    walk_header,
 )
+from app.gguf.info import read_gguf_info
 from app.util.errors import ModelFileError
 
 # Special tokens, by metadata key suffix, with the words a message uses for them.
@@ -89,8 +89,8 @@ def vocab_signature(path: str | Path) -> VocabSignature:
     p = Path(path)
     read_gguf_info(p)  # the whole file checked: a refusal names the problem
     try:
-        with _mapped(p) as buf:
-            return _signature(_parse(buf), buf)
+        with mapped_file(p) as buf:
+            return _signature(walk_header(buf), buf)
     except (OSError, ValueError) as exc:  # changed since the check above
         raise ModelFileError(f"{shown(p.name)} cannot be read: {exc}.") from exc
 
@@ -121,10 +121,10 @@ def _sentence(exc: Exception) -> str:
     return text if text.endswith((".", "?", "!")) else f"{text}."
 
 
-def _signature(h: _Header, buf: mmap.mmap) -> VocabSignature:
+def _signature(h: Header, buf: mmap.mmap) -> VocabSignature:
     tokenizer = _text(h, "tokenizer.ggml.model")
     tokens = h.arrays.get("tokenizer.ggml.tokens")
-    n_vocab = tokens[1] if tokens is not None and tokens[0] == _STRING else 0
+    n_vocab = tokens[1] if tokens is not None and tokens[0] == STRING else 0
     return VocabSignature(
         tokenizer=tokenizer,
         n_vocab=n_vocab,
@@ -135,10 +135,10 @@ def _signature(h: _Header, buf: mmap.mmap) -> VocabSignature:
     )
 
 
-def _digest(h: _Header, buf: mmap.mmap, key: str) -> str:
+def _digest(h: Header, buf: mmap.mmap, key: str) -> str:
     """sha256 of an array's element type, count and bytes ("" when the key is absent)."""
     span = h.arrays.get(key)
-    if span is None or h.types.get(key) != _ARRAY:
+    if span is None or h.types.get(key) != ARRAY:
         return ""
     itype, count, start, end = span
     digest = hashlib.sha256(f"{itype}:{count}:".encode())
@@ -146,21 +146,21 @@ def _digest(h: _Header, buf: mmap.mmap, key: str) -> str:
     return digest.hexdigest()
 
 
-def _text(h: _Header, key: str) -> str | None:
+def _text(h: Header, key: str) -> str | None:
     value = h.meta.get(key)
-    return value if h.types.get(key) == _STRING and isinstance(value, str) else None
+    return value if h.types.get(key) == STRING and isinstance(value, str) else None
 
 
-def _id(h: _Header, key: str) -> int | None:
+def _id(h: Header, key: str) -> int | None:
     value = h.meta.get(key)
-    if h.types.get(key) not in _INTS or not isinstance(value, int):
+    if h.types.get(key) not in INTS or not isinstance(value, int):
         return None
     return value
 
 
-def _flag(h: _Header, key: str) -> bool | None:
+def _flag(h: Header, key: str) -> bool | None:
     value = h.meta.get(key)
-    return bool(value) if h.types.get(key) == _BOOL else None
+    return bool(value) if h.types.get(key) == BOOL else None
 
 
 def _difference(target: Path, draft: Path, want: VocabSignature, have: VocabSignature) -> str:
@@ -211,14 +211,14 @@ def _tokenizer(name: str | None) -> str:
 
 def _strings(path: Path) -> list[bytes]:
     """The token list of a file read_gguf_info accepted (bounded by its checks)."""
-    with _mapped(path) as buf:
-        h = _parse(buf)
+    with mapped_file(path) as buf:
+        h = walk_header(buf)
         span = h.arrays.get("tokenizer.ggml.tokens")
-        if span is None or span[0] != _STRING:
+        if span is None or span[0] != STRING:
             return []
         _itype, count, pos, end = span
         out: list[bytes] = []
-        unpack = _U64.unpack_from
+        unpack = U64.unpack_from
         for _ in range(count):
             n = unpack(buf, pos)[0]
             pos += 8
@@ -242,13 +242,13 @@ def _first_difference(target: Path, draft: Path) -> tuple[int, str, str]:
 
 
 def _types(path: Path) -> tuple[int, ...] | None:
-    with _mapped(path) as buf:
-        h = _parse(buf)
+    with mapped_file(path) as buf:
+        h = walk_header(buf)
         span = h.arrays.get("tokenizer.ggml.token_type")
-        if span is None or span[0] not in _INTS:
+        if span is None or span[0] not in INTS:
             return None
         itype, _count, start, end = span
-        return tuple(int(v) for (v,) in _SCALARS[itype].iter_unpack(buf[start:end]))
+        return tuple(int(v) for (v,) in SCALARS[itype].iter_unpack(buf[start:end]))
 
 
 def _type_difference(target: Path, draft: Path) -> str:

@@ -218,6 +218,34 @@ class FileFetcher:
             )
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         headers = build_hf_headers(token=self.token)
+        state = self._retrying(
+            url, headers, part, state, size, control, progress, f"{repo_id}/{path}"
+        )
+        self._states.pop(part, None)
+        self._verify(part, dest, state, size, sha256)
+        try:
+            os.replace(part, dest)
+        except OSError as exc:
+            raise _local_error(exc, dest, state.done) from exc
+        return dest
+
+    def _retrying(
+        self,
+        url: str,
+        headers: dict[str, str],
+        part: Path,
+        state: PartState,
+        size: int,
+        control: Control,
+        progress: ProgressFn | None,
+        what: str,
+    ) -> PartState:
+        """Stream ``url`` into ``part`` until it holds ``size`` bytes, trying again after
+        errors that may pass (with a growing wait); the state it ends with.
+
+        Raises:
+            DownloadError, DownloadCancelled: as ``fetch`` (the state is kept for a resume).
+        """
         tries = failures = 0
         # Only bytes past the furthest point reached are progress: a try that fetched
         # again what the part already had (a server that answers from an earlier byte,
@@ -246,7 +274,7 @@ class FileFetcher:
                     continue  # interrupted on purpose: the top of the loop says how
                 if self._is_final(exc):
                     self._states[part] = state
-                    raise DownloadError(explain_http_error(exc, f"{repo_id}/{path}")) from exc
+                    raise DownloadError(explain_http_error(exc, what)) from exc
                 error = exc
                 if isinstance(exc, WrongRange):
                     # This server cannot be trusted with ranges: from now on ask for the
@@ -262,14 +290,23 @@ class FileFetcher:
                 self._states[part] = state
                 why = f" ({error})" if error else " (the server kept ending the file early)"
                 raise DownloadError(
-                    f"Gave up on {dest.name} after {tries} tries{why}; "
+                    f"Gave up on {part.name.removesuffix(PART_SUFFIX)} after {tries} tries{why}; "
                     "resume it later: what was downloaded is kept."
                 ) from error
             if failures:
                 wait = min(0.5 * 2 ** (failures - 1), 15.0)
-                log.info("download %s: %s; retry %d in %.1fs", path, error, failures, wait)
+                log.info("download %s: %s; retry %d in %.1fs", what, error, failures, wait)
                 self._wait(wait, control)
-        self._states.pop(part, None)
+        return state
+
+    def _verify(
+        self, part: Path, dest: Path, state: PartState, size: int, sha256: str | None
+    ) -> None:
+        """The part is whole and matches the Hub's checksum; else it is deleted.
+
+        Raises:
+            DownloadError: it is not.
+        """
         digest = state.hasher.hexdigest()
         if state.done != size:
             self._discard(part)
@@ -280,11 +317,6 @@ class FileFetcher:
                 f"{dest.name} did not match the Hub's checksum (got {digest[:12]}…, expected "
                 f"{sha256[:12]}…). The damaged download was deleted; try again."
             )
-        try:
-            os.replace(part, dest)
-        except OSError as exc:
-            raise _local_error(exc, dest, state.done) from exc
-        return dest
 
     def _resume_state(
         self, part: Path, size: int, control: Control, reuse: bool = True

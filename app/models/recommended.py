@@ -29,7 +29,7 @@ from app.gguf.memory import estimate_ram
 from app.models.names import UnsafeNameError, check_file_name, check_repo_id
 from app.models.quant import quant_of
 from app.util.atomic import atomic_write_text
-from app.util.datafiles import DataFileError, parse_json, read_json, read_limited
+from app.util.datafiles import DataFileError, read_json, read_limited
 from app.util.errors import LamplightError
 from app.util.sysinfo import size_text
 
@@ -142,20 +142,6 @@ def load_list(path: Path) -> RecommendedList:
     except DataFileError as exc:
         raise RecommendedListError(f"The list of recommended models {exc}.") from exc
     return parse_list(data)
-
-
-def parse_text(text: str | bytes) -> RecommendedList:
-    """``parse_list`` of JSON text (the same limits as a file)."""
-    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    if len(raw) > MAX_BYTES:
-        raise RecommendedListError(
-            f"The list of recommended models is too large ({len(raw):,} bytes; "
-            f"the limit is {MAX_BYTES:,})."
-        )
-    try:
-        return parse_list(parse_json(raw, MAX_DEPTH))
-    except DataFileError as exc:
-        raise RecommendedListError(f"The list of recommended models {exc}.") from exc
 
 
 def parse_list(data: Any) -> RecommendedList:

@@ -31,27 +31,21 @@ corrected from its count and the drop planned again, once per attempt.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import re
 import threading
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
 from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
-    MAX_REPLY_BYTES,
     SERVER_ERROR,
     SIZE_LIMIT,
     TIME_LIMIT,
     Backend,
     Capabilities,
-    DraftInfo,
     EngineEvent,
     Finished,
     KvState,
@@ -59,17 +53,14 @@ from app.engine.backend import (
     ModelInfo,
     ProgressFn,
     Token,
-    cut_to_bytes,
 )
-from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.overflow import plan_drop, reply_budget
-from app.engine.templates import ChatMessage, TemplateOverride, clean_text
+from app.engine.templates import ChatMessage, TemplateOverride
 from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
     DEFAULT_LIMITS,
-    JSON_DEPTH,
     TOKEN_SLACK,
     Budget,
     EventStream,
@@ -79,37 +70,42 @@ from app.remote.http import (
     ServerUnreachable,
     call,
     cannot_connect,
-    client_for,
     end_early,
     end_lost,
     make_client,
-    make_clients,
     sentence,
     too_large,
     unfinished,
     where,
 )
-from app.util.datafiles import DataFileError, parse_json
+from app.remote.openai_wire import EXTRA_FIELDS as EXTRA_FIELDS
+from app.remote.openai_wire import MAX_COUNT as MAX_COUNT
+from app.remote.openai_wire import ReplyStream as ReplyStream
+from app.remote.openai_wire import ServerModel as ServerModel
+from app.remote.openai_wire import (
+    event_error,
+    first_float,
+    first_int,
+    key_message,
+    overflow_numbers,
+    refuses_extras,
+    response_format_for,
+    unsent_notes,
+)
+from app.remote.openai_wire import parse_models as parse_models
+from app.remote.server_backend import ServerBackend
 from app.util.errors import (
     ApiKeyRefused,
     DecodeError,
-    DraftError,
     LamplightError,
     ModelLoadError,
-    NoModelLoaded,
     ServerOverflowError,
 )
 
 PING_S = 5.0
-MAX_MODELS = 1000  # entries read from /v1/models
-MAX_ID = 300  # characters of a model id
 MAX_ATTEMPTS = 4  # requests for one reply: fewer fields, a shorter max_tokens, more turns dropped
 DEFAULT_CHARS_PER_TOKEN = 3.0  # below English's ~4: an estimate errs towards dropping early
 MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message
-EXTRA_FIELDS = ("top_k", "min_p", "repeat_penalty", "repetition_penalty")
-"""Sent besides the OpenAI fields: llama-server and LM Studio read ``repeat_penalty``,
-vLLM ``repetition_penalty``; all three read ``top_k`` and ``min_p``."""
-MAX_COUNT = (1 << 31) - 1  # a token count or context size above this is not believed
 
 WHY_NOT = {
     "snapshots": "an OpenAI-compatible server keeps no cache this app can save; "
@@ -137,55 +133,6 @@ def api_prefix(url: str) -> str:
     return "" if path.endswith("/v1") else "/v1"
 
 
-@dataclass(frozen=True)
-class ServerModel:
-    """One entry of ``/v1/models``; numbers the server did not give are 0."""
-
-    id: str
-    n_ctx: int = 0
-    n_ctx_train: int = 0
-    n_params: int = 0
-    size: int = 0
-    owned_by: str = ""
-
-
-def parse_models(data: Any) -> list[ServerModel]:
-    """The entries of a ``/v1/models`` answer, in the server's order.
-
-    The context size is llama-server's ``meta.n_ctx``, vLLM's ``max_model_len``,
-    or ``context_length`` / ``max_context_length`` (OpenRouter, LM Studio).
-    """
-    items = data.get("data") if isinstance(data, dict) else None
-    out: list[ServerModel] = []
-    for item in items if isinstance(items, list) else []:
-        if len(out) >= MAX_MODELS:
-            break
-        if not isinstance(item, dict):
-            continue
-        ident = item.get("id")
-        if not isinstance(ident, str) or not ident.strip() or len(ident) > MAX_ID:
-            continue
-        meta = item.get("meta")
-        meta = meta if isinstance(meta, dict) else {}
-        n_ctx = _first_int(
-            meta.get("n_ctx"),
-            item.get("max_model_len"),
-            item.get("context_length"),
-            item.get("max_context_length"),
-        )
-        out.append(
-            ServerModel(
-                id=ident,
-                n_ctx=n_ctx,
-                n_ctx_train=_first_int(meta.get("n_ctx_train")),
-                n_params=_first_int(meta.get("n_params")),
-                size=_first_int(meta.get("size")),
-                owned_by=str(item.get("owned_by") or "")[:100],
-            )
-        )
-    return out
-
-
 def list_models(connection: Connection, api_key: str = "") -> list[str]:
     """The ids of the models the server offers (for the connection dialog).
 
@@ -204,7 +151,7 @@ def _fetch_models(client: Any, url: str, timeout: float = 30.0) -> list[ServerMo
         data = call(client, "GET", api_prefix(url) + "/models", timeout=timeout)
     except ServerError as exc:
         if exc.status in (401, 403):
-            raise ApiKeyRefused(_key_message(exc)) from None
+            raise ApiKeyRefused(key_message(exc)) from None
         if exc.status == 404:
             raise ServerError(
                 404,
@@ -229,81 +176,16 @@ class _Request:
     dropped_tokens: int = 0
 
 
-@dataclass
-class ReplyStream:
-    """The content of a ``chat.completion.chunk`` stream, fed event by event.
-
-    Pure: every field of an event is checked before use, so any JSON value is
-    safe to feed. The text is kept as parts (joined once, not copied per delta) and
-    stops at ``max_bytes`` (``full``): a delta that would pass it is cut.
-    """
-
-    max_bytes: int = MAX_REPLY_BYTES
-    deltas: int = 0
-    size: int = 0  # UTF-8 bytes of the text
-    full: bool = False
-    finish_reason: str = ""
-    usage: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, Any] = field(default_factory=dict)
-    error: dict[str, Any] | None = None
-    parts: list[str] = field(default_factory=list, repr=False)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def feed(self, event: Any) -> str:
-        """Take one event; returns its new reply text ("" when none)."""
-        if not isinstance(event, dict):
-            return ""
-        if event.get("error"):
-            err = event["error"]
-            self.error = err if isinstance(err, dict) else {"message": str(err)[:300]}
-            return ""
-        usage = event.get("usage")
-        if isinstance(usage, dict):
-            self.usage = usage
-        timings = event.get("timings")  # llama-server's own rates
-        if isinstance(timings, dict):
-            self.timings = timings
-        choices = event.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return ""
-        choice = choices[0]
-        reason = choice.get("finish_reason")
-        if isinstance(reason, str) and reason:
-            self.finish_reason = reason[:40]
-        delta = choice.get("delta")
-        piece = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(piece, str) or not piece or self.full:
-            return ""
-        piece = clean_text(piece)
-        n = len(piece.encode("utf-8"))
-        if self.size + n > self.max_bytes:
-            piece = cut_to_bytes(piece, self.max_bytes - self.size)
-            n = len(piece.encode("utf-8"))
-            self.full = True
-        if not piece:
-            return ""
-        self.parts.append(piece)
-        self.size += n
-        self.deltas += 1
-        return piece
-
-
-class OpenAIBackend:
+class OpenAIBackend(ServerBackend):
     """A ``Backend`` that streams ``/v1/chat/completions`` from one model of a server."""
+
+    draft_why_not = WHY_NOT["draft_model"]
 
     def __init__(
         self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
     ) -> None:
-        self.connection = connection
-        self._api_key = api_key
-        self._limits = limits
+        super().__init__(connection, api_key, limits)
         self._prefix = api_prefix(connection.url)
-        self._client: Any = None  # the model list, on kept-alive connections
-        self._streams: Any = None  # replies, a connection each (see app.remote.http)
-        self._info: ModelInfo | None = None
         self._model_id = ""
         self._extras_ok = True  # the server takes EXTRA_FIELDS
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -311,23 +193,15 @@ class OpenAIBackend:
     # -- connection and model ----------------------------------------------------
 
     @property
-    def model(self) -> ModelInfo | None:
-        return self._info
-
-    @property
     def capabilities(self) -> Capabilities:
         return CAPABILITIES
 
-    def hardware(self) -> HardwareInfo:
-        return HardwareInfo(False, ())
-
     def ping(self) -> str:
-        try:
-            with client_for(self._client, self.connection, self._api_key) as client:
-                _fetch_models(client, self.connection.url, timeout=PING_S)
-        except LamplightError as exc:
-            return str(exc)
-        return ""
+        def probe(client: Any) -> str:
+            _fetch_models(client, self.connection.url, timeout=PING_S)
+            return ""
+
+        return self._ping(probe)
 
     def list_models(self) -> list[str]:
         """The ids of the server's models.
@@ -352,10 +226,7 @@ class OpenAIBackend:
         if progress is not None and not progress(0.0):
             raise LoadCancelled("cancelled")
         conn = self.connection
-        try:
-            client, streams = make_clients(conn.url, self._api_key, conn.verify_tls)
-        except LamplightError as exc:
-            raise ModelLoadError(cannot_connect(conn, exc)) from None
+        client, streams = self._open_clients()
         try:
             models = _fetch_models(client, conn.url, self._limits.call_s)
         except BaseException as exc:
@@ -379,11 +250,7 @@ class OpenAIBackend:
             client.close()
             streams.close()
             raise LoadCancelled("cancelled")
-        old = (self._client, self._streams)
-        self._client, self._streams = client, streams
-        for each in old:
-            if each is not None:
-                each.close()
+        self._use_clients(client, streams)
         self._model_id = chosen.id
         self._extras_ok = True
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -396,7 +263,6 @@ class OpenAIBackend:
                 "The server does not say this model's context size: a conversation that "
                 "outgrows it ends with the server's error instead of dropping older messages.",
             )
-        ident = json.dumps([self.connection.url, chosen.id, chosen.size, chosen.n_params])
         self._info = ModelInfo(
             path=Path(chosen.id),
             name=name,
@@ -413,20 +279,15 @@ class OpenAIBackend:
             notes=notes,
             capabilities=CAPABILITIES,
             server=self.connection.url,
-            fingerprint={
-                "name": name,
-                "size": chosen.size,
-                "sha256": "server:" + hashlib.sha256(ident.encode()).hexdigest(),
-            },
+            fingerprint=self._fingerprint(
+                name, chosen.size, [self.connection.url, chosen.id, chosen.size, chosen.n_params]
+            ),
             runtime={"openai": chosen.owned_by},
         )
         return self._info
 
     def unload(self) -> None:
-        for client in (self._client, self._streams):
-            if client is not None:
-                client.close()
-        self._client = self._streams = None
+        self._close_clients()
         self._info = None
         self._model_id = ""
 
@@ -441,20 +302,6 @@ class OpenAIBackend:
     @property
     def lora_stack(self) -> LoraStack:
         return LoraStack()
-
-    @property
-    def draft_info(self) -> DraftInfo | None:
-        return None
-
-    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
-        """Only "no draft" is accepted.
-
-        Raises:
-            DraftError.
-        """
-        if path:
-            raise DraftError(f"Cannot use a draft model here: {WHY_NOT['draft_model']}.")
-        return None
 
     def lora_signature(self) -> list[dict[str, Any]]:
         return []
@@ -520,13 +367,13 @@ class OpenAIBackend:
             (silence before any text).
         """
         info = self._require()
-        response_format = _response_format(params)  # refused before any request
+        response_format = response_format_for(params)  # refused before any request
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         req = _Request(list(messages), params.max_tokens)
         if info.n_ctx > 0 and params.overflow != "stop":
             self._fit(req, params, info.n_ctx)
-        notes = _unsent_notes(params)
+        notes = unsent_notes(params)
         bounds = self._limits.budget(params.max_tokens)
         last: ServerError | None = None
         for _ in range(MAX_ATTEMPTS):
@@ -593,16 +440,7 @@ class OpenAIBackend:
         (+ ``TOKEN_SLACK``) deltas or ``bounds.max_bytes`` of text, or runs out of time.
         """
         assert self._streams is not None
-        info = self._require()
-        metrics = MessageMetrics(
-            n_ctx=info.n_ctx,
-            seed=params.seed if params.seed >= 0 else None,
-            dropped_from=req.dropped_from,
-            dropped_count=req.dropped_count,
-            dropped_tokens=req.dropped_tokens,
-        )
-        if req.dropped_count:
-            metrics.notes.append(_drop_note(req))
+        metrics = self._new_metrics(req, params)
         reply = ReplyStream(max_bytes=bounds.max_bytes)
         t_request = time.perf_counter()
         stream = EventStream(self._streams, self._prefix + "/chat/completions", body, stop, bounds)
@@ -613,7 +451,7 @@ class OpenAIBackend:
             for event in stream:
                 piece = reply.feed(event)
                 if reply.error is not None:
-                    raise _event_error(reply.error)
+                    raise event_error(reply.error)
                 if piece:
                     now = time.perf_counter()
                     if not metrics.token_times_ms:
@@ -660,26 +498,39 @@ class OpenAIBackend:
             if reply.finish_reason == "content_filter":
                 metrics.notes.append("the server's content filter ended the reply")
         if reply.usage.get("prompt_tokens"):
-            self._calibrate(req.messages, _first_int(reply.usage.get("prompt_tokens")))
+            self._calibrate(req.messages, first_int(reply.usage.get("prompt_tokens")))
         return Finished(reply.text, metrics)
+
+    def _new_metrics(self, req: _Request, params: SamplingParams) -> MessageMetrics:
+        """A reply's metrics before any text: the context, the seed, what was dropped."""
+        metrics = MessageMetrics(
+            n_ctx=self._require().n_ctx,
+            seed=params.seed if params.seed >= 0 else None,
+            dropped_from=req.dropped_from,
+            dropped_count=req.dropped_count,
+            dropped_tokens=req.dropped_tokens,
+        )
+        if req.dropped_count:
+            metrics.notes.append(_drop_note(req))
+        return metrics
 
     def _finish_metrics(self, metrics: MessageMetrics, reply: ReplyStream, req: _Request) -> None:
         """Token counts and rates: the server's where it gives them, else this client's."""
         usage, timings = reply.usage, reply.timings
-        metrics.generated_tokens = _first_int(usage.get("completion_tokens")) or reply.deltas
-        metrics.prompt_tokens = _first_int(usage.get("prompt_tokens")) or self._estimate(
+        metrics.generated_tokens = first_int(usage.get("completion_tokens")) or reply.deltas
+        metrics.prompt_tokens = first_int(usage.get("prompt_tokens")) or self._estimate(
             req.messages
         )
         details = usage.get("prompt_tokens_details")
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        metrics.cached_tokens = _first_int(timings.get("cache_n"), cached)
-        metrics.evaluated_tokens = _first_int(timings.get("prompt_n")) or max(
+        metrics.cached_tokens = first_int(timings.get("cache_n"), cached)
+        metrics.evaluated_tokens = first_int(timings.get("prompt_n")) or max(
             0, metrics.prompt_tokens - metrics.cached_tokens
         )
-        if _first_float(timings.get("prompt_ms")) > 0:
-            metrics.prefill_ms = _first_float(timings.get("prompt_ms"))
-        metrics.native_prefill_tok_s = _first_float(timings.get("prompt_per_second"))
-        metrics.native_decode_tok_s = _first_float(timings.get("predicted_per_second"))
+        if first_float(timings.get("prompt_ms")) > 0:
+            metrics.prefill_ms = first_float(timings.get("prompt_ms"))
+        metrics.native_prefill_tok_s = first_float(timings.get("prompt_per_second"))
+        metrics.native_decode_tok_s = first_float(timings.get("predicted_per_second"))
 
     # -- context overflow --------------------------------------------------------
 
@@ -719,11 +570,11 @@ class OpenAIBackend:
             ApiKeyRefused: the server refused the key.
         """
         if exc.status in (401, 403):
-            raise ApiKeyRefused(_key_message(exc))
-        if self._extras_ok and _refuses_extras(exc):
+            raise ApiKeyRefused(key_message(exc))
+        if self._extras_ok and refuses_extras(exc):
             self._extras_ok = False
             return True
-        over = _overflow_numbers(exc)
+        over = overflow_numbers(exc)
         if over is None:
             return False
         n_prompt, server_ctx = over
@@ -743,55 +594,11 @@ class OpenAIBackend:
             return True
         return False
 
-    # -- helpers -----------------------------------------------------------------
-
-    def _require(self) -> ModelInfo:
-        if self._info is None or self._client is None:
-            raise NoModelLoaded("Not connected to the server: connect first.")
-        return self._info
-
-
-def _response_format(params: SamplingParams) -> dict[str, Any] | None:
-    """The ``response_format`` for the output format.
-
-    Raises:
-        SettingError: a GBNF grammar, or a JSON schema that is not a JSON object.
-    """
-    fmt = params.output_format
-    if fmt == "gbnf":
-        raise SettingError(
-            "grammar",
-            "An OpenAI-compatible server cannot take a GBNF grammar. Use JSON mode or a JSON "
-            "schema, or add the server as a llama.cpp server if it is llama-server.",
-        )
-    if fmt == "json":
-        return {"type": "json_object"}
-    if fmt == "json_schema":
-        try:
-            schema = parse_json(params.json_schema, JSON_DEPTH * 4)
-        except DataFileError as exc:
-            raise SettingError("json_schema", f"The JSON schema {exc}.") from None
-        if not isinstance(schema, dict):
-            raise SettingError("json_schema", "The JSON schema must be a JSON object.")
-        return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
-    return None
-
-
-def _unsent_notes(params: SamplingParams) -> list[str]:
-    unsent = []
-    if params.mirostat != "off":
-        unsent.append("mirostat")
-    if params.typical_p != 1.0:
-        unsent.append("typical-p")
-    if not unsent:
-        return []
-    return [f"an OpenAI-compatible server takes no {' or '.join(unsent)} setting; not sent"]
-
 
 def _stop_reason(reply: ReplyStream, metrics: MessageMetrics, req: _Request) -> str:
     if reply.finish_reason != "length":
         return "eos"  # "stop" (end of turn or a stop string), "tool_calls", "content_filter"
-    completion = _first_int(reply.usage.get("completion_tokens"))
+    completion = first_int(reply.usage.get("completion_tokens"))
     if 0 < completion < req.max_tokens:
         return "context_full"  # the server ended it before the length asked for
     if metrics.n_ctx > 0 and metrics.prompt_tokens + metrics.generated_tokens >= metrics.n_ctx:
@@ -808,90 +615,16 @@ def _drop_note(req: _Request) -> str:
     )
 
 
-_CTX_PATTERNS = (
-    re.compile(r"maximum context length is (\d+)"),
-    re.compile(r"context (?:size|length|window) (?:is |of )?\(?(\d+)"),
-    re.compile(r"available context size \((\d+)"),
-)
-_PROMPT_PATTERNS = (
-    re.compile(r"(\d+) in the messages"),
-    re.compile(r"(\d+) input tokens"),
-    re.compile(r"messages resulted in (\d+) tokens"),
-    re.compile(r"request \((\d+) tokens\)"),
-    re.compile(r"requested (\d+) tokens"),
-)
-_OVERFLOW_KINDS = ("exceed_context_size_error", "context_length_exceeded")
-_OVERFLOW_WORDS = re.compile(r"context (?:length|size|window)|too many tokens", re.IGNORECASE)
-
-
-def _overflow_numbers(exc: ServerError) -> tuple[int, int] | None:
-    """``(prompt tokens, context size)`` when ``exc`` says the request does not fit the
-    context (0 for a number it does not give); None for another error.
-
-    Knows llama-server's error body and the messages of vLLM and OpenAI.
-    """
-    message = str(exc)[:2000]
-    if exc.kind not in _OVERFLOW_KINDS and not (
-        exc.status in (0, 400, 413, 422) and _OVERFLOW_WORDS.search(message)
-    ):
-        return None
-    n_prompt = _first_int(exc.body.get("n_prompt_tokens"))
-    n_ctx = _first_int(exc.body.get("n_ctx"))
-    if not n_ctx:
-        n_ctx = next((int(m[1]) for p in _CTX_PATTERNS if (m := p.search(message))), 0)
-    if not n_prompt:
-        n_prompt = next((int(m[1]) for p in _PROMPT_PATTERNS if (m := p.search(message))), 0)
-    return n_prompt, n_ctx
-
-
-def _refuses_extras(exc: ServerError) -> bool:
-    """A 400 that names one of ``EXTRA_FIELDS`` as unknown (OpenAI's own API)."""
-    text = str(exc).lower()
-    return (
-        exc.status in (400, 422)
-        and any(f in text for f in EXTRA_FIELDS)
-        and any(w in text for w in ("unrecognized", "unknown", "not permitted", "extra"))
-    )
-
-
 def _generation_error(exc: ServerError, n_ctx: int) -> LamplightError:
     if exc.status in (401, 403):
-        return ApiKeyRefused(_key_message(exc))
-    over = _overflow_numbers(exc)
+        return ApiKeyRefused(key_message(exc))
+    over = overflow_numbers(exc)
     if over is not None:
         n_prompt, server_ctx = over
         return ServerOverflowError(n_prompt, server_ctx or n_ctx)
     if "response_format" in str(exc) or "json_schema" in str(exc):
         return SettingError("output_format", f"The server refused the output format: {exc}")
     return DecodeError(str(exc))
-
-
-def _event_error(err: dict[str, Any]) -> ServerError:
-    code = err.get("code")
-    status = code if isinstance(code, int) and not isinstance(code, bool) else 0
-    message = str(err.get("message") or "")[:500]
-    kind = str(err.get("type") or err.get("code") or "")[:100]
-    return ServerError(status, f"The server stopped the reply: {message}", kind, err)
-
-
-def _key_message(exc: ServerError) -> str:
-    return f"{sentence(str(exc))} Check the API key in the connection's settings."
-
-
-def _first_int(*values: Any) -> int:
-    """The first value that is an int (not a bool) in 0..MAX_COUNT; 0 if none is."""
-    for v in values:
-        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT:
-            return v
-    return 0
-
-
-def _first_float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    if isinstance(value, int) and value > MAX_COUNT:  # float() of a huge int raises
-        return 0.0
-    return max(0.0, float(value)) if math.isfinite(value) else 0.0
 
 
 def as_backend(backend: OpenAIBackend) -> Backend:

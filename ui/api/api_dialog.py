@@ -81,53 +81,8 @@ class ApiDialog(QDialog):
         self.port_box.setObjectName("apiPort")
         self.port_box.setRange(0, 65535)
         self.port_box.setSpecialValueText("any free port")
-        self.key_edit = QLineEdit(self)
-        self.key_edit.setObjectName("apiKey")
-        self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
-        self.key_edit.setMaxLength(keys.MAX_KEY_CHARS)
-        self.key_edit.setPlaceholderText("none (allowed on 127.0.0.1 only)")
-        self.key_edit.setToolTip(
-            "Clients send it as 'Authorization: Bearer KEY'. Kept in the system keyring."
-        )
-        generate = QPushButton("Generate", self)
-        generate.setObjectName("apiKeyGenerate")
-        generate.clicked.connect(self._on_generate)
-        self.show_button = QPushButton("Show", self)
-        self.show_button.setObjectName("apiKeyShow")
-        self.show_button.setCheckable(True)
-        self.show_button.toggled.connect(self._on_show_toggled)
-        copy = QPushButton("Copy", self)
-        copy.setObjectName("apiKeyCopy")
-        copy.clicked.connect(self._on_copy)
-        key_row = QHBoxLayout()
-        key_row.addWidget(self.key_edit, 1)
-        for b in (generate, self.show_button, copy):
-            key_row.addWidget(b)
-        self.origins_edit = QLineEdit(self)
-        self.origins_edit.setObjectName("apiOrigins")
-        self.origins_edit.setPlaceholderText("none: browsers' cross-site requests are refused")
-        self.origins_edit.setToolTip(
-            "Web pages allowed to call the API from a browser, like "
-            "http://localhost:3000, separated by spaces or commas. * (every page) "
-            "needs an API key."
-        )
-        self.queue_box = QSpinBox(self)
-        self.queue_box.setObjectName("apiQueue")
-        spec = API_SPEC_BY_NAME["max_queue"]
-        assert spec.minimum is not None and spec.maximum is not None
-        self.queue_box.setRange(int(spec.minimum), int(spec.maximum))
-        self.queue_box.setToolTip(spec.help)
-        self.body_box = QSpinBox(self)
-        self.body_box.setObjectName("apiMaxBody")
-        self.body_box.setRange(1, MAX_BODY_MB)  # the server takes no more (ApiConfig)
-        self.body_box.setSuffix(" MB")
-        self.body_box.setToolTip(API_SPEC_BY_NAME["max_body_mb"].help)
-        self.status = QLabel("", self)
-        self.status.setObjectName("apiStatusLine")
-        self.status.setWordWrap(True)
-        self.keyring_note = QLabel(keys.keyring_problem(), self)
-        self.keyring_note.setWordWrap(True)
-        self.keyring_note.setVisible(bool(self.keyring_note.text()))
+        key_row = self._build_key_row()
+        self._build_limits()
 
         form = QFormLayout()
         form.addRow(self.enabled_box)
@@ -154,6 +109,60 @@ class ApiDialog(QDialog):
         layout.addWidget(self.status)
         layout.addWidget(self.buttons)
         self.refresh(settings)
+
+    def _build_key_row(self) -> QHBoxLayout:
+        """The API key field and its Generate, Show and Copy buttons."""
+        self.key_edit = QLineEdit(self)
+        self.key_edit.setObjectName("apiKey")
+        self.key_edit.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key_edit.setMaxLength(keys.MAX_KEY_CHARS)
+        self.key_edit.setPlaceholderText("none (allowed on 127.0.0.1 only)")
+        self.key_edit.setToolTip(
+            "Clients send it as 'Authorization: Bearer KEY'. Kept in the system keyring."
+        )
+        generate = QPushButton("Generate", self)
+        generate.setObjectName("apiKeyGenerate")
+        generate.clicked.connect(self._on_generate)
+        self.show_button = QPushButton("Show", self)
+        self.show_button.setObjectName("apiKeyShow")
+        self.show_button.setCheckable(True)
+        self.show_button.toggled.connect(self._on_show_toggled)
+        copy = QPushButton("Copy", self)
+        copy.setObjectName("apiKeyCopy")
+        copy.clicked.connect(self._on_copy)
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.key_edit, 1)
+        for b in (generate, self.show_button, copy):
+            key_row.addWidget(b)
+        return key_row
+
+    def _build_limits(self) -> None:
+        """The origins, queue and request size fields, and the status lines."""
+        self.origins_edit = QLineEdit(self)
+        self.origins_edit.setObjectName("apiOrigins")
+        self.origins_edit.setPlaceholderText("none: browsers' cross-site requests are refused")
+        self.origins_edit.setToolTip(
+            "Web pages allowed to call the API from a browser, like "
+            "http://localhost:3000, separated by spaces or commas. * (every page) "
+            "needs an API key."
+        )
+        self.queue_box = QSpinBox(self)
+        self.queue_box.setObjectName("apiQueue")
+        spec = API_SPEC_BY_NAME["max_queue"]
+        assert spec.minimum is not None and spec.maximum is not None
+        self.queue_box.setRange(int(spec.minimum), int(spec.maximum))
+        self.queue_box.setToolTip(spec.help)
+        self.body_box = QSpinBox(self)
+        self.body_box.setObjectName("apiMaxBody")
+        self.body_box.setRange(1, MAX_BODY_MB)  # the server takes no more (ApiConfig)
+        self.body_box.setSuffix(" MB")
+        self.body_box.setToolTip(API_SPEC_BY_NAME["max_body_mb"].help)
+        self.status = QLabel("", self)
+        self.status.setObjectName("apiStatusLine")
+        self.status.setWordWrap(True)
+        self.keyring_note = QLabel(keys.keyring_problem(), self)
+        self.keyring_note.setWordWrap(True)
+        self.keyring_note.setVisible(bool(self.keyring_note.text()))
 
     def refresh(self, settings: ApiSettings) -> None:
         """Show ``settings``, the stored key and whether the server runs."""

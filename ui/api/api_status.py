@@ -2,7 +2,7 @@
 
 ``ApiControl`` owns the ``ApiServer`` (``app.api.runner``, imported only when a server
 starts, so the window's start-up does not load Starlette or uvicorn) and the one
-``QtEngineGateway`` that puts API requests on the engine worker's queue. A ``QTimer``
+``HostGateway`` that puts API requests on the engine host's queue. A ``QTimer``
 polls the server's scheduler four times a second; nothing from the server's thread
 ever calls into Qt. The status bar shows ``API: http://127.0.0.1:1234/v1`` (a click
 copies it) and, while a request runs, ``API: replying to 127.0.0.1 · 57 tokens`` with
@@ -18,10 +18,10 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QStatusBar, QToolButton, QWidget
 
+from app.api.host_gateway import HostGateway
 from app.config.params import ApiSettings
 from app.remote import keys
 from ui.api.serve import bind_problem
-from ui.engine.api_bridge import QtEngineGateway
 from ui.engine.worker import EngineClient
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ class ApiControl(QObject):
     def __init__(self, client: EngineClient, bar: QStatusBar, parent: QWidget) -> None:
         super().__init__(parent)
         self._bar = bar
-        self.gateway = QtEngineGateway(client)
+        self.gateway = HostGateway(client.host)
         self.server: ApiServer | None = None
         self.error = ""  # why the last start failed
         self.label = QToolButton(parent)

@@ -1,7 +1,7 @@
 """``lamplight serve``: the local OpenAI-compatible API without a window.
 
-The same engine worker as the GUI (``EngineClient`` on a ``QCoreApplication``, no
-display needed) behind the same ``QtEngineGateway`` and ``ApiServer``. The server
+The same engine host as the window (``app.host.EngineHost``), on a plain thread,
+behind the same ``HostGateway`` and ``ApiServer``: Qt is never loaded. The server
 binds before the model loads, so a busy port or an unsafe address is refused at once
 (exit 2) and requests during the load get 503 ``model_loading``. Once the model is
 loaded, exactly one JSON line goes to stdout::
@@ -32,6 +32,7 @@ from app import __version__
 from app.config.params import SettingError, validate_api, validate_load
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
+from app.host.listener import QuietListener
 from app.util import crash_record
 from app.util.datafiles import os_reason
 from app.util.instance_lock import AlreadyRunning, acquire
@@ -43,13 +44,16 @@ if TYPE_CHECKING:
     from app.api.scheduler import Outcome
     from app.config.params import LoadConfig
     from app.engine.backend import ModelInfo
+    from app.host.host import EngineHost
 
 log = logging.getLogger("lamplight.serve")
 
 TICK_MS = 200  # Python runs signal handlers only when the interpreter gets control
+HOST_JOIN_S = 10.0
 SMOKE_TIMEOUT_S = 300
 SMOKE_PROMPT = "Say hello."
 EXIT_USAGE = 2
+EXIT_HELD = 3  # as ``ui.window.single_instance.EXIT_HELD`` (which loads Qt to import)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -104,6 +108,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def held_message(exc: AlreadyRunning) -> str:
+    """Why serve cannot run on the held folder (``single_instance.held_message`` says it
+    for the window; that module loads Qt)."""
+    holder = exc.holder
+    if holder.mode == "window":
+        return (
+            f"{exc} Use its local API server (Model → Local API server…), "
+            "or give serve another --data-dir."
+        )
+    pid = f" (process {holder.pid})" if holder.pid else ""
+    return f"{exc} Stop it{pid}, or give serve another --data-dir."
+
+
 def fail(message: str, code: int = EXIT_USAGE) -> int:
     print(f"lamplight serve: {message}", file=sys.stderr, flush=True)
     return code
@@ -111,8 +128,7 @@ def fail(message: str, code: int = EXIT_USAGE) -> int:
 
 def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
-    from ui.main import choose_model, setup_logging
-    from ui.window.single_instance import EXIT_HELD, held_message
+    from ui.startup import choose_model, setup_logging
 
     notes: list[str] = []
     try:
@@ -122,7 +138,7 @@ def main(argv: Sequence[str]) -> int:
     try:  # one Lamplight per data folder; the OS lets go when this process ends
         lock = acquire(dirs.root, "serve")
     except AlreadyRunning as exc:
-        return fail(held_message(exc, "serve"), EXIT_HELD)
+        return fail(held_message(exc), EXIT_HELD)
     for note in filter(None, [setup_logging(dirs), lock.note, *notes]):
         print(f"lamplight serve: {note}", file=sys.stderr)
     _log_to_stderr()
@@ -193,109 +209,135 @@ def _serve(
     smoke: bool,
     pool_mb: int,
 ) -> int:
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
-
-    from app.api.gateway import model_id
+    from app.api.host_gateway import HostGateway
     from app.api.runner import ApiConfigError, ApiServer
-    from ui.engine.api_bridge import QtEngineGateway
-    from ui.engine.worker import DEFAULT_MODEL, EngineClient
+    from app.host.core import DEFAULT_MODEL
+    from app.host.host import EngineHost, guarded_engine
 
-    app = QCoreApplication(sys.argv[:1])
-    client = EngineClient(models_dir, pool_mb=pool_mb)
-    gateway = QtEngineGateway(client)
-    server = ApiServer(gateway, config)
+    listener = ServeListener()
+    host = EngineHost(guarded_engine(models_dir), models_dir, None, listener, pool_mb)
+    thread = host.start()
+    cancel = threading.Event()
+    server = ApiServer(HostGateway(host), config)
     try:
         server.start()
-    except ApiConfigError as exc:
-        client.shutdown()
-        return fail(str(exc))
-    except OSError as exc:
-        client.shutdown()
+    except (ApiConfigError, OSError) as exc:
+        _stop_host(host, thread, cancel)
+        if isinstance(exc, ApiConfigError):
+            return fail(str(exc))
         return fail(bind_problem(config.host, config.port, exc))
-
-    class Serve(QObject):
-        """The main thread's side: the worker's load signals, the tick, the exit code."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.code = 0
-            self.ready = False
-            self.seen: set[str] = set()
-            self.smoke: dict[str, Any] | None = None
-            self.stop_requested = False
-
-        @Slot(object)
-        def on_loaded(self, info: ModelInfo) -> None:
-            if self.ready:
-                return
-            self.ready = True
-            ident = model_id(info)
-            line = {"ready": True, "url": server.url, "model": ident}
-            if not smoke:
-                print(json.dumps(line), flush=True)
-            log.info("serving %s at %s (%s)", info.name, server.url, info.backend)
-            if smoke:
-                threading.Thread(
-                    target=self.run_smoke, args=(ident,), name="lamplight-smoke", daemon=True
-                ).start()
-
-        @Slot(str, bool)
-        def on_load_failed(self, message: str, _still: bool) -> None:
-            print(f"lamplight serve: the model could not be loaded: {message}", file=sys.stderr)
-            if smoke:
-                print(json.dumps({"ok": False, "error": message}), flush=True)
-            self.code = 1
-            app.exit(1)
-
-        @Slot()
-        def tick(self) -> None:
-            self.log_outcomes(server)
-            if self.stop_requested:
-                app.exit(self.code)
-            elif self.smoke is not None:
-                print(json.dumps(self.smoke), flush=True)
-                self.code = 0 if self.smoke.get("ok") else 1
-                app.exit(self.code)
-
-        def log_outcomes(self, server: ApiServer) -> None:
-            for out in server.scheduler.recent():
-                if out.id not in self.seen:
-                    self.seen.add(out.id)
-                    log.info("%s", outcome_line(out))
-            if len(self.seen) > 1000:  # recent() holds 16; forget ids long gone
-                self.seen = {o.id for o in server.scheduler.recent()}
-
-        def run_smoke(self, ident: str) -> None:
-            self.smoke = smoke_request(local_url(server.url), ident, config.api_key)
-
-    run = Serve()
-    client.worker.modelLoaded.connect(run.on_loaded)
-    client.worker.loadFailed.connect(run.on_load_failed)
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)
-        run.stop_requested = True
+        # Only a flag: the handler may run inside ``wake.wait`` holding the Event's
+        # lock; the loop sees it within a tick.
+        listener.stop_requested = True
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    tick = QTimer()
-    tick.setInterval(TICK_MS)
-    tick.timeout.connect(run.tick)
-    tick.start()
-    if smoke:
-        QTimer.singleShot(SMOKE_TIMEOUT_S * 1000, app.quit)
-    client.load(DEFAULT_MODEL if model is None else model, load)
-    code = app.exec()
-    tick.stop()
-    server.stop()  # before the engine: running jobs end, no new ones reach the worker
-    run.log_outcomes(server)
-    client.shutdown()
-    for s, handler in previous.items():
-        signal.signal(s, handler)
-    if smoke and run.smoke is None and code == 0:
-        print(json.dumps({"ok": False, "error": "timed out"}), flush=True)
-        return 1
-    return int(code)
+    outcomes = OutcomeLog()
+    try:
+        host.load(DEFAULT_MODEL if model is None else model, load, cancel)
+        code = _until_stopped(server, listener, outcomes, smoke, config.api_key)
+    finally:
+        server.stop()  # before the engine: running jobs end, no new ones reach the host
+        outcomes.log_new(server)
+        _stop_host(host, thread, cancel)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code
+
+
+class ServeListener(QuietListener):
+    """The host's reports that ``serve`` needs: the load's outcome (engine thread);
+    ``wake`` tells the main thread to look."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.info: ModelInfo | None = None
+        self.failure: str | None = None
+        self.smoke: dict[str, Any] | None = None
+        self.stop_requested = False
+
+    def model_loaded(self, info: ModelInfo) -> None:
+        if self.info is None:
+            self.info = info
+            self.wake.set()
+
+    def load_failed(self, message: str, still_loaded: bool) -> None:
+        self.failure = message
+        self.wake.set()
+
+
+class OutcomeLog:
+    """One stderr line per finished request, each once."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def log_new(self, server: ApiServer) -> None:
+        for out in server.scheduler.recent():
+            if out.id not in self.seen:
+                self.seen.add(out.id)
+                log.info("%s", outcome_line(out))
+        if len(self.seen) > 1000:  # recent() holds 16; forget ids long gone
+            self.seen = {o.id for o in server.scheduler.recent()}
+
+
+def _until_stopped(
+    server: ApiServer, run: ServeListener, outcomes: OutcomeLog, smoke: bool, key: str
+) -> int:
+    """The main thread's loop: the ready line, the smoke request, SIGINT / SIGTERM; the
+    exit code."""
+    from app.api.gateway import model_id
+
+    deadline = time.monotonic() + SMOKE_TIMEOUT_S
+    ready = False
+    while True:
+        # Python runs signal handlers only when the interpreter gets control: the tick.
+        run.wake.wait(TICK_MS / 1000)
+        run.wake.clear()
+        outcomes.log_new(server)
+        if run.stop_requested:
+            return 0
+        if run.failure is not None and not ready:
+            message = run.failure
+            print(f"lamplight serve: the model could not be loaded: {message}", file=sys.stderr)
+            if smoke:
+                print(json.dumps({"ok": False, "error": message}), flush=True)
+            return 1
+        if run.info is not None and not ready:
+            ready, info, ident = True, run.info, model_id(run.info)
+            if not smoke:
+                print(json.dumps({"ready": True, "url": server.url, "model": ident}), flush=True)
+            log.info("serving %s at %s (%s)", info.name, server.url, info.backend)
+            if smoke:
+                threading.Thread(
+                    target=_smoke,
+                    args=(run, local_url(server.url), ident, key),
+                    name="lamplight-smoke",
+                    daemon=True,
+                ).start()
+        if run.smoke is not None:
+            print(json.dumps(run.smoke), flush=True)
+            return 0 if run.smoke.get("ok") else 1
+        if smoke and time.monotonic() > deadline:
+            print(json.dumps({"ok": False, "error": "timed out"}), flush=True)
+            return 1
+
+
+def _smoke(run: ServeListener, url: str, ident: str, key: str) -> None:
+    run.smoke = smoke_request(url, ident, key)
+    run.wake.set()
+
+
+def _stop_host(host: EngineHost, thread: threading.Thread, cancel: threading.Event) -> None:
+    """Stop a load in progress, let queued requests end, free the model, join."""
+    cancel.set()
+    host.quitting.set()
+    host.close()
+    thread.join(HOST_JOIN_S)
+    if thread.is_alive():
+        log.warning("the engine thread did not stop in %.0f s", HOST_JOIN_S)
 
 
 def bind_problem(host: str, port: int, exc: OSError) -> str:

@@ -1,6 +1,6 @@
 """System prompts, chat template choices and continue-the-text mode, wired to the window.
 
-``install(win)`` adds the system prompt bar and the text-completion notice above
+``PromptControls(ctx, chat, ...)`` adds the system prompt bar and the text-completion notice above
 the transcript, "Chat → System prompt…" and "Model → Chat template…", and keeps
 them in step with the loaded model and the open conversation:
 
@@ -19,23 +19,22 @@ them in step with the loaded model and the open conversation:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QObject, QTimer, SignalInstance
 from PySide6.QtGui import QAction
-from PySide6.QtWidgets import QBoxLayout, QDialog, QMenu, QMessageBox
+from PySide6.QtWidgets import QBoxLayout, QDialog, QMessageBox
 
 from app.chat.conversation import Conversation
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.engine.backend import ModelInfo
 from app.engine.templates import AUTO, PLAIN, TemplateInputs, TemplateOverride
 from app.util.datafiles import os_reason
+from ui.chat.chat_pane import ChatPane
 from ui.chat.completion_notice import CompletionNotice
 from ui.chat.system_prompt_bar import SystemPromptBar
-from ui.settings.template_dialog import TemplateDialog
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
+from ui.chat.template_dialog import TemplateDialog
+from ui.common.context import Context
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +60,23 @@ def key_for(info: ModelInfo) -> str:
 
 
 class PromptControls(QObject):
-    """The window's system prompt bar, text-completion notice and template dialog."""
+    """The window's system prompt bar, text-completion notice and template dialog.
 
-    def __init__(self, win: MainWindow) -> None:
-        super().__init__(win)
-        self._win = win
-        self.prefs = ModelPrefsStore(win._dirs.root / FILE_NAME)
+    ``add_to_menu(title, action)`` puts an action in the window's menu ``title``;
+    ``model_ready`` is emitted with the ``ModelInfo`` once a loaded model is in place.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        chat: ChatPane,
+        add_to_menu: Callable[[str, QAction], None],
+        model_ready: SignalInstance,
+    ) -> None:
+        super().__init__(ctx.parent)
+        self._ctx = ctx
+        self._chat = chat
+        self.prefs = ModelPrefsStore(ctx.dirs.root / FILE_NAME)
         self.model: ModelInfo | None = None
         self.key = ""
         self.completion = False
@@ -77,9 +87,9 @@ class PromptControls(QObject):
         self._save_timer.timeout.connect(self._save_prompt)
         self._edited_id = ""  # the conversation whose prompt is being typed
 
-        self.bar = SystemPromptBar(win.chat)
-        self.notice = CompletionNotice(win.chat)
-        layout = win.chat.layout()
+        self.bar = SystemPromptBar(chat)
+        self.notice = CompletionNotice(chat)
+        layout = chat.layout()
         assert isinstance(layout, QBoxLayout)
         layout.insertWidget(0, self.notice)
         layout.insertWidget(0, self.bar)
@@ -89,34 +99,25 @@ class PromptControls(QObject):
         self.bar.modelDefaultCleared.connect(self.clear_model_default)
         self.notice.modeRequested.connect(self.set_completion)
 
-        self.prompt_action = QAction("System prompt…", win)
+        self.prompt_action = QAction("System prompt…", ctx.parent)
         self.prompt_action.setToolTip("Show and edit this chat's system prompt")
         self.prompt_action.triggered.connect(self.bar.expand)
-        self.template_action = QAction("Chat template…", win)
+        self.template_action = QAction("Chat template…", ctx.parent)
         self.template_action.setToolTip("Choose or write the loaded model's chat template")
         self.template_action.triggered.connect(self.show_template_dialog)
         self.template_action.setEnabled(False)
-        self._add_to_menu("&Chat", self.prompt_action)
-        self._add_to_menu("&Model", self.template_action)
+        add_to_menu("&Chat", self.prompt_action)
+        add_to_menu("&Model", self.template_action)
 
-        win.session_view.conversation_listeners.append(self._on_conversation_shown)
-        win.modelReady.connect(self._on_model_ready)
-        win._client.worker.templateApplied.connect(self._on_template_applied)
-        self._show_prompt(win.conversation)
+        model_ready.connect(self._on_model_ready)
+        ctx.client.worker.templateApplied.connect(self._on_template_applied)
+        self._show_prompt(ctx.session.conversation)
         if self.prefs.notes:
             QTimer.singleShot(0, self._show_file_notes)
 
-    def _add_to_menu(self, title: str, action: QAction) -> None:
-        for a in self._win.menuBar().actions():
-            menu = a.menu()
-            if a.text() == title and isinstance(menu, QMenu):
-                menu.addAction(action)
-                return
-        self._win.menuBar().addMenu(title).addAction(action)
-
     def _show_file_notes(self) -> None:
         for note in self.prefs.notes:
-            self._win.session_view.notice(note)
+            self._ctx.notice(note)
 
     # -- system prompt ---------------------------------------------------------------------
 
@@ -126,7 +127,7 @@ class PromptControls(QObject):
     def default_prompt(self) -> str:
         """What a new chat starts with: the model's default, else the global one."""
         model = self._model_default()
-        return model if model is not None else self._win._settings.system_prompt
+        return model if model is not None else self._ctx.settings.value.system_prompt
 
     def _where(self, conv: Conversation) -> str:
         if conv.messages or conv.system_prompt != self.default_prompt():
@@ -140,44 +141,44 @@ class PromptControls(QObject):
         model = self.model
         self.bar.set_model(model.name if model else None, self._model_default() is not None)
 
-    def _on_conversation_shown(self, conv: Conversation) -> None:
+    def on_conversation_shown(self, conv: Conversation) -> None:
+        """A conversation was shown (opened, new, or shown again)."""
         self._show_prompt(conv)
 
     def _on_prompt_edited(self, text: str) -> None:
-        session = self._win.session
+        session = self._ctx.session
         session.set_system_prompt(text, save=False)
         self._edited_id = session.conversation.id
         self._save_timer.start()
 
     def _save_prompt(self) -> None:
-        session = self._win.session
+        session = self._ctx.session
         if session.conversation.id == self._edited_id:
             session.set_system_prompt(session.conversation.system_prompt, save=True)
 
     def set_global_default(self, text: str) -> None:
-        win = self._win
-        win._settings.system_prompt = text
-        win._save_settings()
-        win.session.set_default_system_prompt(self.default_prompt())
+        ctx = self._ctx
+        ctx.settings.update(system_prompt=text)
+        ctx.session.set_default_system_prompt(self.default_prompt())
         first = self._model_default() is not None
         where = " (this model's own default still comes first)" * first
-        win.statusBar().showMessage(f"New chats start with this system prompt{where}.", 6000)
-        self._show_prompt(win.conversation)
+        ctx.status(f"New chats start with this system prompt{where}.", 6000)
+        self._show_prompt(ctx.session.conversation)
 
     def set_model_default(self, text: str) -> None:
         if not self.key or self.model is None:
             return
         if self._update(system_prompt=text):
-            self._win.session.set_default_system_prompt(text)
-            self._win.statusBar().showMessage(
+            self._ctx.session.set_default_system_prompt(text)
+            self._ctx.status(
                 f"New chats with {self.model.name} start with this system prompt.", 6000
             )
-        self._show_prompt(self._win.conversation)
+        self._show_prompt(self._ctx.session.conversation)
 
     def clear_model_default(self) -> None:
         if self.key and self._update(system_prompt=None):
-            self._win.session.set_default_system_prompt(self.default_prompt())
-        self._show_prompt(self._win.conversation)
+            self._ctx.session.set_default_system_prompt(self.default_prompt())
+        self._show_prompt(self._ctx.session.conversation)
 
     def _update(self, **changes: object) -> bool:
         """Store changes to the loaded model's preferences; False (and a message) if not."""
@@ -186,7 +187,7 @@ class PromptControls(QObject):
         except (OSError, ValueError) as exc:
             reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
             QMessageBox.warning(
-                self._win, "Could not save the model's preferences", f"{FILE_NAME}: {reason}"
+                self._ctx.parent, "Could not save the model's preferences", f"{FILE_NAME}: {reason}"
             )
             return False
         return True
@@ -197,8 +198,7 @@ class PromptControls(QObject):
         self.model = info
         self.key = key_for(info)
         prefs = self.prefs.get(self.key)
-        session = self._win.session
-        session.set_default_system_prompt(self.default_prompt())
+        self._ctx.session.set_default_system_prompt(self.default_prompt())
         can = info.capabilities.template_override
         self.template_action.setEnabled(can)
         self.template_action.setToolTip(
@@ -209,8 +209,8 @@ class PromptControls(QObject):
         self._set_mode(can and prefs.completion_on(info.base_model))
         override = effective_override(prefs, self.completion) if can else AUTO
         if override != AUTO:
-            self._win._client.set_template(override)
-        self._show_prompt(self._win.conversation)
+            self._ctx.client.set_template(override)
+        self._show_prompt(self._ctx.session.conversation)
 
     def _set_mode(self, completion: bool) -> None:
         """Show continue-the-text mode (or chat turns) in the widgets."""
@@ -221,9 +221,10 @@ class PromptControls(QObject):
         else:
             self.notice.hide()
         self.bar.set_completion(completion)
-        win = self._win
-        win.chat_input.setPlaceholderText(COMPLETION_INPUT_HINT if completion else CHAT_INPUT_HINT)
-        win.transcript.role_names = dict(COMPLETION_NAMES) if completion else {}
+        self._chat.chat_input.setPlaceholderText(
+            COMPLETION_INPUT_HINT if completion else CHAT_INPUT_HINT
+        )
+        self._chat.transcript.role_names = dict(COMPLETION_NAMES) if completion else {}
 
     def set_completion(self, on: bool) -> None:
         """Switch continue-the-text mode for the loaded model (saved for it)."""
@@ -239,12 +240,12 @@ class PromptControls(QObject):
     def _apply(self, override: TemplateOverride, completion: bool) -> None:
         was = self.completion
         self._set_mode(completion)
-        self._win._client.set_template(override)
-        conv = self._win.conversation
+        self._ctx.client.set_template(override)
+        conv = self._ctx.session.conversation
         if was != completion and conv.messages:
-            if not self._win.session.busy:  # a streaming reply keeps its frame
-                self._win.transcript.show_messages(conv.messages)
-            self._win.session_view.notice(
+            if not self._ctx.session.busy:  # a streaming reply keeps its frame
+                self._chat.transcript.show_messages(conv.messages)
+            self._ctx.notice(
                 "Continue-the-text mode is on: from the next reply, this chat is read as one "
                 "text and the model continues it."
                 if completion
@@ -261,8 +262,8 @@ class PromptControls(QObject):
             info.template_inputs or TemplateInputs(),
             info.base_model,
             self.prefs.get(self.key),
-            self._win.conversation.chat(),
-            self._win,
+            self._ctx.session.conversation.chat(),
+            self._ctx.parent,
         )
         self.dialog = dialog
         dialog.finished.connect(self._on_dialog_finished)
@@ -289,18 +290,9 @@ class PromptControls(QObject):
         self._apply(effective_override(self.prefs.get(self.key), on), on)
 
     def _on_template_applied(self, info: ModelInfo) -> None:
-        win = self._win
         if self.model is None or key_for(info) != self.key:
             return
         self.model = info
-        win.session.model = info
-        win._model = info
-        if not win._loading:
-            win.model_status.loaded(info)
+        self._ctx.model.set(info)
         for note in info.notes:
-            win.session_view.notice(note)
-
-
-def install(win: MainWindow) -> PromptControls:
-    """Add the system prompt bar, the text-completion notice and their menu entries."""
-    return PromptControls(win)
+            self._ctx.notice(note)

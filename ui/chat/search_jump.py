@@ -2,54 +2,64 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from PySide6.QtCore import SignalInstance
 
 from app.chat.search_index import query_terms
-
-if TYPE_CHECKING:
-    from app.chat.session_cache import RestoreResult
-    from ui.window.main_window import MainWindow
+from app.chat.session_cache import RestoreResult
+from ui.chat.conversation_list import ConversationList
+from ui.chat.transcript import TranscriptView
+from ui.common.context import Context
 
 
 class SearchJump:
     """Opens the chat of a search hit and scrolls to the message once it is shown
-    (opening waits for a streaming reply to settle, so the jump waits with it)."""
+    (opening waits for a streaming reply to settle, so the jump waits with it).
 
-    def __init__(self, win: MainWindow) -> None:
-        self._win = win
+    ``opened`` is emitted with the ``RestoreResult`` once an opened chat is ready.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        sidebar: ConversationList,
+        transcript: TranscriptView,
+        opened: SignalInstance,
+    ) -> None:
+        self._ctx = ctx
+        self._transcript = transcript
         self._pending: tuple[str, int, str] | None = None
-        win.sidebar.set_searcher(win._store.search)
-        win.sidebar.openAtRequested.connect(self.open_at)
-        win.conversationOpened.connect(self._on_opened)
-        win.transcript.copied.connect(self._on_copied)
+        sidebar.set_searcher(ctx.store.search)
+        sidebar.openAtRequested.connect(self.open_at)
+        opened.connect(self._on_opened)
+        transcript.copied.connect(self._on_copied)
 
     def open_at(self, conv_id: str, index: int, text: str) -> None:
-        win = self._win
+        session = self._ctx.session
         term = first_word(text)
-        if conv_id == win.conversation.id and not win.session.busy:
-            win.transcript.show_message(self._shown_index(index), term)
+        if conv_id == session.conversation.id and not session.busy:
+            self._transcript.show_message(self._shown_index(index), term)
             return
         self._pending = (conv_id, index, term)
-        win.open_conversation(conv_id)
+        session.open(conv_id)
 
     def _on_opened(self, result: RestoreResult) -> None:
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == result.conv_id:
-            self._win.transcript.show_message(self._shown_index(pending[1]), pending[2])
+            self._transcript.show_message(self._shown_index(pending[1]), pending[2])
 
     def _shown_index(self, index: int) -> int:
         """A hit past the shown messages is in another version: show that version."""
-        conv = self._win.conversation
+        conv = self._ctx.session.conversation
         if index < len(conv.messages):
             return index
         every = conv.every_message()
         if index >= len(every):
             return index
-        found = self._win.session.reveal(every[index].id)
+        found = self._ctx.session.reveal(every[index].id)
         return index if found is None else found
 
     def _on_copied(self, what: str) -> None:
-        self._win.statusBar().showMessage(f"Copied the {what} to the clipboard.", 3000)
+        self._ctx.status(f"Copied the {what} to the clipboard.", 3000)
 
 
 def first_word(text: str) -> str:

@@ -11,9 +11,9 @@ anything else is refused while it is dragged, with the reason in the status bar.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QMimeData, QObject, QTimer
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
@@ -21,9 +21,8 @@ from PySide6.QtWidgets import QWidget
 
 from app.gguf.info import read_gguf_info, shown
 from app.util.errors import ModelFileError
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
+from ui.common.context import Context
+from ui.models.model_manager import ModelManager
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +47,25 @@ def dropped_gguf(mime: QMimeData) -> tuple[Path | None, str]:
 
 
 class ModelDrop(QObject):
-    """Takes ``.gguf`` drops for ``win`` (see the module docstring)."""
+    """Takes ``.gguf`` drops for ``ctx.parent`` (see the module docstring).
 
-    def __init__(self, win: MainWindow) -> None:
-        super().__init__(win)
-        self._win = win
+    ``add_adapter(path)`` adds a dropped adapter to the LoRA stack (False: it was not
+    added, the panel says why); ``manager()`` is the model manager, if it was opened.
+    """
+
+    def __init__(
+        self,
+        ctx: Context,
+        add_adapter: Callable[[Path], bool],
+        manager: Callable[[], ModelManager | None],
+    ) -> None:
+        super().__init__(ctx.parent)
+        self._ctx = ctx
+        self._add_adapter_to_stack = add_adapter
+        self._manager = manager
         self._watched: set[int] = set()
-        win.setAcceptDrops(True)
-        self.watch(win)
+        ctx.parent.setAcceptDrops(True)
+        self.watch(ctx.parent)
 
     def watch(self, root: QWidget) -> None:
         """Filter ``root`` and every widget under it that takes drops itself."""
@@ -76,7 +86,7 @@ class ModelDrop(QObject):
             else:
                 event.ignore()
                 if kind == QEvent.Type.DragEnter:
-                    self._win.statusBar().showMessage(why, STATUS_MS)
+                    self._ctx.status(why, STATUS_MS)
             return True
         if kind == QEvent.Type.Drop:
             assert isinstance(event, QDropEvent)
@@ -85,7 +95,7 @@ class ModelDrop(QObject):
                 return False
             if path is None:
                 event.ignore()
-                self._win.statusBar().showMessage(why, STATUS_MS)
+                self._ctx.status(why, STATUS_MS)
                 return True
             event.acceptProposedAction()
             # After the drop returns: the file manager waits for it to finish.
@@ -95,55 +105,45 @@ class ModelDrop(QObject):
 
     def open(self, path: Path) -> None:
         """Load a dropped model (or add a dropped adapter), as Open model… would."""
-        win = self._win
+        ctx = self._ctx
         try:
             info = read_gguf_info(path)
         except ModelFileError as exc:
-            win.session_view.notice(f"Not opened: {exc}")
+            ctx.notice(f"Not opened: {exc}")
             return
         if info.general_type == "adapter":
             self._add_adapter(path)
             return
-        if win._loading:
-            win.statusBar().showMessage(
+        if ctx.model.loading:
+            ctx.status(
                 f"A model is still loading; drop {shown(path.name)} again when it is ready.",
                 STATUS_MS,
             )
             return
         self._import(path)
-        win.session.when_idle(partial(win.load_model, path))
-        win.statusBar().showMessage(f"Opening {shown(path.name)}…", STATUS_MS)
+        ctx.open_model(path)
+        ctx.status(f"Opening {shown(path.name)}…", STATUS_MS)
 
     def _add_adapter(self, path: Path) -> None:
-        win = self._win
-        panel = win.lora_panel
-        panel.show()
-        panel.raise_()
-        if panel.add_adapter(path):
-            win.statusBar().showMessage(f"Added the LoRA adapter {shown(path.name)}.", STATUS_MS)
+        if self._add_adapter_to_stack(path):
+            self._ctx.status(f"Added the LoRA adapter {shown(path.name)}.", STATUS_MS)
         else:
-            win.statusBar().showMessage(
+            self._ctx.status(
                 f"The LoRA adapter {shown(path.name)} was not added: see the LoRA panel.",
                 STATUS_MS,
             )
 
     def _import(self, path: Path) -> None:
         """List the file in the library where it is (no copy), as the manager's Import does."""
-        win = self._win
         try:
-            if path.resolve().is_relative_to(win._dirs.models.resolve()):
+            if path.resolve().is_relative_to(self._ctx.dirs.models.resolve()):
                 return  # already in the library's own folder
         except OSError:
             return
-        if win.model_manager is not None:
-            win.model_manager.import_paths([path])  # saves the list through libraryChanged
+        manager = self._manager()
+        if manager is not None:
+            manager.import_paths([path])  # saves the list through libraryChanged
             return
-        settings = win._settings
-        if str(path) not in settings.imported_models:
-            settings.imported_models.append(str(path))
-            win._save_settings()
-
-
-def install(win: MainWindow) -> ModelDrop:
-    """Let ``win`` take dropped ``.gguf`` files."""
-    return ModelDrop(win)
+        settings = self._ctx.settings
+        if str(path) not in settings.value.imported_models:
+            settings.update(imported_models=[*settings.value.imported_models, str(path)])

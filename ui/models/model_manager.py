@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QUrl, Signal
@@ -38,6 +39,7 @@ from app.models.quant import GgufChoice
 from app.models.recommended import UNKNOWN, default_model_name, fit_badge
 from app.util.errors import LamplightError
 from app.util.sysinfo import available_memory, size_text
+from ui.common.context import LoadedModel
 from ui.models.hub_workers import HubServices, job_summary
 from ui.models.recommended_view import RecommendedView
 
@@ -71,7 +73,8 @@ class ModelManager(QDialog):
     Signals:
         loadRequested(str): the user chose a model to load.
         defaultRequested(str): the user chose the model to open at start.
-        unloadRequested(): a model about to be deleted is in use.
+        unloadRequested(): a model about to be deleted is in use (its files are deleted
+            once the loaded model says it is gone).
         libraryChanged(object): a fresh list of ``LibraryEntry``.
     """
 
@@ -83,7 +86,7 @@ class ModelManager(QDialog):
     def __init__(
         self,
         services: HubServices,
-        loaded_model: str | None = None,
+        model: LoadedModel | None = None,
         n_ctx: int = 4096,
         parent: QWidget | None = None,
     ) -> None:
@@ -92,7 +95,10 @@ class ModelManager(QDialog):
         self.setWindowTitle("Models")
         self.resize(980, 640)
         self._services = services
-        self.loaded_model = loaded_model
+        self._model = model
+        self._delete_after_unload: tuple[str, Sequence[Path]] | None = None  # (model, files)
+        if model is not None:
+            model.changed.connect(self._on_model_changed)
         self.n_ctx = n_ctx
         self.imported: list[Path] = []
         self._query = ""
@@ -526,8 +532,25 @@ class ModelManager(QDialog):
         if answer != QMessageBox.StandardButton.Yes:
             return
         if str(e.path) == self.loaded_model:
+            # The file is deleted once the engine let go of it, never while the unload
+            # is still queued behind a reply.
+            self._delete_after_unload = (str(e.path), files)
             self.unloadRequested.emit()
-            self.loaded_model = None
+            return
+        self._delete(files)
+
+    @property
+    def loaded_model(self) -> str | None:
+        """The in-process model's file (None: none, or a server)."""
+        return self._model.local_path if self._model is not None else None
+
+    def _on_model_changed(self, _info: object) -> None:
+        pending = self._delete_after_unload
+        if pending is not None and self.loaded_model != pending[0]:
+            self._delete_after_unload = None
+            self._delete(pending[1])
+
+    def _delete(self, files: Sequence[Path]) -> None:
         for path in files:
             try:
                 path.unlink(missing_ok=True)

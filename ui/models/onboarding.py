@@ -1,4 +1,4 @@
-"""The first run and download alerts, installed on the main window by ``install(win)``.
+"""The first run and download alerts, on the main window (``Onboarding``).
 
 - A welcome card when the model loaded is the embedded default (a 270M *base*
   model with no chat template) and the library holds no other chat model: it
@@ -17,21 +17,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QEvent, QObject, QRect, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QObject, QRect, Qt, QTimer, Signal, SignalInstance
 from PySide6.QtGui import QAction, QResizeEvent
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
     QHBoxLayout,
     QLabel,
-    QMenu,
     QPushButton,
     QSizePolicy,
     QSystemTrayIcon,
+    QTextEdit,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -51,12 +51,11 @@ from app.models.recommended import (
     welcome_dismissed,
 )
 from app.util import sysinfo
+from ui.common.context import Context
 from ui.models import recommended_view
-from ui.models.hub_workers import RecommendedInstalls
+from ui.models.hub_workers import HubServices, RecommendedInstalls
+from ui.models.model_manager import ModelManager
 from ui.models.recommended_view import EntryRow
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +166,25 @@ class WelcomeCard(QFrame):
 class Onboarding(QObject):
     """The window's first-run card, "Download and use" loading, and download alerts."""
 
-    def __init__(self, win: MainWindow) -> None:
-        super().__init__(win)
-        self._win = win
-        self._services = win._services
+    def __init__(
+        self,
+        ctx: Context,
+        services: HubServices | None,
+        transcript: QTextEdit,
+        model_ready: SignalInstance,
+        add_to_menu: Callable[[str, QAction], None],
+        listen: Callable[[Callable[[Conversation], None]], None],
+        show_manager: Callable[[], ModelManager | None],
+    ) -> None:
+        """``model_ready`` is emitted with each loaded model's info; ``add_to_menu(title,
+        action)`` puts an action in a window menu; ``listen(f)`` calls ``f`` with each
+        conversation shown; ``show_manager()`` shows the model manager (None: none)."""
+        super().__init__(ctx.parent)
+        self._ctx = ctx
+        self._services = services
+        self._transcript = transcript
+        self._listen = listen
+        self._show_manager = show_manager
         self.card: WelcomeCard | None = None
         self.alerts: list[tuple[str, str]] = []  # every alert shown (title, text)
         self._waiting_scan = False
@@ -178,13 +192,13 @@ class Onboarding(QObject):
         self._tray: QSystemTrayIcon | None = None
         self._watching = False  # the transcript's size and contents move the card
         self._placing = False
-        win.modelReady.connect(self._on_model_ready)
-        self.recommended_action = QAction("Recommended models…", win)
+        model_ready.connect(self._on_model_ready)
+        self.recommended_action = QAction("Recommended models…", ctx.parent)
         self.recommended_action.setObjectName("recommendedModelsAction")
         self.recommended_action.setToolTip("Small chat models that run well on this computer")
         self.recommended_action.triggered.connect(self.show_recommended)
         self.recommended_action.setEnabled(self._services is not None)
-        _help_menu(win).addAction(self.recommended_action)
+        add_to_menu("&Help", self.recommended_action)
         services = self._services
         if services is None:
             return
@@ -202,10 +216,10 @@ class Onboarding(QObject):
             return
         if self._services is None or self.card is not None:
             return
-        if welcome_dismissed(self._win._dirs.root):
+        if welcome_dismissed(self._ctx.dirs.root):
             return
         self._waiting_scan = True
-        self._services.scan([Path(p) for p in self._win._settings.imported_models])
+        self._services.scan([Path(p) for p in self._ctx.settings.value.imported_models])
 
     def _on_library(self, entries: list[LibraryEntry]) -> None:
         if not self._waiting_scan:
@@ -226,11 +240,11 @@ class Onboarding(QObject):
         except RecommendedListError as exc:
             log.warning("no welcome card: %s", exc)
             return None
-        load = self._win._settings.load
+        load = self._ctx.settings.value.load
         kv_bytes = KV_BYTES.get(load.kv_type, 2.0)
         free = sysinfo.available_memory()
         choices = first_run_choices(listing.entries, free, FIRST_RUN_COUNT, load.n_ctx, kv_bytes)
-        transcript = self._win.transcript
+        transcript = self._transcript
         card = WelcomeCard(self._services.installs, choices, free, load.n_ctx, kv_bytes, transcript)
         card.closed.connect(self._on_card_closed)
         card.managerRequested.connect(self._on_manager_requested)
@@ -239,7 +253,7 @@ class Onboarding(QObject):
             self._watching = True
             transcript.installEventFilter(self)
             transcript.document().contentsChanged.connect(self.place_card)
-            self._win.session_view.conversation_listeners.append(self._on_conversation)
+            self._listen(self._on_conversation)
         self.place_card()
         return card
 
@@ -249,7 +263,7 @@ class Onboarding(QObject):
             self.card.setParent(None)
             self.card.deleteLater()
             self.card = None
-            self._win.transcript.setMinimumSize(0, 0)
+            self._transcript.setMinimumSize(0, 0)
 
     def place_card(self) -> None:
         """Show the card at the foot of the transcript while the open chat is empty, as
@@ -264,8 +278,8 @@ class Onboarding(QObject):
             self._placing = False
 
     def _place(self, card: WelcomeCard) -> None:
-        transcript = self._win.transcript
-        if self._win.conversation.messages:
+        transcript = self._transcript
+        if self._ctx.session.conversation.messages:
             card.hide()
             transcript.setMinimumSize(0, 0)
             return
@@ -289,7 +303,7 @@ class Onboarding(QObject):
         card.show()
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self._win.transcript and event.type() in (
+        if watched is self._transcript and event.type() in (
             QEvent.Type.Resize,
             QEvent.Type.Show,
         ):
@@ -302,9 +316,9 @@ class Onboarding(QObject):
     def _on_card_closed(self) -> None:
         self.hide_card()
         try:
-            set_welcome_dismissed(self._win._dirs.root)
+            set_welcome_dismissed(self._ctx.dirs.root)
         except OSError as exc:
-            self._win.statusBar().showMessage(
+            self._ctx.status(
                 f"Could not remember that the welcome was closed: {exc.strerror or exc}", 8000
             )
 
@@ -312,23 +326,22 @@ class Onboarding(QObject):
         if recommended:
             self.show_recommended()
         else:
-            self._win.show_model_manager()
+            self._show_manager()
 
     def show_recommended(self) -> None:
         """Open the model manager on its Recommended tab."""
-        self._win.show_model_manager()
-        manager = self._win.model_manager
+        manager = self._show_manager()
         if manager is not None:
             manager.show_recommended()
 
     # -- download and use ----------------------------------------------------------------
 
     def _on_install_ready(self, path: str) -> None:
-        self._win.statusBar().showMessage(f"Loading {Path(path).name}…", 5000)
-        self._win.session.when_idle(partial(self._win.load_model, path))
+        self._ctx.status(f"Loading {Path(path).name}…", 5000)
+        self._ctx.open_model(path)
 
     def _on_install_failed(self, _entry_id: str, message: str) -> None:
-        self._win.statusBar().showMessage(message, 10000)
+        self._ctx.status(message, 10000)
 
     # -- alerts --------------------------------------------------------------------------
 
@@ -348,7 +361,7 @@ class Onboarding(QObject):
         """Tell the user while they are elsewhere: a tray message where there is a tray,
         and the taskbar entry asks for attention."""
         self.alerts.append((title, text))
-        icon = self._win.windowIcon()
+        icon = self._ctx.parent.windowIcon()
         if QSystemTrayIcon.isSystemTrayAvailable() and not icon.isNull():
             if self._tray is None:
                 self._tray = QSystemTrayIcon(icon, self)
@@ -357,28 +370,14 @@ class Onboarding(QObject):
             self._tray.show()
             self._tray.showMessage(title, text, QSystemTrayIcon.MessageIcon.Information, ALERT_MS)
             QTimer.singleShot(ALERT_MS + 2000, self._hide_tray)
-        QApplication.alert(self._win, 0)
+        QApplication.alert(self._ctx.parent, 0)
 
     def _hide_tray(self) -> None:
         if self._tray is not None:
             self._tray.hide()
 
     def _on_message_clicked(self) -> None:
-        if self._win.isMinimized():
-            self._win.showNormal()
-        self._win.raise_()
-        self._win.activateWindow()
-
-
-def _help_menu(win: MainWindow) -> QMenu:
-    """The window's Help menu (made if there is none)."""
-    for action in win.menuBar().actions():
-        menu = action.menu()
-        if isinstance(menu, QMenu) and menu.title().replace("&", "") == "Help":
-            return menu
-    return win.menuBar().addMenu("&Help")
-
-
-def install(win: MainWindow) -> Onboarding:
-    """Add the first-run card, Help → Recommended models… and download alerts to ``win``."""
-    return Onboarding(win)
+        if self._ctx.parent.isMinimized():
+            self._ctx.parent.showNormal()
+        self._ctx.parent.raise_()
+        self._ctx.parent.activateWindow()

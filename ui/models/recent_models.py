@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QMenu
 
 from app.gguf.info import shown
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
+from ui.common.context import Context
 
 
 def _is_file(path: str) -> bool:
@@ -29,8 +26,8 @@ def _is_file(path: str) -> bool:
 class RecentModels:
     """The submenu and what its entries do."""
 
-    def __init__(self, win: MainWindow, parent: QMenu) -> None:
-        self._win = win
+    def __init__(self, ctx: Context, parent: QMenu) -> None:
+        self._ctx = ctx
         self.menu = parent.addMenu("Recent models")
         self.menu.setObjectName("recentModelsMenu")
         self.menu.setToolTipsVisible(True)
@@ -38,11 +35,10 @@ class RecentModels:
         self.rebuild()
 
     def rebuild(self) -> None:
-        win = self._win
+        ctx = self._ctx
         self.menu.clear()
-        paths = list(win._settings.recent_models)
-        model = win.session.model
-        current = str(model.path) if model is not None and not model.server else None
+        paths = list(ctx.settings.value.recent_models)
+        current = ctx.model.local_path
         names = [Path(p).name for p in paths]
         missing = 0
         for i, path in enumerate(paths):
@@ -55,7 +51,7 @@ class RecentModels:
             action = self.menu.addAction(text if exists else f"{text} — missing")
             action.setToolTip(path if exists else f"Not found: {path}")
             action.setStatusTip(path)
-            action.setEnabled(exists and not win._loading)
+            action.setEnabled(exists and not ctx.model.loading)
             if path == current:
                 action.setCheckable(True)
                 action.setChecked(True)
@@ -69,28 +65,25 @@ class RecentModels:
         clear.setEnabled(bool(paths))
 
     def open(self, path: str) -> None:
-        win = self._win
         if not _is_file(path):
-            win.statusBar().showMessage(f"{shown(path)} is gone.", 6000)
+            self._ctx.status(f"{shown(path)} is gone.", 6000)
             self.rebuild()
             return
-        win.session.when_idle(partial(win.load_model, path))
+        self._ctx.open_model(path)
 
     def remove_missing(self) -> None:
-        win = self._win
-        kept = [p for p in win._settings.recent_models if _is_file(p)]
-        gone = len(win._settings.recent_models) - len(kept)
-        win._settings.recent_models = kept
-        win._save_settings()
-        win.statusBar().showMessage(f"Removed {gone} missing model(s) from the list.", 5000)
+        settings = self._ctx.settings
+        kept = [p for p in settings.value.recent_models if _is_file(p)]
+        gone = len(settings.value.recent_models) - len(kept)
+        settings.update(recent_models=kept)
+        self._ctx.status(f"Removed {gone} missing model(s) from the list.", 5000)
         self.rebuild()
 
     def clear(self) -> None:
-        self._win._settings.recent_models = []
-        self._win._save_settings()
+        self._ctx.settings.update(recent_models=[])
         self.rebuild()
 
 
-def install(win: MainWindow, model_menu: QMenu) -> RecentModels:
+def install(ctx: Context, model_menu: QMenu) -> RecentModels:
     """Add Recent models to ``model_menu``."""
-    return RecentModels(win, model_menu)
+    return RecentModels(ctx, model_menu)

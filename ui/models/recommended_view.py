@@ -40,6 +40,7 @@ from app.models.recommended import (
     load_list,
 )
 from app.util import sysinfo
+from ui.common.resources import resources_dir
 from ui.models.hub_workers import RecommendedInstalls
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,6 @@ def bundled_list() -> RecommendedList:
     Raises:
         RecommendedListError: the file is missing or unusable.
     """
-    from ui.main import resources_dir
-
     return load_list(resources_dir() / LIST_FILE)
 
 
@@ -111,7 +110,6 @@ class EntryRow(QFrame):
         self.setFrameShape(QFrame.Shape.StyledPanel)
         self._installs = installs
         self._n_ctx = n_ctx
-        self._kv_bytes = kv_bytes
         self.need = entry.ram_needed(n_ctx, kv_bytes)
         self._free = 0
         self._failed = False

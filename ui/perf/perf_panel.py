@@ -54,32 +54,7 @@ class PerfPanel(QDockWidget):
         pg.setConfigOptions(antialias=False)  # cheaper redraws
         body = QWidget(self)
         grid = QGridLayout()
-        self.live = self._plot("Live speed (tok/s)", ("time", "s"), ("speed", "tok/s"))
-        self.live_instant = self.live.plot(pen=pg.mkPen(BLUE, width=1), name="instant")
-        self.live_average = self.live.plot(pen=pg.mkPen(ORANGE, width=2), name="1 s average")
-        self.history = self._plot("Speed per reply", ("reply", ""), ("speed", "tok/s"))
-        self.history_decode = _points(self.history, BLUE, "o", name="decode")
-        self.history_prefill = _points(self.history, GREEN, "t", name="prompt")
-        self.ttft = self._plot("Time to first token", ("reply", ""), ("time", "ms"))
-        self.ttft_curve = _points(self.ttft, PURPLE, "o")
-        # Speculative decoding: guesses kept, and reply tokens per forward pass of the model
-        # (1.0 is plain decoding); replies without drafting leave a gap.
-        self.drafts = self._plot("Drafting per reply", ("reply", ""), ("ratio", ""))
-        self.drafts.addLegend(offset=(2, 2), labelTextSize="7pt")
-        self.drafts_speedup = _points(
-            self.drafts, RED, "o", name="tokens per pass", connect="finite"
-        )
-        self.drafts_acceptance = _points(
-            self.drafts, GREEN, "t", name="guesses kept", connect="finite"
-        )
-        self.itl = self._plot("Token latency, last reply", ("latency", "ms"), ("tokens", ""))
-        self.itl_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=BLUE)
-        self.itl.addItem(self.itl_bars)
-        # Bytes with SI prefixes: the axis reads MB or GB as the figure grows.
-        self.memory = self._plot("Memory", ("time", "s"), ("resident", "B"), si_y=True)
-        self.memory_curve = self.memory.plot(pen=pg.mkPen(ORANGE, width=2))
-        # A flat line (the first samples) would otherwise zoom into bytes: "148.2547204 MB".
-        self.memory.getViewBox().setLimits(minYRange=16 * 1024 * 1024, minXRange=1.0, xMin=0.0)
+        self._build_charts()
         # One row of small charts: the panel sits under the chat without crowding it.
         for col, (plot, stretch) in enumerate(
             (
@@ -133,6 +108,34 @@ class PerfPanel(QDockWidget):
         self._timer.start()
         self._on_rss_sample()
         self.apply_palette()
+
+    def _build_charts(self) -> None:
+        self.live = self._plot("Live speed (tok/s)", ("time", "s"), ("speed", "tok/s"))
+        self.live_instant = self.live.plot(pen=pg.mkPen(BLUE, width=1), name="instant")
+        self.live_average = self.live.plot(pen=pg.mkPen(ORANGE, width=2), name="1 s average")
+        self.history = self._plot("Speed per reply", ("reply", ""), ("speed", "tok/s"))
+        self.history_decode = _points(self.history, BLUE, "o", name="decode")
+        self.history_prefill = _points(self.history, GREEN, "t", name="prompt")
+        self.ttft = self._plot("Time to first token", ("reply", ""), ("time", "ms"))
+        self.ttft_curve = _points(self.ttft, PURPLE, "o")
+        # Speculative decoding: guesses kept, and reply tokens per forward pass of the model
+        # (1.0 is plain decoding); replies without drafting leave a gap.
+        self.drafts = self._plot("Drafting per reply", ("reply", ""), ("ratio", ""))
+        self.drafts.addLegend(offset=(2, 2), labelTextSize="7pt")
+        self.drafts_speedup = _points(
+            self.drafts, RED, "o", name="tokens per pass", connect="finite"
+        )
+        self.drafts_acceptance = _points(
+            self.drafts, GREEN, "t", name="guesses kept", connect="finite"
+        )
+        self.itl = self._plot("Token latency, last reply", ("latency", "ms"), ("tokens", ""))
+        self.itl_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=BLUE)
+        self.itl.addItem(self.itl_bars)
+        # Bytes with SI prefixes: the axis reads MB or GB as the figure grows.
+        self.memory = self._plot("Memory", ("time", "s"), ("resident", "B"), si_y=True)
+        self.memory_curve = self.memory.plot(pen=pg.mkPen(ORANGE, width=2))
+        # A flat line (the first samples) would otherwise zoom into bytes: "148.2547204 MB".
+        self.memory.getViewBox().setLimits(minYRange=16 * 1024 * 1024, minXRange=1.0, xMin=0.0)
 
     def _plot(
         self, title: str, x: tuple[str, str], y: tuple[str, str], si_y: bool = False

@@ -182,6 +182,30 @@ class ConnectionsDialog(QDialog):
         self._thread: QThread | None = None
         self._prober: _Prober | None = None
 
+        left = self._build_list()
+        self._build_server_fields()
+        self._build_model_fields()
+        right = self._build_right()
+
+        layout = QHBoxLayout(self)
+        layout.addLayout(left, 2)
+        layout.addLayout(right, 3)
+
+        self.kind_box.currentIndexChanged.connect(lambda _i: self._on_kind_changed())
+        self.tls_box.toggled.connect(lambda _on: self._update_warning())
+        self.url_edit.textChanged.connect(lambda _t: self._update_warning())
+        self._clear_form()
+        # The connection in use, else the first saved one: a user opening this mostly
+        # wants to connect to what is already there.
+        active = store.active_connection or next(iter(store.connections), None)
+        if active is not None:
+            self._show(active)
+        self.refresh()
+
+    # -- construction helpers ------------------------------------------------------
+
+    def _build_list(self) -> QVBoxLayout:
+        """The saved servers and the buttons under them."""
         self.list = QListWidget(self)
         self.list.setObjectName("connectionList")
         self.list.setAccessibleName("Saved servers")
@@ -207,8 +231,10 @@ class ConnectionsDialog(QDialog):
         row.addWidget(self.remove_button)
         left.addLayout(row)
         left.addWidget(self.local_button)
+        return left
 
-        form = QFormLayout()
+    def _build_server_fields(self) -> None:
+        """The form's fields that say which server and how to reach it."""
         self.name_edit = QLineEdit(self)
         self._field(self.name_edit, "connectionName", "Name", "A name to tell this server by.")
         self.name_edit.setMaxLength(NAME_CHARS)
@@ -258,6 +284,9 @@ class ConnectionsDialog(QDialog):
         self.warning.setWordWrap(True)
         self.warning.setStyleSheet(WARNING_STYLE)
         self.warning.hide()
+
+    def _build_model_fields(self) -> None:
+        """The slot and model fields, the test, and the form's messages."""
         self.slot_box = QSpinBox(self)
         self._field(self.slot_box, "connectionSlot", "Slot", SLOT_TIP)
         self.slot_box.setRange(0, MAX_SLOT)
@@ -287,6 +316,9 @@ class ConnectionsDialog(QDialog):
         self.keyring_note.setWordWrap(True)
         self.keyring_note.setStyleSheet(WARNING_STYLE)
 
+    def _build_right(self) -> QVBoxLayout:
+        """The form and the dialog's buttons."""
+        form = QFormLayout()
         form.addRow("&Name:", self.name_edit)
         form.addRow("&Kind:", self.kind_box)
         form.addRow("&Address:", self.url_edit)
@@ -324,23 +356,7 @@ class ConnectionsDialog(QDialog):
         right.addWidget(self.keyring_note)
         right.addStretch(1)
         right.addLayout(buttons)
-
-        layout = QHBoxLayout(self)
-        layout.addLayout(left, 2)
-        layout.addLayout(right, 3)
-
-        self.kind_box.currentIndexChanged.connect(lambda _i: self._on_kind_changed())
-        self.tls_box.toggled.connect(lambda _on: self._update_warning())
-        self.url_edit.textChanged.connect(lambda _t: self._update_warning())
-        self._clear_form()
-        # The connection in use, else the first saved one: a user opening this mostly
-        # wants to connect to what is already there.
-        active = store.active_connection or next(iter(store.connections), None)
-        if active is not None:
-            self._show(active)
-        self.refresh()
-
-    # -- construction helpers ------------------------------------------------------
+        return right
 
     def _button(self, text: str, name: str, tip: str, slot: Any) -> QPushButton:
         button = QPushButton(text, self)

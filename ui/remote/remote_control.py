@@ -10,6 +10,7 @@ whatever worked last.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject
@@ -21,23 +22,27 @@ from app.remote.connection import Connection
 from app.remote.connection_store import ConnectionStore
 from app.remote.factory import backend_for
 from app.util.errors import LamplightError
-from ui.remote.remote_status import RemoteStatus, show_capabilities
+from ui.common.context import Context
+from ui.remote.remote_status import RemoteStatus
 
 if TYPE_CHECKING:
     from ui.remote.connections_dialog import ConnectionsDialog
-    from ui.window.main_window import MainWindow
 
 log = logging.getLogger(__name__)
 
 
 class RemoteControl(QObject):
-    """Connects the window to a saved server, or back to this computer."""
+    """Connects the window to a saved server, or back to this computer.
 
-    def __init__(self, win: MainWindow, bar: QStatusBar) -> None:
-        super().__init__(win)
-        self._win = win
-        self.store = ConnectionStore.in_dir(win._dirs.root)
-        self.status = RemoteStatus(win._client, bar, win)
+    ``begin_loading(what)`` tells the window a connect is under way.
+    """
+
+    def __init__(self, ctx: Context, bar: QStatusBar, begin_loading: Callable[[str], None]) -> None:
+        super().__init__(ctx.parent)
+        self._ctx = ctx
+        self._begin_loading = begin_loading
+        self.store = ConnectionStore.in_dir(ctx.dirs.root)
+        self.status = RemoteStatus(ctx.client, bar, ctx.parent)
         self.pending: Connection | None = None  # connecting, not yet in use
         self.current: Connection | None = None
         self.dialog: ConnectionsDialog | None = None
@@ -56,34 +61,35 @@ class RemoteControl(QObject):
             key = keys.get_key(conn.id)
             backend = backend_for(conn, key)
         except LamplightError as exc:
-            self._win.transcript.add_notice(str(exc))
+            self._ctx.notice(str(exc))
             return
         self.pending = conn
-        self._win.begin_loading(f"Connecting to {conn.name}")
-        self._win._client.connect_remote(backend)
+        self._begin_loading(f"Connecting to {conn.name}")
+        self._ctx.client.connect_remote(backend)
 
     def use_local(self) -> None:
         """Back to the in-process engine with the model last used here."""
-        self._win.load_model(self._win._settings.model_path or None)
+        self._ctx.open_model(self._ctx.settings.value.model_path or None)
 
     def show_dialog(self) -> None:
         from ui.remote.connections_dialog import ConnectionsDialog
 
         if self.dialog is None:
-            self.dialog = ConnectionsDialog(self.store, self._win)
+            self.dialog = ConnectionsDialog(self.store, self._ctx.parent)
             self.dialog.connectRequested.connect(self._on_connect_requested)
             self.dialog.localRequested.connect(self._on_local_requested)
         self.dialog.show()
         self.dialog.raise_()
 
     def _on_connect_requested(self, conn: Connection) -> None:
-        self._win.session.when_idle(lambda: self.connect_to(conn))
+        self._ctx.session.when_idle(lambda: self.connect_to(conn))
 
     def _on_local_requested(self) -> None:
-        self._win.session.when_idle(self.use_local)
+        self._ctx.session.when_idle(self.use_local)
 
-    def loaded(self, info: ModelInfo) -> None:
-        """A model is in use: remember where, and show what it cannot do."""
+    def loaded(self, info: ModelInfo) -> Connection | None:
+        """A model is in use: remember where; the connection it came through (None:
+        this computer)."""
         # A reconnect after a lost connection loads again without a pending connect.
         conn = (self.pending or self.current) if info.server else None
         self.pending = None
@@ -94,15 +100,7 @@ class RemoteControl(QObject):
                 self.store.set_active(active)
             except LamplightError as exc:
                 log.warning("could not remember the connection in use: %s", exc)
-        win = self._win
-        show_capabilities(info, win.sampling_panel, win.lora_panel, conn)
-        caps = info.capabilities
-        compact = win.compact_cache_action
-        compact.setEnabled(not info.server)
-        compact.setToolTip(
-            "The server's cache type is set on its command line." if info.server else ""
-        )
-        win.perf_panel.itl.setToolTip(caps.why_not.get("token_latency", ""))
+        return conn
 
     def shutdown(self) -> None:
         """Stop the reconnect timer and any connection test the dialog runs."""

@@ -2,9 +2,7 @@
 
 ``RemoteStatus`` owns the status bar's connection label and the automatic
 reconnect: after a connection is lost it asks the worker to ping the server
-with growing pauses (1 s, 2 s, 4 s … 30 s) until it answers. ``show_capabilities``
-disables what the engine in use cannot do, with the engine's own reason as
-the tooltip, so nothing is silently ignored.
+with growing pauses (1 s, 2 s, 4 s … 30 s) until it answers.
 """
 
 from __future__ import annotations
@@ -12,18 +10,11 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QStatusBar, QWidget
 
-from app.engine.backend import Capabilities, ModelInfo
-from app.remote.connection import Connection
 from ui.engine.worker import EngineClient
-from ui.settings.lora_panel import LoraPanel
-from ui.settings.sampling_panel import SamplingPanel
 
 BACKOFF_S = (1, 2, 4, 8, 15, 30)
 CONNECTED_STYLE = "color: #2e7d32;"
 LOST_STYLE = "color: #c62828;"
-
-_LOAD_FIELDS = ("n_ctx", "n_threads", "n_gpu_layers", "flash_attn")
-_DRAFT_FIELDS = ("speculative", "draft_len")
 
 
 class RemoteStatus(QObject):
@@ -77,25 +68,3 @@ class RemoteStatus(QObject):
             self.label.show()
             self.timer.start(pause * 1000)
         self.stateChanged.emit(state)
-
-
-def show_capabilities(
-    info: ModelInfo | None, sampling: SamplingPanel, lora: LoraPanel, connection: Connection | None
-) -> None:
-    """Disable the settings and panels the engine in use cannot honour, saying why."""
-    caps = info.capabilities if info is not None else Capabilities(lora=True, grammar=True)
-    reasons: dict[str, str] = {}
-    if info is not None and info.server:
-        where = connection.name if connection is not None else "the server"
-        for name in _LOAD_FIELDS:
-            reasons[name] = f"Set on {where}'s command line; this app only connects to it."
-        for name in _DRAFT_FIELDS:
-            reasons[name] = "Prompt-lookup drafting runs with the in-process engine only."
-    if not caps.grammar:
-        reasons["grammar"] = caps.why_not.get("grammar", "This engine takes no GBNF grammar.")
-    sampling.set_unavailable(reasons)
-    if info is not None and info.server:
-        lora.set_server_adapters(info.adapters, caps.why_not.get("lora", ""))
-    else:
-        lora.set_server_adapters(None)
-        lora.set_model(info.path if info is not None else None)

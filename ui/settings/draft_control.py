@@ -17,7 +17,6 @@ and the draft settings out with its reason.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QStandardItemModel
@@ -35,11 +34,10 @@ from app.chat.conversation import Conversation
 from app.config.params import SamplingParams
 from app.engine.backend import DraftInfo, ModelInfo
 from app.util.sysinfo import size_text
+from ui.common.context import Context
 from ui.common.qt_util import blocked
 from ui.engine.worker import DraftCandidate
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
+from ui.settings.sampling_panel import SamplingPanel
 
 PATH_ROLE = Qt.ItemDataRole.UserRole
 ERROR_STYLE = "color: #c62828;"
@@ -77,25 +75,24 @@ class DraftCombo(QComboBox):
 class DraftControl(QObject):
     """The chooser row, its status line, and the draft model's place in a conversation."""
 
-    def __init__(self, win: MainWindow) -> None:
-        super().__init__(win)
-        self._win = win
-        self._client = win._client
+    def __init__(self, ctx: Context, sampling: SamplingPanel) -> None:
+        super().__init__(ctx.parent)
+        self._ctx = ctx
+        self._client = ctx.client
+        self._sampling = sampling
         self.loaded: DraftInfo | None = None  # what the engine has loaded
         self.wanted = ""  # the path asked for last ("" none); the engine's answer follows
         self.candidates: list[DraftCandidate] = []
         self._target = ""  # the loaded model's path, for which the candidates were checked
-        self._model: ModelInfo | None = None
         self._why_not = ""  # why the engine in use takes no draft ("" when it does)
-        self._build(win.sampling_panel.slot("draft_model"))
+        self._build(sampling.slot("draft_model"))
+        ctx.model.loaded.connect(self._on_model_loaded)
         w = self._client.worker
         # Bound methods: queued to the GUI thread.
-        w.modelLoaded.connect(self._on_model_loaded)
         w.draftLoaded.connect(self._on_draft_loaded)
         w.draftFailed.connect(self._on_draft_failed)
         w.draftCandidates.connect(self._on_candidates)
-        win.sampling_panel.samplingChanged.connect(self._on_sampling_changed)
-        win.session_view.conversation_listeners.append(self._on_conversation)
+        sampling.samplingChanged.connect(self._on_sampling_changed)
         self._fill()
         self._show_state()
 
@@ -145,17 +142,16 @@ class DraftControl(QObject):
 
     def refresh(self) -> None:
         """Check the library again (the answer refills the combo)."""
-        if self._model is not None and not self._why_not and self._target:
+        if self._ctx.model.info is not None and not self._why_not and self._target:
             self._client.list_drafts(
-                self._target, self._win._dirs.library_file, self._win._settings.imported_models
+                self._target, self._ctx.dirs.library_file, self._ctx.settings.value.imported_models
             )
 
     # -- engine events ---------------------------------------------------------------
 
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self._model = info
         self.loaded = None  # a new model drops the draft; the worker loads the wanted one again
-        self._win.session.draft_path = ""
+        self._ctx.session.draft_path = ""
         caps = info.capabilities
         self._why_not = (
             "" if caps.draft_model else caps.why_not.get("draft_model", "this engine takes none")
@@ -165,7 +161,7 @@ class DraftControl(QObject):
             w.setToolTip(self._why_not[:1].upper() + self._why_not[1:] if self._why_not else "")
         self.combo.setToolTip(f"Not available: {self._why_not}." if self._why_not else COMBO_HELP)
         reason = f"Not available: {self._why_not}." if self._why_not else ""
-        self._win.sampling_panel.set_draft_unavailable(
+        self._sampling.set_draft_unavailable(
             {name: reason for name in DRAFT_FIELDS} if reason else {}
         )
         self._target = "" if info.server else str(info.path)
@@ -177,16 +173,16 @@ class DraftControl(QObject):
     def _on_draft_loaded(self, info: DraftInfo | None) -> None:
         self.loaded = info
         self.wanted = str(info.path) if info is not None else ""
-        self._win.session.draft_path = self.wanted
+        self._ctx.session.draft_path = self.wanted
         self._fill()
         self._show_state()
 
     def _on_draft_failed(self, message: str) -> None:
         self.wanted = str(self.loaded.path) if self.loaded is not None else ""
-        self._win.session.draft_path = self.wanted
+        self._ctx.session.draft_path = self.wanted
         self._fill()
         self._show_error(message)
-        self._win.statusBar().showMessage(message, 10000)
+        self._ctx.status(message, 10000)
 
     def _on_candidates(self, target: str, found: list[DraftCandidate]) -> None:
         if target != self._target:
@@ -198,7 +194,7 @@ class DraftControl(QObject):
         if self.status.styleSheet() != ERROR_STYLE:
             self._show_state()
 
-    def _on_conversation(self, conv: Conversation) -> None:
+    def on_conversation(self, conv: Conversation) -> None:
         """An opened conversation brings back the draft model its replies used."""
         path = conv.draft_path
         if not path or path == self.wanted or self._why_not:
@@ -208,7 +204,7 @@ class DraftControl(QObject):
         except (OSError, ValueError):
             there = False
         if not there:
-            self._win.session_view.notice(
+            self._ctx.notice(
                 f"This conversation drafted with {Path(path).name}, which is no longer at "
                 f"{path}; replies go on without that draft model."
             )
@@ -223,9 +219,9 @@ class DraftControl(QObject):
             self.choose(path)
 
     def _on_browse(self) -> None:
-        start = str(self._win._dirs.models)
+        start = str(self._ctx.dirs.models)
         path, _ = QFileDialog.getOpenFileName(
-            self._win, "Choose a draft model", start, "GGUF models (*.gguf);;All files (*)"
+            self._ctx.parent, "Choose a draft model", start, "GGUF models (*.gguf);;All files (*)"
         )
         if path:
             self.choose(path)
@@ -256,7 +252,7 @@ class DraftControl(QObject):
             combo.setCurrentIndex(max(0, index))
 
     def _show_state(self, loading: bool = False) -> None:
-        params = self._win.sampling_panel.params()
+        params = self._sampling.params()
         if self._why_not:
             text = f"Not available: {self._why_not}."
         elif loading and self.wanted:
@@ -278,8 +274,3 @@ class DraftControl(QObject):
     def _show_error(self, message: str) -> None:
         self.status.setStyleSheet(ERROR_STYLE)
         self.status.setText(message)
-
-
-def install(win: MainWindow) -> DraftControl:
-    """Add the draft model chooser to ``win``'s sampling panel and wire it."""
-    return DraftControl(win)

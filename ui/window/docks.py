@@ -8,36 +8,44 @@ shows the reply speed meanwhile.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMainWindow
 
+from app.config.params import LoadConfig, SamplingParams
+from app.config.presets import PresetStore
 from ui.chat import conversation_files
+from ui.common.context import Context
 from ui.perf.perf_panel import PerfPanel
 from ui.settings.lora_panel import LoraPanel
 from ui.settings.sampling_panel import SamplingPanel
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
 
 SIDE_WIDTH = 380  # px: the sampling / LoRA column
 PERF_HEIGHT = 250  # px: the charts, once opened
 
 
-def build(win: MainWindow) -> tuple[SamplingPanel, PerfPanel, LoraPanel]:
-    """Create the docks, wire them to ``win`` and lay them out."""
-    settings = win._settings
-    sampling = SamplingPanel(win.presets, settings.sampling, settings.load, win)
-    sampling.samplingChanged.connect(win._on_sampling_changed)
-    sampling.reloadRequested.connect(win._on_reload_requested)
+def build(
+    win: QMainWindow,
+    ctx: Context,
+    presets: PresetStore,
+    sampling_changed: Callable[[SamplingParams], None],
+    reload_requested: Callable[[LoadConfig], None],
+) -> tuple[SamplingPanel, PerfPanel, LoraPanel]:
+    """Create the docks, wire them (``sampling_changed``: new sampling settings;
+    ``reload_requested``: load settings that need a reload) and lay them out."""
+    settings = ctx.settings.value
+    sampling = SamplingPanel(presets, settings.sampling, settings.load, win)
+    sampling.samplingChanged.connect(sampling_changed)
+    sampling.reloadRequested.connect(reload_requested)
     win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, sampling)
     perf = PerfPanel(win)
     perf.exportRequested.connect(
-        lambda: conversation_files.ask_export_metrics(win.ctx, win.conversation)
+        lambda: conversation_files.ask_export_metrics(ctx, ctx.session.conversation)
     )
     win.addDockWidget(Qt.DockWidgetArea.BottomDockWidgetArea, perf)
     lora = LoraPanel(win)
-    lora.stackChanged.connect(win._client.set_lora_stack)
+    lora.stackChanged.connect(ctx.client.set_lora_stack)
     win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, lora)
     win.tabifyDockWidget(sampling, lora)
     sampling.raise_()

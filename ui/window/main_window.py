@@ -8,7 +8,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QEventLoop, QTimer, Signal
+from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtGui import QAction, QCloseEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -33,28 +33,33 @@ from app.engine.backend import ModelInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.gguf.lora import LoraStack
-from app.util.sysinfo import size_text
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
 from ui.chat.chat_pane import ChatPane
 from ui.chat.conversation_list import ConversationList
-from ui.chat.prompt_controls import install as install_prompt_controls
+from ui.chat.prompt_controls import PromptControls
 from ui.chat.search_jump import SearchJump
-from ui.chat.session_view import WindowView
 from ui.common import accessibility, theme
+from ui.common.context import Context, LoadedModel, SettingsStore
 from ui.engine.worker import DEFAULT_MODEL, EngineClient
-from ui.models import model_drop
 from ui.models.hub_workers import HubServices
+from ui.models.model_drop import ModelDrop
 from ui.models.model_manager import ModelManager
 from ui.models.model_status import ModelStatus
-from ui.models.onboarding import install as install_onboarding
+from ui.models.onboarding import Onboarding
 from ui.models.recent_models import RecentModels
+from ui.perf.perf_panel import PerfPanel
 from ui.remote.remote_control import RemoteControl
 from ui.settings.draft_control import DraftControl
-from ui.settings.draft_control import install as install_draft_control
-from ui.window import docks, window_actions, window_state
+from ui.settings.lora_panel import LoraPanel
+from ui.settings.sampling_panel import SamplingPanel
+from ui.window import capabilities, docks, window_actions, window_state
+from ui.window.restyle import TranscriptRestyle
+from ui.window.session_view import WindowView
 
 log = logging.getLogger(__name__)
+
+CLOSE_WAIT_MS = 5000  # how long a close waits for a stopped reply to be recorded
 
 
 class MainWindow(QMainWindow):
@@ -74,21 +79,20 @@ class MainWindow(QMainWindow):
     conversationOpened = Signal(object)
     snapshotSaved = Signal(str)
 
-    # Made by ui.window.window_actions.build.
+    # Made by _build_actions (ui.window.window_actions.build).
     new_chat_action: QAction
     open_model_action: QAction
     regenerate_action: QAction
     manager_action: QAction
     compact_cache_action: QAction
-    connect_action: QAction
-    api_action: QAction
     new_chat_button: QWidget
-    chat_menu: QMenu
     view_menu: QMenu
-    model_menu: QMenu
     recent_models: RecentModels
     backend_page: QDialog
-    draft_control: DraftControl
+    # Made by ui.window.docks.build.
+    sampling_panel: SamplingPanel
+    perf_panel: PerfPanel
+    lora_panel: LoraPanel
 
     def __init__(
         self,
@@ -102,37 +106,67 @@ class MainWindow(QMainWindow):
         self.setObjectName("mainWindow")
         self.setWindowTitle("Lamplight")
         self.resize(1280, 860)
-        self._client = client
-        self._settings = settings
-        self._dirs = dirs
-        self._store = store or ConversationStore(dirs.root)
-        self._store.budget_bytes = settings.snapshot_budget_mb * 1024 * 1024
-        self._services = services
+        self.settings_store = SettingsStore(settings, dirs.settings_file, self._show_status)
+        self.client = client
+        self.dirs = dirs
+        self.store = store or ConversationStore(dirs.root)
+        self.store.budget_bytes = settings.snapshot_budget_mb * 1024 * 1024
+        self.services = services
         self.model_manager: ModelManager | None = None
-        self._model: ModelInfo | None = None
-        self._loading = False
-        self._closing = False
+        # The one copy of the model in use: every view observes it.
+        self.loaded_model = LoadedModel(self)
+        self.closing = False  # a close was asked for (it may wait for the reply to stop)
+        self._close_waiting = False
+        self._close_now = False
+        self.closed = False  # closed for good: settings saved, engine joined
+        self._close_timer = QTimer(self)
+        self._close_timer.setSingleShot(True)
+        self._close_timer.timeout.connect(self._close_without_waiting)
         self._layout_restored = False
-        self._restyle_pending = False
-        self._reply_started = 0.0
-        self.session_view = WindowView(self)
-        self.session = ChatSession(self._store, client, self.session_view, settings.system_prompt)
+        self.session_view = WindowView(self, self)
+        self.session = ChatSession(self.store, client, self.session_view, settings.system_prompt)
+        self.ctx = Context(
+            client=client,
+            settings=self.settings_store,
+            dirs=dirs,
+            session=self.session,
+            model=self.loaded_model,
+            parent=self,
+            status=self._show_status,
+            notice=self.session_view.notice,
+            open_model=self.open_model,
+        )
+        self.loaded_model.changed.connect(self._on_model_changed)
 
         self._build_widgets()
-        window_actions.build(self)
-        self.onboarding = install_onboarding(self)
-        self.prompt_controls = install_prompt_controls(self)
-        self.draft_control = install_draft_control(self)
+        self._build_actions()
+        self.onboarding = Onboarding(
+            self.ctx,
+            self.services,
+            self.transcript,
+            self.modelReady,
+            partial(window_actions.add_to_menu, self),
+            self.session_view.conversation_listeners.append,
+            self.show_model_manager,
+        )
+        self.prompt_controls = PromptControls(
+            self.ctx, self.chat, partial(window_actions.add_to_menu, self), self.modelReady
+        )
+        self.draft_control = DraftControl(self.ctx, self.sampling_panel)
+        listeners = self.session_view.conversation_listeners
+        listeners.append(self.prompt_controls.on_conversation_shown)
+        listeners.append(self.draft_control.on_conversation)
         self._connect_engine()
         self.refresh_sidebar()
-        self._update_buttons()
-        self.model_drop = model_drop.install(self)
+        self.update_buttons()
+        self.model_drop = ModelDrop(self.ctx, self._add_dropped_adapter, lambda: self.model_manager)
         app = QApplication.instance()
         assert isinstance(app, QApplication)
         self.theme = theme.theme_for(app, settings.theme)
         self.theme.set_choice(settings.theme)
-        self._dark = theme.is_dark(self.palette())
-        self.replyEnded.connect(self._on_reply_ended_restyle)
+        self.restyle = TranscriptRestyle(
+            self, lambda: self.busy or self.closing, self._redraw_transcript, self.replyEnded
+        )
 
     # -- construction ----------------------------------------------------------------
 
@@ -145,7 +179,7 @@ class MainWindow(QMainWindow):
         self.edit_banner = self.chat.edit_banner
         self.transcript.actionRequested.connect(self._on_message_action)
         self.chat_input.submitted.connect(self.send)
-        self.chat_input.textChanged.connect(self._update_buttons)
+        self.chat_input.textChanged.connect(self.update_buttons)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
         self.chat.flushed.connect(self._on_flushed)
@@ -154,37 +188,65 @@ class MainWindow(QMainWindow):
         self.sidebar.openRequested.connect(self.open_conversation)
         self.sidebar.renameRequested.connect(self.rename_conversation)
         self.sidebar.forkRequested.connect(self.session.fork_saved)
-        self.sidebar.deleteRequested.connect(partial(conversation_files.ask_delete, self))
-        self.sidebar.exportRequested.connect(partial(conversation_files.ask_export, self))
+        self.sidebar.deleteRequested.connect(partial(conversation_files.ask_delete, self.ctx))
+        self.sidebar.exportRequested.connect(partial(conversation_files.ask_export, self.ctx))
         self.sidebar.newChatRequested.connect(self.new_chat)
-        self.search_jump = SearchJump(self)
+        self.search_jump = SearchJump(
+            self.ctx, self.sidebar, self.transcript, self.conversationOpened
+        )
         splitter = QSplitter(self)
         splitter.setObjectName("mainSplitter")
         splitter.addWidget(self.sidebar)
         splitter.addWidget(self.chat)
         splitter.setStretchFactor(1, 1)
-        splitter.setSizes([260, 920])
+        splitter.setSizes([230, 950])  # the conversation gets the width (issue 27)
         self.setCentralWidget(splitter)
 
-        self.presets = PresetStore(self._dirs.root / "presets.json")
-        self.sampling_panel, self.perf_panel, self.lora_panel = docks.build(self)
+        self.presets = PresetStore(self.dirs.root / "presets.json")
+        self.sampling_panel, self.perf_panel, self.lora_panel = docks.build(
+            self, self.ctx, self.presets, self._on_sampling_changed, self._on_reload_requested
+        )
 
         bar = self.statusBar()
-        self.model_status = ModelStatus(self, bar, self._client.cancel_load)
-        self.remote = RemoteControl(self, bar)
-        self.api = ApiControl(self._client, bar, self)
+        self.model_status = ModelStatus(self, bar, self.client.cancel_load)
+        self.remote = RemoteControl(self.ctx, bar, self.begin_loading)
+        self.api = ApiControl(self.client, bar, self)
         self.status_model = self.model_status.label
         self.status_backend = self.model_status.backend
-        self.status_speed = self._label("", "statusSpeed")
-        self.status_lora = self._label("", "statusLora")
+        self.status_speed, self.status_lora = QLabel(self), QLabel(self)
+        self.status_speed.setObjectName("statusSpeed")
+        self.status_lora.setObjectName("statusLora")
         for w in (self.status_lora, self.status_speed, self.status_backend):
             bar.addPermanentWidget(w)
+
+    def _build_actions(self) -> None:
+        built = window_actions.build(
+            self,
+            self.ctx,
+            window_actions.specs(self, self.settings.load.kv_type == "q8_0"),
+            (self.sampling_panel, self.perf_panel, self.lora_panel),
+            self.set_theme,
+        )
+        a = self.actions_by_name = built.actions  # every window action, by its spec's name
+        self.new_chat_action = a["new_chat"]
+        self.open_model_action = a["open_model"]
+        self.regenerate_action = a["regenerate"]
+        self.manager_action = a["manager"]
+        self.manager_action.setEnabled(self.services is not None)
+        self.compact_cache_action = a["compact_cache"]
+        self.view_menu = built.menus["&View"]
+        self.new_chat_button = built.new_chat_button
+        self.recent_models = built.recent_models
+
+    def show_backend_page(self) -> None:
+        """Help -> Hardware and backends…."""
+        self.backend_page = window_actions.show_backend_page(self.ctx)
 
     def setVisible(self, visible: bool) -> None:
         """The first show restores the saved layout, after every panel was made."""
         if visible and not self._layout_restored:
             self._layout_restored = True
-            problems = window_state.restore(self, self._settings.window_layout)
+            problems = window_state.restore(self, self.settings.window_layout)
             if problems:
                 self.statusBar().showMessage(
                     "The saved window layout could not be used in full; the default is used.",
@@ -195,15 +257,11 @@ class MainWindow(QMainWindow):
             self.model_drop.watch(self)
         super().setVisible(visible)
 
-    def _label(self, text: str, name: str) -> QLabel:
-        label = QLabel(text, self)
-        label.setObjectName(name)
-        return label
-
     def _connect_engine(self) -> None:
-        w = self._client.worker
+        w = self.client.worker
         w.loadProgress.connect(self._on_load_progress)
         w.modelLoaded.connect(self._on_model_loaded)
+        w.modelUnloaded.connect(self._on_unloaded)
         w.loadFailed.connect(self._on_load_failed)
         w.prefillProgress.connect(self._on_prefill_progress)
         w.tokens.connect(self._on_tokens)
@@ -236,12 +294,23 @@ class MainWindow(QMainWindow):
     def reply_metrics(self) -> list[MessageMetrics]:
         return self.session.reply_metrics()
 
-    def _update_buttons(self) -> None:
-        ready = self._model is not None and not self._loading
+    @property
+    def settings(self) -> AppSettings:
+        return self.settings_store.value
+
+    def _show_status(self, text: str, ms: int = 0) -> None:
+        self.statusBar().showMessage(text, ms)
+
+    def conversation_opened(self, result: RestoreResult) -> None:
+        self.conversationOpened.emit(result)
+
+    def update_buttons(self) -> None:
+        ready = self.loaded_model.ready
+        loading = self.loaded_model.loading
         self.send_button.setEnabled(ready and not self.busy and self.chat.has_text())
         self.stop_button.setEnabled(self.busy)
         # While a reply streams too: the load waits for it (``when_idle``).
-        self.open_model_action.setEnabled(not self._loading)
+        self.open_model_action.setEnabled(not loading)
         self.regenerate_action.setEnabled(ready and self.session.can_regenerate())
 
     # -- engine events ---------------------------------------------------------------
@@ -254,7 +323,7 @@ class MainWindow(QMainWindow):
         self.perf_panel.add_tokens()
 
     def _on_flushed(self, n_tokens: int) -> None:
-        elapsed = time.perf_counter() - self._reply_started
+        elapsed = time.perf_counter() - self.session_view.reply_started
         if elapsed > 0:
             self.status_speed.setText(f"{n_tokens / elapsed:.1f} tok/s")
 
@@ -280,17 +349,8 @@ class MainWindow(QMainWindow):
         if request == self.session.request_id and total > 0:
             self.status_speed.setText(f"reading prompt {done}/{total}")
 
-    def _on_snapshot_saved(self, conv_id: str, size: int, dropped: list[str]) -> None:
-        if dropped:
-            self.statusBar().showMessage(
-                f"Dropped {len(dropped)} old conversation cache(s) to stay within "
-                f"{size_text(self._store.budget_bytes)}",
-                6000,
-            )
-        for changed in (conv_id, *dropped):
-            if self._store.transcript_path(changed).exists():
-                self.session_view.row_saved(changed)
-        self.sidebar.set_usage(self._store.total_snapshot_bytes(), self._store.budget_bytes)
+    def _on_snapshot_saved(self, conv_id: str, _size: int, dropped: list[str]) -> None:
+        self.session_view.snapshot_saved(conv_id, dropped)
         self.snapshotSaved.emit(conv_id)
 
     def _on_restored(self, result: RestoreResult) -> None:
@@ -299,13 +359,13 @@ class MainWindow(QMainWindow):
     # -- chat commands ---------------------------------------------------------------
 
     def send(self) -> None:
-        if not self.chat.has_text() or self.busy or self._model is None or self._loading:
+        if not self.chat.has_text() or self.busy or not self.loaded_model.ready:
             return
         waiting = self.api.waiting_note()
         if waiting:
             self.transcript.add_notice(waiting)
         # The box is emptied only once the message is the session's (nothing is dropped).
-        if self.session.send(self.chat.text(), self._settings.sampling):
+        if self.session.send(self.chat.text(), self.settings.sampling):
             self.chat.clear_text()
         if waiting:  # until the reply's first words replace it
             self.status_speed.setText("waiting for the API request…")
@@ -313,9 +373,9 @@ class MainWindow(QMainWindow):
     def send_dropping_older(self) -> None:
         """Answer the message left unanswered (or send the box's text) once, with older
         messages dropped to make room."""
-        if self.busy or self._model is None or self._loading:
+        if self.busy or not self.loaded_model.ready:
             return
-        once = replace(self._settings.sampling, overflow="truncate_middle")
+        once = replace(self.settings.sampling, overflow="truncate_middle")
         if self.session.answer_pending(once):
             return
         if self.chat.has_text() and self.session.send(self.chat.text(), once):
@@ -323,14 +383,14 @@ class MainWindow(QMainWindow):
 
     def regenerate(self) -> None:
         """Replace the last reply with a new one (the prompt's KV cache is reused)."""
-        if self._model is not None and not self._loading:
-            self.session.regenerate(self._settings.sampling)
+        if self.loaded_model.ready:
+            self.session.regenerate(self.settings.sampling)
 
     def answer_pending(self) -> bool:
         """Reply to the conversation's last message if it has no reply (after a crash)."""
-        if self._model is None or self._loading:
+        if not self.loaded_model.ready:
             return False
-        return self.session.answer_pending(self._settings.sampling)
+        return self.session.answer_pending(self.settings.sampling)
 
     def edit_message(self, index: int) -> None:
         """Put user message ``index`` in the input box; sending replaces it and what follows."""
@@ -361,9 +421,6 @@ class MainWindow(QMainWindow):
     def rename_conversation(self, conv_id: str, title: str) -> None:
         self.session.rename(conv_id, title)
 
-    def delete_conversation(self, conv_id: str) -> None:
-        self.session.delete(conv_id)
-
     def _on_message_action(self, action: str, index: int) -> None:
         if action == "edit":
             self.edit_message(index)
@@ -379,18 +436,23 @@ class MainWindow(QMainWindow):
             self.send_dropping_older()
 
     def export_conversation(self, conv: Conversation, path: Path, fmt: str) -> None:
-        conversation_files.export_conversation(self, conv, path, fmt)
+        conversation_files.export_conversation(self.ctx, conv, path, fmt)
 
     def export_metrics(self, path: Path) -> None:
-        conversation_files.export_metrics(self, self.conversation, path)
+        conversation_files.export_metrics(self.ctx, self.conversation, path)
+
+    def _add_dropped_adapter(self, path: Path) -> bool:
+        self.lora_panel.show()
+        self.lora_panel.raise_()
+        return self.lora_panel.add_adapter(path)
 
     def refresh_sidebar(self) -> None:
-        rows = self._store.list()
+        rows = self.store.list()
         self.sidebar.set_conversations(
             rows,
             self.conversation.id,
             sum(r.snapshot_bytes for r in rows),
-            self._store.budget_bytes,
+            self.store.budget_bytes,
         )
 
     # -- model -----------------------------------------------------------------------
@@ -400,102 +462,115 @@ class MainWindow(QMainWindow):
         then the local API server, if it is switched on."""
         if not self.remote.start():
             self.load_model(model)
-        if self._settings.api.enabled:
-            problem = self.api.start(self._settings.api)
+        if self.settings.api.enabled:
+            problem = self.api.start(self.settings.api)
             if problem:
                 self.session_view.notice(f"The local API server did not start: {problem}")
 
     def set_api_settings(self, api: ApiSettings) -> None:
         """The API server's settings, as the dialog applied them."""
-        self._settings.api = api
-        self._save_settings()
+        self.settings_store.update(api=api)
 
     def load_model(self, path: str | Path | None) -> None:
         """Load ``path``, or the embedded default model when None."""
         self.begin_loading("Loading model…")
-        self._client.load(DEFAULT_MODEL if path is None else path, self._settings.load)
+        self.client.load(DEFAULT_MODEL if path is None else path, self.settings.load)
+
+    def open_model(self, path: str | Path | None) -> None:
+        """Load ``path`` (None: the embedded default) once the reply in progress is settled."""
+        self.session.when_idle(partial(self.load_model, path))
 
     def begin_loading(self, what: str) -> None:
         """A load or connect is under way: the model may change when it ends."""
-        self._loading = True
+        self.loaded_model.set_loading(True)
         self.model_status.loading(what)
-        self._update_buttons()
+        self.update_buttons()
 
     def reload_model(self) -> None:
         """Load the current model again with the current settings, once the reply is settled."""
-        if self._model is not None and self._model.server:
+        model = self.loaded_model.info
+        if model is not None and model.server:
             conn = self.remote.current
             if conn is not None:
                 self.session.when_idle(lambda: self.remote.connect_to(conn))
-        elif self._model is not None:
-            path = self._model.path
-            self.session.when_idle(lambda: self.load_model(path))
+        elif model is not None:
+            self.open_model(model.path)
 
     def unload_model(self) -> None:
-        def unload() -> None:
-            self._client.unload()
-            self._model = self.session.model = None
-            self.model_status.none()
-            self._update_buttons()
+        """Free the model once the reply is settled; ``_on_unloaded`` says when it is gone
+        (the model manager deletes a file only then)."""
+        self.session.when_idle(self.client.unload)
 
-        self.session.when_idle(unload)
+    def _on_unloaded(self) -> None:
+        self.loaded_model.set(None)
+        self.model_status.none()
 
-    def show_model_manager(self) -> None:
-        if self._services is not None:
-            window_actions.show_model_manager(self, self._services)
+    def show_model_manager(self) -> ModelManager | None:
+        if self.services is None:
+            return None
+        if self.model_manager is None:
+            self.model_manager = window_actions.make_model_manager(
+                self.ctx, self.services, self.unload_model, self.lora_panel.set_library_adapters
+            )
+        self.model_manager.show()
+        self.model_manager.raise_()
+        return self.model_manager
 
     def _on_sampling_changed(self, params: SamplingParams) -> None:
-        self._settings.sampling = params
-        self._save_settings()
+        self.settings_store.update(sampling=params)
 
     def _on_reload_requested(self, load: LoadConfig) -> None:
-        self._settings.load = load
-        self._save_settings()
+        self.settings_store.update(load=load)
         self.reload_model()
 
-    def _on_compact_cache_toggled(self) -> None:
+    def toggle_compact_cache(self) -> None:
+        """Model -> Compact KV cache was switched: reload with the other cache type."""
         kv_type = "q8_0" if self.compact_cache_action.isChecked() else "f16"
-        self._settings.load = replace(self._settings.load, kv_type=kv_type)
-        self._save_settings()
+        self.settings_store.update(load=replace(self.settings.load, kv_type=kv_type))
         self.reload_model()
 
     def _on_load_progress(self, value: float, what: str) -> None:
         self.model_status.advanced(value, what)
 
+    def _on_model_changed(self, info: ModelInfo | None) -> None:
+        self.session.model = info  # the session's copy is fed from here only
+        if info is not None and not self.loaded_model.loading:
+            self.model_status.loaded(info)
+        self.update_buttons()
+
     def _on_model_loaded(self, info: ModelInfo) -> None:
-        self._loading = False
-        self._model = self.session.model = info
-        self.model_status.loaded(info)
+        self.loaded_model.set_loading(False)
+        self.loaded_model.set_loaded(info)  # the model status shows it
         self.setWindowTitle(f"Lamplight — {info.name}")
-        if self.model_manager is not None:
-            self.model_manager.loaded_model = str(info.path)
         if not info.server:
-            self._settings.model_path = str(info.path)
-            self._settings.remember_model(str(info.path))
-            self._save_settings()
-        self.sampling_panel.set_load(self._settings.load)
-        self.remote.loaded(info)
+            self.settings_store.value.remember_model(str(info.path))
+            self.settings_store.mark_dirty()
+            self.settings_store.update(model_path=str(info.path))
+        self.sampling_panel.set_load(self.settings.load)
+        conn = self.remote.loaded(info)
+        capabilities.show(info, self.sampling_panel, self.lora_panel, conn)
+        capabilities.show_in_window(info, self.compact_cache_action, self.perf_panel)
         key = f"{info.name}:{info.file_size}"
         self.sampling_panel.model_key = key
         if key in self.presets.model_defaults and not self.conversation.sampling:
             self.sampling_panel.select_preset(self.presets.default_for(key))
         if self.conversation.messages:
             # Resume from the saved cache if it was made with this model; else re-read.
-            self._client.restore_snapshot(self.conversation.id)
-        self._update_buttons()
+            self.client.restore_snapshot(self.conversation.id)
+        self.update_buttons()
         self.chat_input.setFocus()
         self.modelReady.emit(info)
 
     def _on_load_failed(self, message: str, previous_still_loaded: bool) -> None:
-        self._loading = False
+        self.loaded_model.set_loading(False)
         self.remote.failed()
         if not previous_still_loaded:
-            self._model = self.session.model = None
-        self.model_status.failed(self._model)
+            self.loaded_model.set(None)
+        self.model_status.failed(self.loaded_model.info)
         self.transcript.add_notice(message)
-        self._update_buttons()
+        self.update_buttons()
         self.modelFailed.emit(message)
-        if not self._closing and self.isVisible():
+        if not self.closing and self.isVisible():
             QMessageBox.warning(self, "Could not load the model", message)
 
     def _on_load_note(self, message: str) -> None:
@@ -512,64 +587,63 @@ class MainWindow(QMainWindow):
 
     def set_theme(self, choice: str) -> None:
         """View -> Appearance: ``system``, ``light`` or ``dark``."""
-        self._settings.theme = choice
-        self._save_settings()
+        self.settings_store.update(theme=choice)
         self.theme.set_choice(choice)
 
     def changeEvent(self, event: QEvent) -> None:
-        """A light/dark switch: the transcript's HTML has its colours baked in, so it is
-        drawn again (after the reply that is streaming, if any)."""
         super().changeEvent(event)
-        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "_dark"):
-            dark = theme.is_dark(self.palette())
-            if dark != self._dark:
-                self._dark = dark
-                self._restyle_pending = True
-                if not self.busy:
-                    QTimer.singleShot(0, self._restyle_transcript)
+        if event.type() == QEvent.Type.PaletteChange and hasattr(self, "restyle"):
+            self.restyle.palette_changed()
 
-    def _on_reply_ended_restyle(self, _how: str) -> None:
-        if self._restyle_pending:
-            QTimer.singleShot(0, self._restyle_transcript)
-
-    def _restyle_transcript(self) -> None:
-        if not self._restyle_pending or self.busy or self._closing:
-            return
-        self._restyle_pending = False
+    def _redraw_transcript(self) -> None:
         if self.conversation.messages:
             self.transcript.show_messages(self.conversation.messages)
         else:
             self.transcript.clear_conversation()
 
-    def _save_settings(self) -> None:
-        try:
-            self._settings.save(self._dirs.settings_file)
-        except OSError as exc:
-            self.statusBar().showMessage(f"Could not save settings: {exc}", 8000)
-
     # -- shutdown ------------------------------------------------------------------
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        self._closing = True
-        # First: API requests end and none reaches the worker while the chat is saved.
-        self.api.stop()
-        if self.busy:
-            # Stop the reply and let it be recorded and saved like any stopped reply.
-            loop = QEventLoop()
-            self.replyEnded.connect(loop.quit)
-            QTimer.singleShot(5000, loop.quit)
-            self.stop()
-            loop.exec()
+        """Close once the reply in progress is stopped, recorded and saved (the close is
+        put off until then, at most ``CLOSE_WAIT_MS``; no nested event loop)."""
+        if self.closed:
+            event.accept()
+            return
+        if not self.closing:
+            self.closing = True
+            # First: API requests end and none reaches the worker while the chat is saved.
+            self.api.stop()
+        if self.busy and not self._close_now:
+            event.ignore()
+            if not self._close_waiting:
+                self._close_waiting = True
+                self.stop()  # recorded and saved like any stopped reply
+                self.session.when_idle(self._close_again)
+                self._close_timer.start(CLOSE_WAIT_MS)
+            return
+        self.closed = True
+        self._close_timer.stop()
         self.chat.end_stream()
         self.perf_panel.stop_timers()
         self.remote.shutdown()
         self.session.save()
+        changes: dict[str, object] = {}
         if self.conversation.messages:
-            self._settings.last_conversation = self.conversation.id
+            changes["last_conversation"] = self.conversation.id
         if self._layout_restored:  # never shown: nothing worth keeping
-            self._settings.window_layout = window_state.capture(self)
-        self._save_settings()
-        self._client.shutdown()
-        if self._services is not None:
-            self._services.shutdown()
+            changes["window_layout"] = window_state.capture(self)
+        self.settings_store.mark_dirty()  # what is in use is kept, also what was not saved
+        self.settings_store.update(**changes)
+        self.client.shutdown()
+        if self.services is not None:
+            self.services.shutdown()
         super().closeEvent(event)
+
+    def _close_again(self) -> None:
+        self.close()
+
+    def _close_without_waiting(self) -> None:
+        """The stopped reply did not settle in time: close anyway."""
+        if not self.closed:
+            self._close_now = True
+            self.close()

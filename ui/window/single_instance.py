@@ -248,7 +248,7 @@ class _Connection(QObject):
 
 def install(win: MainWindow, server: InstanceServer) -> None:
     """Let later launches bring ``win`` to the front and hand it a model."""
-    server.accepting = lambda: not win._closing
+    server.accepting = lambda: not win.closing
     server.activated.connect(partial(_on_activated, win))
 
 
@@ -272,7 +272,7 @@ def bring_to_front(win: MainWindow) -> None:
 
 def open_handed_model(win: MainWindow, path: Path) -> None:
     """Open ``path`` as a dropped file would; after the load under way, if any."""
-    if not win._loading:
+    if not win.loaded_model.loading:
         win.model_drop.open(path)
         return
 

@@ -1,164 +1,260 @@
-"""The main window's actions, menus and toolbar, and the dialogs they open."""
+"""The main window's actions, menus and toolbar (declared as data), and the dialogs they open.
+
+The window's actions are ``ActionSpec`` rows (``specs``); ``MENUS`` and ``TOOLBAR`` say
+where each goes, by name; ``build`` makes them. The window is seen through ``ActionHost``,
+what the actions call.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMenu, QToolBar
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMenu, QToolBar, QWidget
 
+from app.chat.conversation import Conversation
+from app.config.params import ApiSettings
 from app.engine.hardware import detect_hardware
 from app.models.library import LibraryEntry
+from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
-from ui.models import recent_models
+from ui.common.context import Context
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
+from ui.models.recent_models import RecentModels
 from ui.perf.backend_page import BackendPage, system_info
+from ui.remote.remote_control import RemoteControl
 
 if TYPE_CHECKING:
     from ui.api.api_dialog import ApiDialog
-    from ui.window.main_window import MainWindow
 
 Shortcut = QKeySequence | QKeySequence.StandardKey | str | None
 
+RECENT = "recent_models"  # where Model -> Recent models goes in ``MENUS``
+DOCK_KEYS = ("Ctrl+Shift+S", "Ctrl+Shift+P", "Ctrl+Shift+L")  # sampling, charts, LoRA
 
-def _action(
-    win: MainWindow, text: str, slot: Callable[[], object], keys: Shortcut = None, tip: str = ""
-) -> QAction:
-    action = QAction(text, win)
-    if keys is not None:
-        action.setShortcut(QKeySequence(keys))
+# Menu title -> action names in order (None: a separator).
+MENUS: dict[str, list[str | None]] = {
+    "&File": ["new_chat", "open_model", None, "import", "export_json", "export_md", None, "quit"],
+    "&Chat": ["regenerate"],
+    "&View": [],  # the panels' toggles and Appearance (``build``)
+    "&Model": ["manager", "open_model", RECENT, "connect", "api", "compact_cache"],
+    "&Help": ["backend_page"],
+}
+TOOLBAR = ["new_chat", "manager", "open_model", "regenerate"]
+
+
+class ApiHost(Protocol):
+    """What the API dialog needs of the window."""
+
+    @property
+    def ctx(self) -> Context: ...
+    @property
+    def api(self) -> ApiControl: ...
+    def set_api_settings(self, api: ApiSettings) -> None: ...
+
+
+class ActionHost(ApiHost, Protocol):
+    """What the window's actions call."""
+
+    @property
+    def chat_input(self) -> QWidget: ...
+    @property
+    def conversation(self) -> Conversation: ...
+    @property
+    def remote(self) -> RemoteControl: ...
+    def new_chat(self) -> None: ...
+    def regenerate(self) -> None: ...
+    def stop(self) -> None: ...
+    def close(self) -> bool: ...
+    def show_model_manager(self) -> object: ...
+    def show_backend_page(self) -> None: ...
+    def toggle_compact_cache(self) -> None: ...
+    def activateWindow(self) -> None: ...
+    def raise_(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """One window action: ``name`` places it (``MENUS``, ``TOOLBAR``) and names it."""
+
+    name: str
+    text: str
+    slot: Callable[[], object]
+    keys: Shortcut = None
+    tip: str = ""
+    checkable: bool = False
+    checked: bool = False
+
+
+@dataclass
+class Built:
+    """What ``build`` made: actions by name, menus by title, the New chat button."""
+
+    actions: dict[str, QAction]
+    menus: dict[str, QMenu]
+    new_chat_button: QWidget
+    recent_models: RecentModels
+
+
+def specs(host: ActionHost, compact_cache: bool) -> list[ActionSpec]:
+    """The window's actions (``compact_cache``: the KV cache is q8_0 now)."""
+    ctx, files = host.ctx, conversation_files
+    key = QKeySequence.StandardKey
+    return [
+        ActionSpec("new_chat", "New chat", host.new_chat, key.New, "Start a new conversation"),
+        ActionSpec(
+            "open_model",
+            "Open model…",
+            partial(ask_open_model, ctx),
+            key.Open,
+            "Load a GGUF model file (Ctrl+O)",
+        ),
+        ActionSpec(
+            "regenerate",
+            "Regenerate last reply",
+            host.regenerate,
+            "Ctrl+R",
+            "Ask for another reply (Ctrl+R)",
+        ),
+        ActionSpec("import", "Import conversation…", partial(files.ask_import, ctx)),
+        ActionSpec(
+            "export_json",
+            "Export conversation as JSON…",
+            lambda: files.ask_export(ctx, host.conversation.id, "json"),
+        ),
+        ActionSpec(
+            "export_md",
+            "Export conversation as Markdown…",
+            lambda: files.ask_export(ctx, host.conversation.id, "markdown"),
+        ),
+        # Not StandardKey.Quit: it has no keys on Windows and some Linux desktops.
+        ActionSpec("quit", "Quit", host.close, "Ctrl+Q"),
+        ActionSpec("stop", "Stop", host.stop, QKeySequence(Qt.Key.Key_Escape)),
+        ActionSpec("focus_input", "Focus input", partial(focus_input, host), "Ctrl+L"),
+        ActionSpec(
+            "manager",
+            "Model manager…",
+            host.show_model_manager,
+            "Ctrl+M",
+            "Find, download and manage models (Ctrl+M)",
+        ),
+        ActionSpec(
+            "compact_cache",
+            "Compact KV cache (q8_0, half-size snapshots)",
+            host.toggle_compact_cache,
+            checkable=True,
+            checked=compact_cache,
+        ),
+        ActionSpec(
+            "connect",
+            "Connect to a server…",
+            host.remote.show_dialog,
+            "Ctrl+Shift+K",
+            "Chat with a model on llama-server, vLLM, Ollama or another OpenAI-compatible "
+            "server (Ctrl+Shift+K)",
+        ),
+        ActionSpec(
+            "api",
+            "Local API server…",
+            partial(show_api_dialog, host),
+            tip="Let other programs use the loaded model through an OpenAI-compatible API",
+        ),
+        ActionSpec("backend_page", "Hardware and backends…", host.show_backend_page),
+    ]
+
+
+def _action(host: QMainWindow, spec: ActionSpec) -> QAction:
+    action = QAction(spec.text, host)
+    if spec.keys is not None:
+        action.setShortcut(QKeySequence(spec.keys))
         # Window-wide: the shortcut works wherever focus is (the message box included).
         action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-    if tip:
-        action.setToolTip(tip)
-    action.triggered.connect(slot)
-    win.addAction(action)
+    if spec.tip:
+        action.setToolTip(spec.tip)
+    if spec.checkable:
+        action.setCheckable(True)
+        action.setChecked(spec.checked)
+    action.triggered.connect(spec.slot)
+    host.addAction(action)
     return action
 
 
-def build(win: MainWindow) -> None:
-    """Create the window's actions (as attributes of ``win``), menus and toolbar."""
-    new = QKeySequence.StandardKey.New
-    win.new_chat_action = _action(win, "New chat", win.new_chat, new, "Start a new conversation")
-    win.open_model_action = _action(
-        win,
-        "Open model…",
-        lambda: ask_open_model(win),
-        QKeySequence.StandardKey.Open,
-        "Load a GGUF model file (Ctrl+O)",
-    )
-    win.regenerate_action = _action(
-        win, "Regenerate last reply", win.regenerate, "Ctrl+R", "Ask for another reply (Ctrl+R)"
-    )
-    import_action = _action(win, "Import conversation…", lambda: conversation_files.ask_import(win))
-    export_json = _action(
-        win,
-        "Export conversation as JSON…",
-        lambda: conversation_files.ask_export(win, win.conversation.id, "json"),
-    )
-    export_md = _action(
-        win,
-        "Export conversation as Markdown…",
-        lambda: conversation_files.ask_export(win, win.conversation.id, "markdown"),
-    )
-    # Not StandardKey.Quit: it has no keys on Windows and some Linux desktops.
-    quit_action = _action(win, "Quit", win.close, "Ctrl+Q")
-    _action(win, "Stop", win.stop, QKeySequence(Qt.Key.Key_Escape))
-    _action(win, "Focus input", lambda: focus_input(win), "Ctrl+L")
-    win.manager_action = _action(
-        win,
-        "Model manager…",
-        win.show_model_manager,
-        "Ctrl+M",
-        "Find, download and manage models (Ctrl+M)",
-    )
-    win.manager_action.setEnabled(win._services is not None)
-    win.compact_cache_action = _action(
-        win, "Compact KV cache (q8_0, half-size snapshots)", win._on_compact_cache_toggled
-    )
-    win.compact_cache_action.setCheckable(True)
-    win.compact_cache_action.setChecked(win._settings.load.kv_type == "q8_0")
-
-    menu = win.menuBar()
-    file_menu = menu.addMenu("&File")
-    for a in (win.new_chat_action, win.open_model_action, None, import_action, export_json):
-        file_menu.addSeparator() if a is None else file_menu.addAction(a)
-    file_menu.addAction(export_md)
-    file_menu.addSeparator()
-    file_menu.addAction(quit_action)
-    win.chat_menu = menu.addMenu("&Chat")
-    win.chat_menu.addAction(win.regenerate_action)
-    win.view_menu = menu.addMenu("&View")
-    for dock, keys in (
-        (win.sampling_panel, "Ctrl+Shift+S"),
-        (win.perf_panel, "Ctrl+Shift+P"),
-        (win.lora_panel, "Ctrl+Shift+L"),
-    ):
+def build(
+    host: QMainWindow,
+    ctx: Context,
+    specs: Sequence[ActionSpec],
+    docks: Sequence[QDockWidget],
+    set_theme: Callable[[str], None],
+) -> Built:
+    """Make the window's actions, menus and toolbar; ``docks`` get View menu toggles."""
+    actions = {spec.name: _action(host, spec) for spec in specs}
+    menus: dict[str, QMenu] = {}
+    recent: RecentModels | None = None
+    for title, names in MENUS.items():
+        menu = menus[title] = host.menuBar().addMenu(title)
+        for name in names:
+            if name is None:
+                menu.addSeparator()
+            elif name == RECENT:
+                recent = RecentModels(ctx, menu)
+            else:
+                menu.addAction(actions[name])
+    view = menus["&View"]
+    for dock, keys in zip(docks, DOCK_KEYS, strict=True):
         toggle = dock.toggleViewAction()
         toggle.setShortcut(QKeySequence(keys))
         toggle.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
-        win.addAction(toggle)  # works with the menu bar hidden, or in a floating dock
-        win.view_menu.addAction(toggle)
-    win.view_menu.addSeparator()
-    _appearance_menu(win, win.view_menu.addMenu("Appearance"))
-    win.connect_action = _action(
-        win,
-        "Connect to a server…",
-        win.remote.show_dialog,
-        "Ctrl+Shift+K",
-        "Chat with a model on llama-server, vLLM, Ollama or another OpenAI-compatible "
-        "server (Ctrl+Shift+K)",
-    )
-    win.api_action = _action(
-        win,
-        "Local API server…",
-        lambda: show_api_dialog(win),
-        tip="Let other programs use the loaded model through an OpenAI-compatible API",
-    )
-    model_menu = win.model_menu = menu.addMenu("&Model")
-    for a in (win.manager_action, win.open_model_action):
-        model_menu.addAction(a)
-    win.recent_models = recent_models.install(win, model_menu)
-    for a in (win.connect_action, win.api_action, win.compact_cache_action):
-        model_menu.addAction(a)
-    menu.addMenu("&Help").addAction(
-        _action(win, "Hardware and backends…", lambda: show_backend_page(win))
-    )
+        host.addAction(toggle)  # works with the menu bar hidden, or in a floating dock
+        view.addAction(toggle)
+    view.addSeparator()
+    _appearance_menu(view.addMenu("Appearance"), ctx.settings.value.theme, set_theme)
 
-    toolbar = QToolBar("Main", win)
+    toolbar = QToolBar("Main", host)
     toolbar.setObjectName("mainToolbar")
     toolbar.setMovable(False)
-    win.addToolBar(toolbar)
-    toolbar.addAction(win.new_chat_action)
-    win.new_chat_button = toolbar.widgetForAction(win.new_chat_action)
-    win.new_chat_button.setObjectName("newChatButton")
-    for a in (win.manager_action, win.open_model_action, win.regenerate_action):
-        toolbar.addAction(a)
+    host.addToolBar(toolbar)
+    for name in TOOLBAR:
+        toolbar.addAction(actions[name])
+    button = toolbar.widgetForAction(actions["new_chat"])
+    button.setObjectName("newChatButton")
+    assert recent is not None
+    return Built(actions, menus, button, recent)
 
 
-def focus_input(win: MainWindow) -> None:
+def add_to_menu(host: QMainWindow, title: str, action: QAction) -> None:
+    """Put ``action`` in the menu ``title`` (made if the window has none yet)."""
+    for a in host.menuBar().actions():
+        menu = a.menu()
+        if a.text() == title and isinstance(menu, QMenu):
+            menu.addAction(action)
+            return
+    host.menuBar().addMenu(title).addAction(action)
+
+
+def focus_input(host: ActionHost) -> None:
     """Ctrl+L: the message box, from anywhere (a floating panel too)."""
-    win.activateWindow()
-    win.raise_()
-    win.chat_input.setFocus(Qt.FocusReason.ShortcutFocusReason)
+    host.activateWindow()
+    host.raise_()
+    host.chat_input.setFocus(Qt.FocusReason.ShortcutFocusReason)
 
 
-def share_shortcuts(win: MainWindow) -> None:
+def share_shortcuts(host: QMainWindow) -> None:
     """Make the window's shortcuts work in its floating panels: an action's window-wide
     shortcut reaches only the windows it was added to. Docked, a panel is part of the
     window and nothing changes."""
-    keyed = [a for a in win.actions() if not a.shortcut().isEmpty()]
-    for dock in win.findChildren(QDockWidget):
+    keyed = [a for a in host.actions() if not a.shortcut().isEmpty()]
+    for dock in host.findChildren(QDockWidget):
         have = set(dock.actions())
         dock.addActions([a for a in keyed if a not in have])
 
 
-def _appearance_menu(win: MainWindow, menu: QMenu) -> None:
+def _appearance_menu(menu: QMenu, current: str, set_theme: Callable[[str], None]) -> None:
     """View -> Appearance: follow the system's light/dark scheme, or force one."""
     menu.setObjectName("appearanceMenu")
     group = QActionGroup(menu)
@@ -166,73 +262,73 @@ def _appearance_menu(win: MainWindow, menu: QMenu) -> None:
         action = menu.addAction(text)
         action.setObjectName(f"theme_{choice}")
         action.setCheckable(True)
-        action.setChecked(win._settings.theme == choice)
-        action.triggered.connect(partial(win.set_theme, choice))
+        action.setChecked(current == choice)
+        action.triggered.connect(partial(set_theme, choice))
         group.addAction(action)
 
 
-def ask_open_model(win: MainWindow) -> None:
-    settings = win._settings
-    start = str(Path(settings.model_path).parent) if settings.model_path else str(win._dirs.models)
+# -- the dialogs ---------------------------------------------------------------------
+
+
+def ask_open_model(ctx: Context) -> None:
+    settings = ctx.settings.value
+    start = str(Path(settings.model_path).parent) if settings.model_path else str(ctx.dirs.models)
     path, _ = QFileDialog.getOpenFileName(
-        win, "Open a GGUF model", start, "GGUF models (*.gguf);;All files (*)"
+        ctx.parent, "Open a GGUF model", start, "GGUF models (*.gguf);;All files (*)"
     )
     if path:
-        win.session.when_idle(lambda: win.load_model(path))
+        ctx.open_model(path)
 
 
-def show_api_dialog(win: MainWindow) -> ApiDialog:
+def show_api_dialog(host: ApiHost) -> ApiDialog:
     """Model -> Local API server…: one dialog per window, kept until quit."""
-    from ui.api.api_dialog import ApiDialog
+    from ui.api.api_dialog import ApiDialog  # on first use: it brings the API server in
 
-    dialog = win.findChild(ApiDialog, "apiDialog")
+    ctx = host.ctx
+    dialog = ctx.parent.findChild(ApiDialog, "apiDialog")
     if dialog is None:
-        dialog = ApiDialog(win.api, win._settings.api, win.set_api_settings, win)
+        dialog = ApiDialog(host.api, ctx.settings.value.api, host.set_api_settings, ctx.parent)
     else:
-        dialog.refresh(win._settings.api)
+        dialog.refresh(ctx.settings.value.api)
     dialog.show()
     dialog.raise_()
     return dialog
 
 
-def show_backend_page(win: MainWindow) -> None:
+def show_backend_page(ctx: Context) -> BackendPage:
     from app.engine.native_guard import store_file
     from app.engine.native_libs import machine_key
     from app.engine.native_paths import PathVerdicts
 
-    verdicts = PathVerdicts(store_file(win._dirs.root), machine_key())
-    page = BackendPage(detect_hardware(), system_info(), win, verdicts)
+    verdicts = PathVerdicts(store_file(ctx.dirs.root), machine_key())
+    page = BackendPage(detect_hardware(), system_info(), ctx.parent, verdicts)
     page.show()
-    win.backend_page = page
+    return page
 
 
-def show_model_manager(win: MainWindow, services: HubServices) -> None:
-    if win.model_manager is None:
-        model = win.session.model
-        m = ModelManager(
-            services, str(model.path) if model else None, win._settings.load.n_ctx, win
-        )
-        m.imported = [Path(p) for p in win._settings.imported_models]
-        m.loadRequested.connect(lambda path: win.session.when_idle(lambda: win.load_model(path)))
-        m.defaultRequested.connect(lambda path: _set_default_model(win, path))
-        m.unloadRequested.connect(win.unload_model)
-        m.libraryChanged.connect(lambda entries: _on_library_changed(win, entries))
-        win.model_manager = m
-        m.refresh_library()
-    win.model_manager.show()
-    win.model_manager.raise_()
+def make_model_manager(
+    ctx: Context,
+    services: HubServices,
+    unload: Callable[[], None],
+    adapters_found: Callable[[list[Path]], None],
+) -> ModelManager:
+    """The model manager, wired: ``unload`` frees the model before its file is deleted;
+    ``adapters_found`` gets the library's LoRA adapters each time it is read."""
+    m = ModelManager(services, ctx.model, ctx.settings.value.load.n_ctx, ctx.parent)
+    m.imported = [Path(p) for p in ctx.settings.value.imported_models]
+    m.loadRequested.connect(ctx.open_model)
+    m.defaultRequested.connect(partial(_set_default_model, ctx))
+    m.unloadRequested.connect(unload)
+
+    def on_library_changed(entries: list[LibraryEntry]) -> None:
+        adapters_found([e.path for e in entries if e.valid and e.is_adapter])
+        ctx.settings.update(imported_models=[str(p) for p in m.imported])
+
+    m.libraryChanged.connect(on_library_changed)
+    m.refresh_library()
+    return m
 
 
-def _set_default_model(win: MainWindow, path: str) -> None:
-    win._settings.model_path = path
-    win._save_settings()
-    win.statusBar().showMessage(f"{Path(path).name} opens at start.", 5000)
-
-
-def _on_library_changed(win: MainWindow, entries: list[LibraryEntry]) -> None:
-    win.lora_panel.set_library_adapters([e.path for e in entries if e.valid and e.is_adapter])
-    if win.model_manager is not None:
-        imported = [str(p) for p in win.model_manager.imported]
-        if imported != win._settings.imported_models:
-            win._settings.imported_models = imported
-            win._save_settings()
+def _set_default_model(ctx: Context, path: str) -> None:
+    ctx.settings.update(model_path=path)
+    ctx.status(f"{Path(path).name} opens at start.", 5000)

@@ -129,6 +129,17 @@ class TemplateDialog(QDialog):
         self._timer.setInterval(PREVIEW_DELAY_MS)
         self._timer.timeout.connect(self._start_preview)
 
+        self._build_widgets(inputs)
+        self._lay_out()
+
+        self.kind.currentIndexChanged.connect(self._on_kind_changed)
+        self.completion.toggled.connect(self._on_completion_toggled)
+        self.editor.textChanged.connect(self._on_editor_changed)
+        self.sample.currentIndexChanged.connect(self._schedule)
+        self._select(prefs)
+        self._on_kind_changed()
+
+    def _build_widgets(self, inputs: TemplateInputs) -> None:
         self.kind = QComboBox(self)
         self.kind.setObjectName("templateKind")
         self.kind.setAccessibleName("Chat template")
@@ -181,6 +192,7 @@ class TemplateDialog(QDialog):
         self.buttons.rejected.connect(self.reject)
         self.reset_button.clicked.connect(self.reset_to_automatic)
 
+    def _lay_out(self) -> None:
         form = QFormLayout()
         form.addRow("Template:", self.kind)
         form.addRow("", self.completion)
@@ -204,13 +216,6 @@ class TemplateDialog(QDialog):
         layout.addWidget(split, 1)
         layout.addWidget(self.status)
         layout.addWidget(self.buttons)
-
-        self.kind.currentIndexChanged.connect(self._on_kind_changed)
-        self.completion.toggled.connect(self._on_completion_toggled)
-        self.editor.textChanged.connect(self._on_editor_changed)
-        self.sample.currentIndexChanged.connect(self._schedule)
-        self._select(prefs)
-        self._on_kind_changed()
 
     # -- the choice ------------------------------------------------------------------------
 

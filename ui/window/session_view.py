@@ -5,28 +5,75 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from PySide6.QtWidgets import QMessageBox
+from PySide6.QtWidgets import QLabel, QMessageBox, QStatusBar, QWidget
 
 from app.chat.conversation import Conversation, Message
+from app.chat.session import ChatSession
 from app.chat.session_cache import RestoreResult
+from app.chat.store import ConversationStore
 from app.config.params import SettingError, validate_sampling
+from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from app.util.errors import ContextOverflowError
+from app.util.sysinfo import size_text
+from ui.chat.chat_pane import ChatInput, ChatPane
+from ui.chat.conversation_list import ConversationList
+from ui.chat.transcript import TranscriptView
 from ui.common.draft_stats import reply_footer, tokens_per_pass
-
-if TYPE_CHECKING:
-    from ui.window.main_window import MainWindow
+from ui.perf.perf_panel import PerfPanel
+from ui.settings.lora_panel import LoraPanel
+from ui.settings.sampling_panel import SamplingPanel
 
 log = logging.getLogger(__name__)
+
+
+class ViewHost(Protocol):
+    """What the view shows the session in: the main window's widgets."""
+
+    @property
+    def chat(self) -> ChatPane: ...
+    @property
+    def transcript(self) -> TranscriptView: ...
+    @property
+    def chat_input(self) -> ChatInput: ...
+    @property
+    def sidebar(self) -> ConversationList: ...
+    @property
+    def sampling_panel(self) -> SamplingPanel: ...
+    @property
+    def perf_panel(self) -> PerfPanel: ...
+    @property
+    def lora_panel(self) -> LoraPanel: ...
+    @property
+    def status_speed(self) -> QLabel: ...
+    @property
+    def status_lora(self) -> QLabel: ...
+    @property
+    def session(self) -> ChatSession: ...
+    @property
+    def settings(self) -> AppSettings: ...
+    @property
+    def store(self) -> ConversationStore: ...
+    @property
+    def conversation(self) -> Conversation: ...
+    @property
+    def reply_metrics(self) -> list[MessageMetrics]: ...
+
+    def refresh_sidebar(self) -> None: ...
+    def update_buttons(self) -> None: ...
+    def conversation_opened(self, result: RestoreResult) -> None: ...
+    def statusBar(self) -> QStatusBar: ...
 
 
 class WindowView:
     """The ``SessionView`` of the main window."""
 
-    def __init__(self, win: MainWindow) -> None:
+    def __init__(self, win: ViewHost, parent: QWidget) -> None:
         self._win = win
+        self._parent = parent  # for message boxes
+        self.reply_started = 0.0  # perf_counter() when the reply in progress was asked for
         # Called with each conversation shown (opened, new, or re-rendered after a failure).
         self.conversation_listeners: list[Callable[[Conversation], None]] = []
 
@@ -39,7 +86,7 @@ class WindowView:
             except SettingError as exc:
                 log.info("conversation %s: stored settings not used: %s", conv.id, exc)
             else:
-                w._settings.sampling = params
+                w.settings.sampling = params  # in use, not saved: the chat's own settings
                 w.sampling_panel.set_params(params)
         if conv.messages:
             w.transcript.show_messages(
@@ -52,11 +99,11 @@ class WindowView:
             w.status_speed.setText("")
         w.perf_panel.set_history(w.reply_metrics)
         w.refresh_sidebar()
-        w._update_buttons()
+        w.update_buttons()
         for listener in self.conversation_listeners:
             listener(conv)
         if opened and not restoring:
-            w.conversationOpened.emit(RestoreResult(conv.id, False, 0, 0.0, ""))
+            w.conversation_opened(RestoreResult(conv.id, False, 0, 0.0, ""))
         if not opened:
             w.chat_input.setFocus()
 
@@ -71,9 +118,9 @@ class WindowView:
         w.transcript.begin_reply(len(shown))
         w.perf_panel.start_reply()
         w.chat.begin_stream()
-        w._reply_started = time.perf_counter()
+        self.reply_started = time.perf_counter()
         w.status_speed.setText("thinking…")
-        w._update_buttons()
+        w.update_buttons()
 
     def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
         w = self._win
@@ -107,7 +154,7 @@ class WindowView:
                     "drop-older",
                     "Drop older messages and continue",
                 )
-        w._update_buttons()
+        w.update_buttons()
 
     def restored(self, result: RestoreResult) -> None:
         """The worker restored (or could not restore) an opened conversation's cache."""
@@ -128,11 +175,11 @@ class WindowView:
                 f"Saved cache not used: {result.note}. "
                 "It will be rebuilt from the transcript when you continue."
             )
-        w.conversationOpened.emit(result)
+        w.conversation_opened(result)
 
     def open_failed(self, message: str) -> None:
         w = self._win
-        QMessageBox.warning(w, "Could not open the conversation", message)
+        QMessageBox.warning(self._parent, "Could not open the conversation", message)
         w.refresh_sidebar()
 
     def notice(self, text: str) -> None:
@@ -140,9 +187,24 @@ class WindowView:
         w.transcript.add_notice(text)
         w.statusBar().showMessage(text, 10000)
 
+    def snapshot_saved(self, conv_id: str, dropped: list[str]) -> None:
+        """A conversation's cache was written (``dropped``: caches removed for room)."""
+        w = self._win
+        store = w.store
+        if dropped:
+            w.statusBar().showMessage(
+                f"Dropped {len(dropped)} old conversation cache(s) to stay within "
+                f"{size_text(store.budget_bytes)}",
+                6000,
+            )
+        for changed in (conv_id, *dropped):
+            if store.transcript_path(changed).exists():
+                self.row_saved(changed)
+        w.sidebar.set_usage(store.total_snapshot_bytes(), store.budget_bytes)
+
     def row_saved(self, conv_id: str) -> None:
         w = self._win
-        w.sidebar.update_row(w._store.summary(conv_id), w.conversation.id)
+        w.sidebar.update_row(w.store.summary(conv_id), w.conversation.id)
 
     def row_removed(self, conv_id: str) -> None:
         w = self._win

@@ -1,0 +1,62 @@
+"""``HostGateway``: the API server's ``EngineGateway`` over the engine host.
+
+An ``ApiJob`` becomes a ``ReplyJob`` on the host's one queue, behind the requests
+queued before it (the window's included). What the model is comes from the host's
+backend itself, the one owner of "what is loaded"; while a load or connect runs
+there is no model to serve. The host's events become the API's: tokens pass, prefill
+progress is dropped, ``ReplyFailed`` becomes the ``ApiFailure`` that ``failure_for``
+picks (the HTTP status is decided here, in ``app.api``, never in the host).
+"""
+
+from __future__ import annotations
+
+from app.api.gateway import ApiJob, failure_for
+from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.templates import AUTO, PLAIN
+from app.host.host import EngineHost
+from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
+
+
+class HostGateway:
+    """``EngineGateway`` over an ``EngineHost``; every method may be called from any thread."""
+
+    def __init__(self, host: EngineHost) -> None:
+        self.host = host
+
+    def model(self) -> ModelInfo | None:
+        if self.host.loading:  # the backend is being replaced: nothing to serve yet
+            return None
+        # The backend in use and its model are single attribute reads (atomic under
+        # the GIL); the host swaps them on its own thread, and a job that started on a
+        # model that is gone fails there with a clear message.
+        return self.host.engine.model
+
+    def loading(self) -> bool:
+        return self.host.loading
+
+    def submit(self, job: ApiJob) -> None:
+        self.host.submit(reply_job(job))
+
+
+def reply_job(job: ApiJob) -> ReplyJob:
+    """The host's job for an API request: its own template, checked against its model."""
+
+    def sink(event: ReplyEvent) -> None:
+        if isinstance(event, Token | Finished):
+            job.emit(event)
+        elif isinstance(event, ReplyFailed):
+            job.emit(failure_for(event.error))
+
+    return ReplyJob(
+        id=job.id,
+        origin="api",
+        messages=job.messages,
+        params=job.params,
+        sink=sink,
+        stop=job.stop,
+        model_id=job.model_id,
+        template=PLAIN if job.kind == "completion" else AUTO,
+        reuse=job.reuse,
+        next_turn=job.kind == "chat",
+        client=job.client,
+    )

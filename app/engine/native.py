@@ -1,0 +1,162 @@
+"""The one place that reaches into llama-cpp-python's private handles.
+
+``llama_cpp.Llama`` keeps its native context and model behind private attributes
+(``_ctx.ctx``, ``_model.model``, ``_model.vocab``). Every other module asks a
+``Native`` for them, or for one of its named operations, so a change in the binding
+is fixed here once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Perf:
+    """llama.cpp's own counters since the last ``perf_reset``: tokens and milliseconds."""
+
+    n_prompt: int
+    prompt_ms: float
+    n_decode: int
+    decode_ms: float
+
+
+class Native:
+    """One loaded ``llama_cpp.Llama``'s native handles, and named operations on them.
+
+    Call it from the thread that owns the model. ``ctx``, ``model`` and ``vocab``
+    stay valid until the ``Llama`` is closed.
+    """
+
+    def __init__(self, llm: Any) -> None:
+        import llama_cpp
+
+        self.llm = llm
+        self.ctx: Any = llm._ctx.ctx
+        self.model: Any = llm._model.model
+        self.vocab: Any = llm._model.vocab
+        self.memory: Any = llama_cpp.llama_get_memory(self.ctx)
+        self._one = (llama_cpp.llama_token * 1)()
+        # Bound once: decode_one runs once per generated token.
+        self._llama_decode: Any = llama_cpp.llama_decode
+        self._batch_one: Any = llama_cpp.llama_batch_get_one(self._one, 1)
+
+    # -- sizes --------------------------------------------------------------------------
+
+    def n_ctx(self) -> int:
+        return int(self.llm.n_ctx())
+
+    @property
+    def n_batch(self) -> int:
+        return int(self.llm.n_batch)
+
+    def n_vocab(self) -> int:
+        return int(self.llm.n_vocab())
+
+    def n_ctx_train(self) -> int:
+        return int(self.llm._model.n_ctx_train())
+
+    def n_swa(self) -> int:
+        """The sliding-window size of the model's SWA layers (0: none)."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_model_n_swa(self.model))
+
+    def can_shift(self) -> bool:
+        """Whether cached positions can be shifted (``llama_memory_can_shift``)."""
+        import llama_cpp
+
+        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+
+    # -- tokens -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, bos: bool) -> list[int]:
+        """Token ids for ``text``, special tokens parsed; BOS first if asked and wanted."""
+        data = text.encode("utf-8", "replace")
+        return list(self.llm.tokenize(data, add_bos=bos, special=True))
+
+    # -- the KV cache (sequence 0) -----------------------------------------------------------
+
+    def clear(self) -> None:
+        """Empty the KV cache."""
+        import llama_cpp
+
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def seq_rm(self, start: int, end: int = -1) -> bool:
+        """Remove positions ``[start, end)`` (to the end for -1); False when refused."""
+        import llama_cpp
+
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, 0, start, end))
+
+    def seq_add(self, start: int, end: int, delta: int) -> None:
+        """Shift positions ``[start, end)`` by ``delta``."""
+        import llama_cpp
+
+        llama_cpp.llama_memory_seq_add(self.memory, 0, start, end, delta)
+
+    def seq_pos_min(self) -> int:
+        """The smallest position the cache still holds (-1 when empty)."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0))
+
+    def state_size(self) -> int:
+        """Bytes llama.cpp needs to serialize sequence 0."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_state_seq_get_size(self.ctx, 0))
+
+    # -- evaluation ---------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int]) -> int:
+        """Evaluate ``tokens`` after the cache (one batch); llama.cpp's return code."""
+        import llama_cpp
+
+        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
+        batch = llama_cpp.llama_batch_get_one(arr, len(tokens))
+        return int(llama_cpp.llama_decode(self.ctx, batch))
+
+    def decode_one(self, token: int) -> int:
+        """Evaluate one token (a reused buffer and batch: the per-token path); the
+        return code."""
+        self._one[0] = token
+        return int(self._llama_decode(self.ctx, self._batch_one))
+
+    def logits(self, i: int = -1) -> Any:
+        """The native pointer to the logits row of batch position ``i`` (NULL if none)."""
+        import llama_cpp
+
+        return llama_cpp.llama_get_logits_ith(self.ctx, i)
+
+    def arm_abort(self, callback: Any) -> None:
+        """Have llama.cpp ask ``callback`` (a ``ggml_abort_callback``) during evaluation."""
+        import llama_cpp
+
+        llama_cpp.llama_set_abort_callback(self.ctx, callback, None)
+
+    def disarm_abort(self) -> None:
+        """No abort callback: llama.cpp would call it for every graph node."""
+        import llama_cpp
+
+        llama_cpp.llama_set_abort_callback(self.ctx, llama_cpp.ggml_abort_callback(), None)
+
+    # -- counters -----------------------------------------------------------------------
+
+    def perf_reset(self) -> None:
+        import llama_cpp
+
+        # A decode whose result was never read (the reply ended at its last token) is
+        # still queued: unsynchronized, llama.cpp books it, with the idle time since,
+        # as the next reply's prompt (seen on a GPU; docs/notes/gpu.md).
+        llama_cpp.llama_synchronize(self.ctx)
+        llama_cpp.llama_perf_context_reset(self.ctx)
+
+    def perf(self) -> Perf:
+        import llama_cpp
+
+        llama_cpp.llama_synchronize(self.ctx)  # count the work still queued, as above
+        p = llama_cpp.llama_perf_context(self.ctx)
+        return Perf(int(p.n_p_eval), float(p.t_p_eval_ms), int(p.n_eval), float(p.t_eval_ms))

@@ -1,0 +1,213 @@
+"""``EngineHost``: one queue of jobs, run in order on the one engine thread.
+
+The shape of llama.cpp's ``server_queue``: every request, from any thread (the
+window, the API server, a signal handler), is one task on a FIFO queue; the engine
+thread runs them one at a time, so a window reply and an API request never touch
+the engine at once and each sees the other's effects in order. The thread is
+whatever calls ``run``: a plain ``threading.Thread`` (``start``) for ``lamplight
+serve``, a ``QThread`` for the window. ``close`` ends the loop after the tasks
+queued before it; the loop frees the model as it ends, on its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from app.chat.store import ConversationStore
+from app.config.params import LoadConfig
+from app.engine.backend import Backend
+from app.engine.crash_steps import EngineSteps
+from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
+from app.engine.llama import Engine
+from app.engine.native_guard import NativeGuard, store_file
+from app.engine.templates import TemplateOverride
+from app.gguf.lora import LoraStack
+from app.host.core import EngineCore
+from app.host.jobs import ReplyJob
+from app.host.listener import HostListener
+from app.host.replies import run_reply
+from app.models.default_model import default_model_if_present
+
+log = logging.getLogger(__name__)
+
+THREAD_NAME = "lamplight-engine"
+_Task = Callable[[], None]
+
+
+class EngineHost:
+    """The engine thread's queue and its requests; every request method may be called
+    from any thread and returns at once (``drain`` waits)."""
+
+    def __init__(
+        self,
+        engine: Backend,
+        models_dir: Path,
+        store: ConversationStore | None,
+        listener: HostListener,
+        pool_mb: int = DEFAULT_POOL_MB,
+    ) -> None:
+        self._core = EngineCore(engine, models_dir, store, listener, pool_mb)
+        self._tasks: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # no task is queued behind the end of the loop
+        self._running = threading.Event()
+        self._finished = threading.Event()  # the loop ran and ended
+        self._closed = False
+        self._ident = 0  # the engine thread's id while ``run`` runs
+
+    # -- what is in use (reads from any thread: single attribute reads) ----------------
+
+    @property
+    def engine(self) -> Backend:
+        """The backend in use; its ``model`` is the one owner of "what is loaded"."""
+        return self._core.engine
+
+    @property
+    def local(self) -> Backend:
+        """The in-process engine (the backend in use unless a server is connected)."""
+        return self._core.local
+
+    @property
+    def loading(self) -> bool:
+        """Whether a load or connect is replacing the model (nothing to serve meanwhile)."""
+        return self._core.loading
+
+    @property
+    def pool(self) -> KvPool:
+        """The KV cache pool (engine thread only; tests read its stats when idle)."""
+        return self._core.pool
+
+    @property
+    def steps(self) -> EngineSteps:
+        return self._core.steps
+
+    @property
+    def quitting(self) -> threading.Event:
+        """Set when the app quits: a model or draft load in progress is abandoned."""
+        return self._core.quitting
+
+    @property
+    def running(self) -> bool:
+        return self._running.is_set()
+
+    # -- requests --------------------------------------------------------------------
+
+    def post(self, task: _Task) -> None:
+        """Queue ``task`` behind every request queued before it."""
+        with self._lock:
+            if self._closed:
+                log.debug("engine host closed; a request was dropped")
+                return
+            self._tasks.put(task)
+
+    def submit(self, job: ReplyJob) -> None:
+        """Queue a reply (the window's or an API request); its sink gets one terminal event."""
+        self.post(lambda: run_reply(self._core, job))
+
+    def load(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
+        """Load ``path`` (``DEFAULT_MODEL``: the embedded one); ``cancel`` abandons it."""
+        self.post(lambda: self._core.load_model(path, config, cancel))
+
+    def connect_remote(self, backend: Backend, cancel: threading.Event) -> None:
+        """Use ``backend`` (a server's) instead of the engine, once it connects."""
+        self.post(lambda: self._core.connect_remote(backend, cancel))
+
+    def check_connection(self) -> None:
+        self.post(self._core.check_connection)
+
+    def reset(self) -> None:
+        self.post(self._core.reset)
+
+    def unload(self) -> None:
+        self.post(self._core.unload)
+
+    def save_snapshot(self, conv_id: str, keep: frozenset[str]) -> None:
+        self.post(lambda: self._core.save_snapshot(conv_id, keep))
+
+    def restore_snapshot(self, conv_id: str) -> None:
+        self.post(lambda: self._core.restore_snapshot(conv_id))
+
+    def drop_snapshot(self, conv_id: str) -> None:
+        self.post(lambda: self._core.drop_snapshot(conv_id))
+
+    def set_lora_stack(self, stack: LoraStack) -> None:
+        self.post(lambda: self._core.set_lora_stack(stack))
+
+    def set_template(self, override: TemplateOverride) -> None:
+        self.post(lambda: self._core.set_template(override))
+
+    def set_draft(self, path: str) -> None:
+        self.post(lambda: self._core.set_draft(path))
+
+    def list_drafts(self, target: str, library_file: str, extra: Sequence[str]) -> None:
+        self.post(lambda: self._core.list_drafts(target, library_file, extra))
+
+    def run_here(self, job: ReplyJob) -> None:
+        """Run ``job`` on the calling thread: only while no engine thread runs (tests)."""
+        if self.running and threading.get_ident() != self._ident:
+            raise RuntimeError("the engine thread is running: submit the job instead")
+        run_reply(self._core, job)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every request queued before this call has run (False: timed out).
+
+        The loop must be running, or about to (``run`` / ``start``); after ``close`` this
+        waits for the loop to end.
+        """
+        if threading.get_ident() == self._ident:
+            return True  # on the engine thread: everything before this has run
+        done = threading.Event()
+        with self._lock:
+            if self._closed:
+                done = self._finished
+            else:
+                self._tasks.put(done.set)
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        """End the loop after the requests queued before this (later ones are dropped)."""
+        with self._lock:
+            if not self._closed:
+                self._tasks.put(None)
+                self._closed = True
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run queued tasks until ``close``; then free the model, on this thread."""
+        self._ident = threading.get_ident()
+        self._running.set()
+        try:
+            while (task := self._tasks.get()) is not None:
+                try:
+                    task()
+                except Exception:  # a request that failed must not end the engine thread
+                    log.exception("an engine request failed")
+        finally:
+            try:
+                self._core.unload()
+            except Exception:
+                log.exception("freeing the model failed")
+            self._running.clear()
+            self._ident = 0
+            self._finished.set()
+
+    def start(self) -> threading.Thread:
+        """Run the loop on a plain thread of its own (``lamplight serve``)."""
+        thread = threading.Thread(target=self.run, name=THREAD_NAME, daemon=True)
+        thread.start()
+        return thread
+
+
+def guarded_engine(models_dir: Path) -> Engine:
+    """The in-process engine, with native paths that crash on this machine switched off
+    (verdicts in the data folder, ``models_dir``'s parent); the checks run on the
+    embedded default model when it is there (small, and always the same)."""
+
+    guard = NativeGuard(
+        store_file(models_dir.parent), probe_model=lambda: default_model_if_present(models_dir)
+    )
+    return Engine(guard=guard)

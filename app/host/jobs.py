@@ -1,0 +1,102 @@
+"""What the host runs for a reply (``ReplyJob``) and what it sends back (``ReplyEvent``).
+
+One job type for the window's replies and the API's requests (llama.cpp's
+``server_task``): the fields say what a job asks for (a conversation's cache and
+snapshot, a template of its own, a model it was checked against). Its ``sink`` gets
+``Token`` and ``PrefillProgress`` events, then exactly one terminal event:
+``Finished`` or ``ReplyFailed``. A job refused by the host fails with one of the
+exceptions below; what a client is told (an HTTP status, a line in the window) is
+the caller's choice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from app.config.params import SamplingParams
+from app.engine.backend import Finished, ModelInfo, PrefillProgress, Token
+from app.engine.templates import ChatMessage, TemplateOverride
+from app.util.errors import LamplightError
+
+Origin = Literal["gui", "api"]
+
+
+class ModelGone(LamplightError):
+    """The job was checked against a model that is no longer the one loaded."""
+
+    def __init__(self, wanted: str, loaded: str) -> None:
+        super().__init__(f"The model '{wanted}' is no longer loaded; '{loaded}' is.")
+
+
+class TemplateUnavailable(LamplightError):
+    """The job needs a template of its own and the backend renders its prompt itself."""
+
+
+class NoResult(LamplightError):
+    """The backend's stream ended without a ``Finished`` event."""
+
+    def __init__(self) -> None:
+        super().__init__("The engine ended the reply without a result.")
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """Terminal event of a job that could not run, or failed part-way."""
+
+    error: BaseException
+
+    @property
+    def message(self) -> str:
+        """A line for the user: the error's own text, or what kind of failure it was."""
+        if isinstance(self.error, LamplightError):
+            return str(self.error)
+        return f"Generation failed: {self.error}"
+
+
+ReplyEvent = Token | PrefillProgress | Finished | ReplyFailed
+ReplySink = Callable[[ReplyEvent], None]
+
+
+@dataclass
+class ReplyJob:
+    """One reply to run on the engine thread.
+
+    ``conv_id``: the conversation whose cache it extends (its snapshot is saved after a
+    reply that got going); "" for none. ``model_id``: refuse the job unless this model
+    is loaded ("" accepts any, as the window's replies do). ``template``: the template
+    for this job only (None: the window's choice). ``reuse``: False starts from an
+    empty cache. ``next_turn``: prepare the next turn after a reply that ended.
+    """
+
+    id: str
+    origin: Origin
+    messages: list[ChatMessage]
+    params: SamplingParams
+    sink: ReplySink
+    stop: threading.Event = field(default_factory=threading.Event)
+    conv_id: str = ""
+    model_id: str = ""
+    template: TemplateOverride | None = None
+    reuse: bool = True
+    next_turn: bool = True
+    client: str = ""  # who asked: "127.0.0.1:54321", an API request's `user`
+
+
+@dataclass(frozen=True)
+class DraftCandidate:
+    """A library model as a draft for the loaded one: ``problem`` says why it cannot be
+    one ("" when it can)."""
+
+    path: Path
+    name: str
+    size: int
+    problem: str
+
+
+def model_id(info: ModelInfo) -> str:
+    """The id ``/v1/models`` lists for a loaded model (and a job names)."""
+    return info.path.stem if info.path.name else info.name

@@ -1,0 +1,145 @@
+"""Running a ``ReplyJob`` on the engine thread: the one place that guarantees exactly
+one terminal event per job.
+
+``Relay`` passes a job's events to its sink: tokens until the first terminal event,
+nothing after it, and a sink that raises never reaches the engine. ``run_reply``
+ends every job with one, whatever happens: ``Finished``, or ``ReplyFailed`` with the
+exception (a refusal, an engine error, a stream that ended without a result).
+
+A window reply hears its ``Finished`` as soon as the stream ends (the window shows
+it while the cache is saved); an API job hears it after the clean-up, so when the
+client has its answer the engine is done with the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from app.engine.backend import EngineEvent, Finished, Token
+from app.engine.metrics import MessageMetrics
+from app.engine.templates import AUTO
+from app.host.core import EngineCore, gui_key
+from app.host.jobs import (
+    ModelGone,
+    NoResult,
+    ReplyEvent,
+    ReplyFailed,
+    ReplyJob,
+    TemplateUnavailable,
+    model_id,
+)
+from app.remote.http import ServerUnreachable
+from app.util.errors import LamplightError, NoModelLoaded
+
+log = logging.getLogger(__name__)
+
+
+class Relay:
+    """A job's events to its sink: at most one terminal event; sink errors are logged."""
+
+    def __init__(self, job: ReplyJob) -> None:
+        self._job = job
+        self.ended = False
+
+    def send(self, event: ReplyEvent) -> None:
+        if self.ended:
+            return
+        if isinstance(event, Finished | ReplyFailed):
+            self.ended = True
+        try:
+            self._job.sink(event)
+        except Exception:
+            log.exception("a reply job's sink failed")
+
+
+def run_reply(core: EngineCore, job: ReplyJob) -> None:
+    """Run ``job`` to exactly one terminal event, between ``job_started`` and ``job_ended``."""
+    relay = Relay(job)
+    try:
+        core.listener.job_started(job)
+        with core.steps.during():
+            core.steps.reply("chat" if job.origin == "gui" else "api", job.conv_id, job.params)
+            _run(core, job, relay)
+    except Exception as exc:  # one terminal event per job, whatever happens
+        if not isinstance(exc, LamplightError):
+            log.exception("a reply failed")
+        relay.send(ReplyFailed(exc))
+        if isinstance(exc, ServerUnreachable):
+            core.listener.connection_state("lost", str(exc))
+    finally:
+        if not relay.ended:
+            relay.send(ReplyFailed(NoResult()))
+        core.listener.job_ended(job)
+
+
+def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
+    if job.model_id:  # a job checked against a model: refused unless that one is loaded
+        if job.stop.is_set():  # stopped while it waited: the cache stays as it is
+            relay.send(Finished("", MessageMetrics(stop_reason="cancelled")))
+            return
+        info = core.engine.model
+        if info is None:
+            raise NoModelLoaded("No model is loaded.")
+        if job.model_id not in (model_id(info), info.name):
+            raise ModelGone(job.model_id, model_id(info))
+    caps = core.engine.capabilities
+    if job.template is not None and job.template.kind == "plain" and not caps.template_override:
+        why = caps.why_not.get("template_override", "the server renders the prompt itself")
+        raise TemplateUnavailable(f"Text completion is not available with this engine: {why}.")
+    want = job.template
+    swapped = want is not None and caps.template_override and want != core.template_choice
+    key = gui_key(job.conv_id) if job.conv_id else None
+    try:
+        if swapped:
+            core.engine.set_template(want or AUTO)
+        if job.reuse:
+            core.pool.prepare(key, job.messages)
+        else:
+            core.pool.stash_live()
+            core.engine.reset()
+            core.pool.forget_live()
+        with contextlib.closing(core.engine.generate(job.messages, job.params, job.stop)) as ev:
+            ended = _stream(core, relay, ev)
+        if ended is None:
+            raise NoResult()
+        if job.origin == "gui":
+            relay.send(ended)
+        _after(core, job, key, ended)
+    finally:
+        if swapped:
+            core.restore_template()
+    relay.send(ended)  # an API job's answer: after the clean-up
+
+
+def _stream(core: EngineCore, relay: Relay, events: Iterator[EngineEvent]) -> Finished | None:
+    """Pass tokens and progress on; returns the ``Finished`` (None if none came)."""
+    for event in events:
+        if isinstance(event, Finished):
+            return event
+        if isinstance(event, Token):
+            core.steps.decoding()  # a marker write on the first token only
+        relay.send(event)
+    return None
+
+
+def _after(core: EngineCore, job: ReplyJob, key: str | None, ended: Finished) -> None:
+    """Name the cache's owner, prepare the next turn, save the snapshot; the reply
+    stands whatever happens here."""
+    metrics = ended.metrics
+    try:
+        core.pool.finish(key, job.messages, ended.text)
+        if metrics.stop_reason == "connection_lost":
+            core.listener.connection_state("lost", metrics.notes[-1] if metrics.notes else "")
+            return
+        if not job.next_turn:
+            return
+        if metrics.stop_reason != "cancelled":
+            core.prewarm(job.messages, ended.text)
+        if job.conv_id and (metrics.generated_tokens or metrics.stop_reason != "cancelled"):
+            # A reply stopped before its first token leaves the saved cache as it was.
+            core.save_snapshot(job.conv_id, frozenset({job.conv_id}))
+    except Exception:
+        log.exception("after a reply")
+        core.pool.forget_live()

@@ -1,0 +1,205 @@
+"""What a llama-server slot holds: its LoRA scales, and its snapshots (files in the
+server's ``--slot-save-path``).
+
+Every request sends every adapter the server loaded (``--lora``) with an explicit
+scale (llama.cpp issue #28674); a changed stack makes the slot's cache stale.
+
+Each connection and slot has a ring of ``SLOT_FILES`` file names on the server; a
+conversation keeps its name while it is among the most recently saved. The
+Lamplight snapshot on this machine keeps the compatibility header, the tokens and
+the text, and names the server file (``KvState.state`` is a small JSON reference).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from app.engine.backend import KvState
+from app.engine.context_map import ContextMap
+from app.gguf.lora import LoraError, LoraStack, stack_key
+from app.remote.http import ServerError
+from app.remote.llama_server_wire import int_or, settings_of, signature, text_of
+from app.remote.server_backend import ServerBackend
+from app.util.datafiles import DataFileError, parse_json
+from app.util.errors import LamplightError
+
+SLOT_FILES = 16  # slot files per connection and slot on the server (docs: the ring)
+_FILE_NAME = re.compile(r"lamplight-[0-9a-f]{8,64}(-(\d{1,3}|pool))?\.bin")
+_STATE_FORMAT = "lamplight-llama-server-slot"
+LORA_CHANGED_NOTE = "the LoRA stack changed"
+
+
+class SlotState(ServerBackend):
+    """The LoRA and snapshot part of ``LlamaServerBackend``."""
+
+    # Set by LlamaServerBackend: what this client believes the slot holds, the slot
+    # files by conversation (most recent last), the file last restored, the server's
+    # /props, the LoRA stack in use and the one the slot's cache was computed with.
+    _map: ContextMap
+    _files: dict[str, str]
+    _restored: str
+    _props: dict[str, Any]
+    _adapters: list[dict[str, Any]]  # the server's: id, path, name
+    _stack: LoraStack
+    _kv_lora: tuple[tuple[str, float], ...]
+
+    # -- LoRA --------------------------------------------------------------------
+
+    @property
+    def adapters(self) -> list[dict[str, Any]]:
+        """The adapters the server loaded: ``id``, ``path``, ``name``."""
+        return [dict(a) for a in self._adapters]
+
+    @property
+    def lora_stack(self) -> LoraStack:
+        return self._stack.copy()
+
+    def lora_signature(self) -> list[dict[str, Any]]:
+        return signature(self._stack)
+
+    def set_lora_stack(self, stack: LoraStack) -> bool:
+        """Use ``stack`` from the next request on; every entry must be a server adapter.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+        self._require()
+        known = {a["path"] for a in self._adapters}
+        for entry in stack:
+            if str(entry.path) not in known:
+                raise LoraError(
+                    f"The server did not load {entry.path.name}: llama-server takes adapters "
+                    "at start (--lora FILE); this app sets only their scales."
+                )
+        self._stack = stack.copy()
+        return bool(self._map.tokens) and stack_key(signature(stack)) != self._kv_lora
+
+    def _lora_body(self) -> list[dict[str, Any]]:
+        scales = {str(e.path): e.scale for e in self._stack if e.active}
+        # Every adapter with an explicit scale: one left out would keep its last one.
+        return [{"id": a["id"], "scale": scales.get(a["path"], 0.0)} for a in self._adapters]
+
+    def _sync_lora(self) -> str:
+        key = stack_key(signature(self._stack))
+        if key == self._kv_lora:
+            return ""
+        self._kv_lora = key
+        if not self._map.tokens:
+            return ""
+        self._map.clear()  # the slot's cache was computed with other adapters
+        return LORA_CHANGED_NOTE
+
+    # -- snapshots ---------------------------------------------------------------
+
+    def cache_config(self) -> dict[str, Any]:
+        info = self._require()
+        return {
+            "n_ctx": info.n_ctx,
+            "server": self.connection.url,
+            "slot": self.connection.slot,
+            "lora": signature(self._stack),
+        }
+
+    def export_state(self, key: str = "") -> KvState:
+        """Save the slot on the server (``--slot-save-path``) as this conversation's file.
+
+        The file is one of ``SLOT_FILES`` names per connection and slot (``_file_name``),
+        so the server keeps a bounded number of them, whatever is deleted here.
+
+        Raises:
+            LamplightError: the server could not save it, or holds other tokens.
+        """
+        self._require()
+        if not self._map.tokens:
+            return KvState(b"", [], "", [])
+        name = self._file_name(key)
+        answer = self._call(
+            "POST", f"/slots/{self.connection.slot}?action=save", {"filename": name}
+        )
+        n_saved = int_or(answer.get("n_saved") if isinstance(answer, dict) else None, -1)
+        tokens = list(self._map.tokens)
+        if n_saved < len(tokens) - 1:  # the last sampled token is never evaluated
+            raise LamplightError(
+                f"the server's slot holds {n_saved} tokens, not the {len(tokens)} of this "
+                "conversation (another client used it)"
+            )
+        ref = {"format": _STATE_FORMAT, "file": name, "n_saved": n_saved}
+        return KvState(json.dumps(ref).encode(), tokens, self._map.text, list(self._map.marks))
+
+    def import_state(self, kv: KvState) -> None:
+        """Restore the conversation's file into the slot, after checking the server is the same.
+
+        A file another conversation has since overwritten restores another token count
+        and is refused here; were the counts equal, the server itself compares each
+        prompt with the tokens its slot holds, so the reply is still right (it re-reads).
+
+        Raises:
+            LamplightError: a different server, model or context now; a missing file.
+        """
+        info = self._require()
+        self._map.clear()
+        if not kv.tokens:
+            return
+        try:
+            ref = parse_json(bytes(kv.state)[:4096], 4)
+            name, n_saved = ref["file"], ref["n_saved"]
+            if ref.get("format") != _STATE_FORMAT or not isinstance(n_saved, int):
+                raise ValueError(ref.get("format"))
+            if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+                raise ValueError(name)
+        except (DataFileError, ValueError, KeyError, TypeError, AttributeError):
+            raise LamplightError("it is not a llama-server slot snapshot") from None
+        props = self._call("GET", "/props")
+        now = text_of(props.get("model_path"), 1000) if isinstance(props, dict) else ""
+        if now != text_of(self._props.get("model_path"), 1000):
+            raise LamplightError(f"the server now runs another model ({now or 'unknown'})")
+        if not isinstance(props, dict) or props.get("build_info") != self._props.get("build_info"):
+            raise LamplightError("the server now runs another llama.cpp build")
+        n_ctx = int_or(settings_of(props).get("n_ctx"), 0)
+        if n_ctx != info.n_ctx:
+            raise LamplightError(f"the server's context size changed ({info.n_ctx} → {n_ctx})")
+        try:
+            answer = self._call(
+                "POST", f"/slots/{self.connection.slot}?action=restore", {"filename": name}
+            )
+        except ServerError as exc:
+            raise LamplightError(f"the server could not restore its copy ({exc})") from None
+        restored = int_or(answer.get("n_restored") if isinstance(answer, dict) else None, -1)
+        if restored != n_saved or restored < len(kv.tokens) - 1:
+            raise LamplightError(f"the server restored {restored} tokens, not {n_saved}")
+        self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
+        self._kv_lora = stack_key(signature(self._stack))
+        self._restored = name
+
+    def _file_name(self, key: str) -> str:
+        """The slot file for conversation ``key``: one of a ring of ``SLOT_FILES`` names.
+
+        A conversation keeps its name while it is among the ``SLOT_FILES`` most recently
+        saved this session; a new one starts at the name its key hashes to (its own
+        name in an earlier session, most likely) or takes the one just restored for it,
+        else the first free name, else the least recently saved one. ``key`` "" (the
+        RAM pool's stashes) has a name of its own.
+        """
+        base = hashlib.sha256(f"{self.connection.id}\n{self.connection.slot}".encode())
+        prefix = f"lamplight-{base.hexdigest()[:24]}"
+        if not key:
+            return f"{prefix}-pool.bin"
+        name = self._files.pop(key, "")
+        used = set(self._files.values())
+        if not name:
+            start = int(hashlib.sha256(key.encode()).hexdigest(), 16) % SLOT_FILES
+            ring = [f"{prefix}-{(start + i) % SLOT_FILES:02d}.bin" for i in range(SLOT_FILES)]
+            restored, self._restored = self._restored, ""
+            free = [n for n in ring if n not in used]
+            if restored in ring and restored not in used:
+                name = restored
+            elif free:
+                name = free[0]
+            else:
+                oldest = next(iter(self._files))
+                name = self._files.pop(oldest)
+        self._files[key] = name  # now the most recent
+        return name
