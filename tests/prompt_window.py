@@ -58,6 +58,6 @@ def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
 
 def evaluated(win: MainWindow) -> str:
     """The text the engine's KV cache holds."""
-    engine = win.client.worker._engine
+    engine = win.client.host.engine
     assert isinstance(engine, Engine)
     return engine.context_text

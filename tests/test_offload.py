@@ -13,9 +13,11 @@ import pytest
 from app.config.params import LoadConfig
 from app.engine.hardware import Device, HardwareInfo, detect_hardware
 from app.engine.llama import Engine
+from app.engine.native_libs import LoadedBackends
 from app.engine.offload import (
     ALL,
     AUTO,
+    _gpu_reason,
     accelerator_hint,
     auto_gpu_layers,
     fit_report,
@@ -74,7 +76,7 @@ def test_failed_gpu_load_falls_back_to_cpu(
     try:
         assert attempts == [ALL, 0]
         assert info.n_gpu_layers == 0 and info.backend == "CPU"
-        assert "GPU failed" in note and "out of memory" in note and "CPU" in note
+        assert "GPU failed" in note and "not enough free GPU memory" in note and "CPU" in note
     finally:
         engine.unload()
 
@@ -97,6 +99,24 @@ def test_accelerator_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     assert accelerator_hint(gpu(GB)) == ""
     monkeypatch.setattr("app.engine.offload._has_nvidia", lambda: False)
     assert accelerator_hint(cpu) == ""
+    # A CUDA build that finds no device (seen with CUDA_VISIBLE_DEVICES= on an H100): no
+    # rebuild is suggested.
+    cuda = LoadedBackends("haswell", None, False, ("haswell",), ("cuda",))
+    monkeypatch.setattr("app.engine.native_libs._loaded", cuda)
+    hint = accelerator_hint(cpu)
+    assert "CUDA support but found no usable GPU" in hint and "rebuild" not in hint
+
+
+def test_an_out_of_memory_gpu_load_is_said_so_not_blamed_on_the_file() -> None:
+    """llama.cpp's error for any failed load says the file may be damaged; the log says
+    what happened."""
+    exc = ModelLoadError("llama.cpp could not load m.gguf: The file may be damaged")
+    oom = [
+        "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 2048 MiB on device 0: "
+        "cudaMalloc failed: out of memory"
+    ]
+    assert _gpu_reason(exc, oom) == "not enough free GPU memory"
+    assert _gpu_reason(exc, ["some other warning"]).startswith("llama.cpp could not load")
 
 
 def test_ram_estimate_is_within_25_percent_of_the_measured_increase(model_path: Path) -> None:

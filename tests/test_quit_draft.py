@@ -64,7 +64,7 @@ def test_quit_while_a_draft_loads_keeps_its_bound(
     chosen before comes back after the model loads."""
     started = slow_drafts(monkeypatch, draft_path)
     client = EngineClient(tmp_path / "models", engine_factory=Engine)
-    engine = client.worker._local
+    engine = client.host.local
     failed: list[str] = []
     client.worker.draftFailed.connect(failed.append, Qt.ConnectionType.DirectConnection)
     try:

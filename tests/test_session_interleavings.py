@@ -423,7 +423,7 @@ class Interleavings(RuleBasedStateMachine):
     @rule(part_way=st.sampled_from([0, 2]), how=st.sampled_from(["send", "regen", "edit"]))
     def generate_fails_once(self, part_way: int, how: str) -> None:
         """The engine or server fails before the first token or part way through."""
-        fake = self.h.client.worker._engine
+        fake = self.h.client.host.engine
         if not isinstance(fake, FakeEngine) or self.s.busy or self.s.model is None:
             return
         fake.fail_with = DecodeError("llama.cpp failed while generating (code -1).")
@@ -530,7 +530,7 @@ class Interleavings(RuleBasedStateMachine):
         from app.engine.llama import Engine
         from tests.near_tie import token_text
 
-        engine = self.h.client.worker._engine
+        engine = self.h.client.host.engine
         if not isinstance(engine, Engine) or engine.model is None:
             return
         cache = engine.cached_tokens

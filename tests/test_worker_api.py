@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, Slot
 from pytestqt.qtbot import QtBot
 
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
-from app.api.host_gateway import HostGateway
+from app.api.host_gateway import HostGateway, reply_job
 from app.config.params import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.llama import Engine
@@ -162,7 +162,7 @@ def gateway(qtbot: QtBot, client: EngineClient, model_path: Path) -> HostGateway
 
 def engine_of(client: EngineClient) -> Engine:
     """The worker's engine, for checks made while the worker is idle (after drain)."""
-    engine = client.worker._engine
+    engine = client.host.engine
     assert isinstance(engine, Engine)
     return engine
 
@@ -173,7 +173,7 @@ def plain_mode(engine: Engine) -> bool:
 
 
 def run(qtbot: QtBot, client: EngineClient, job: ApiJob, sink: Sink) -> None:
-    client.generate_api(job)
+    client.host.submit(reply_job(job))
     qtbot.waitUntil(lambda: sink.done, timeout=WAIT_MS)
     client.drain()
 
@@ -191,7 +191,7 @@ def test_every_job_ends_once(qtbot: QtBot, client: EngineClient, gateway: HostGa
     other, other_sink = make_job(info, "Hello", model="some-other-model")
     long, long_sink = make_job(info, SYSTEM, params=replace(GREEDY, max_tokens=2000))
     for job in (ok, early, bad, huge, other, long):
-        client.generate_api(job)
+        client.host.submit(reply_job(job))
     assert long_sink.first_token.wait(WAIT_MS / 1000)
     long.stop.set()  # the UI's Stop, or a client gone, mid-reply
     sinks = (ok_sink, early_sink, bad_sink, huge_sink, other_sink, long_sink)
@@ -237,7 +237,7 @@ def test_gui_and_api_replies_never_interleave(
         client.reset()
         gui_ids.append(client.generate("", gui_msgs, GREEDY))
         job, sink = make_job(info, api_text, reuse=False)
-        client.generate_api(job)
+        client.host.submit(reply_job(job))
         sinks.append(sink)
     qtbot.waitUntil(
         lambda: (
@@ -270,7 +270,7 @@ def test_the_gui_conversation_keeps_its_cache_across_an_api_job(
     first = client.generate("c1", chat, GREEDY)
     qtbot.waitUntil(lambda: first in rec.ended, timeout=WAIT_MS)
     job, sink = make_job(info, "A different client asks about bread and ovens today.")
-    client.generate_api(job)
+    client.host.submit(reply_job(job))
     reply = rec.ended[first][0]
     assert isinstance(reply, str)
     more = [*chat, ChatMessage("assistant", reply), ChatMessage("user", "Why?")]
@@ -281,7 +281,7 @@ def test_the_gui_conversation_keeps_its_cache_across_an_api_job(
     assert m1 is not None and m2 is not None
     assert m2.cached_tokens >= m1.prompt_tokens + m1.generated_tokens  # type: ignore[attr-defined]
     assert m2.evaluated_tokens <= 16  # type: ignore[attr-defined]
-    assert client.worker.pool.stats.restored == 1
+    assert client.host.pool.stats.restored == 1
 
 
 def test_api_jobs_use_their_template_and_put_the_windows_back(
@@ -323,7 +323,7 @@ def test_a_job_for_a_model_no_longer_loaded_is_404(
     other.symlink_to(model_path)
     job, sink = make_job(old, "Hello")
     client.load(other, ONE_THREAD)  # queued first: the job runs after the switch
-    client.generate_api(job)
+    client.host.submit(reply_job(job))
     qtbot.waitUntil(lambda: sink.done, timeout=WAIT_MS)
     new = gateway.model()
     assert new is not None and model_id(new) == "another-model" != model_id(old)

@@ -328,11 +328,6 @@ class DraftLength:
         """Whether this reply skips drafting because recent replies' drafting did not pay."""
         return self._resting
 
-    @property
-    def loss_ms(self) -> float:
-        """What drafting cost this reply so far over plain decoding, in ms (< 0: gained)."""
-        return self._loss
-
     def finish(self) -> None:
         """The reply ended: remember whether drafting paid in it (see ``RETRY``)."""
         if not self.adaptive:

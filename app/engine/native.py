@@ -91,12 +91,6 @@ class Native:
 
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, 0, start, end))
 
-    def seq_add(self, start: int, end: int, delta: int) -> None:
-        """Shift positions ``[start, end)`` by ``delta``."""
-        import llama_cpp
-
-        llama_cpp.llama_memory_seq_add(self.memory, 0, start, end, delta)
-
     def seq_pos_min(self) -> int:
         """The smallest position the cache still holds (-1 when empty)."""
         import llama_cpp

@@ -22,6 +22,7 @@ from pathlib import Path
 from app.config.params import LoadConfig
 from app.engine.native_paths import FILE_NAME, PathVerdicts, RiskyPath
 from app.engine.path_probe import ProbeResult, run_probe
+from app.util.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,14 @@ def store_file(data_root: Path) -> Path:
     return Path(override) if override else data_root / FILE_NAME
 
 
+CONTROL_CRASH = (
+    "Loading a model crashed llama.cpp in a test process even with every risky path off "
+    "({detail}), so it would crash Lamplight too: it was not loaded, and nothing is lost. "
+    "This llama.cpp build does not run on this system as it is. Restart Lamplight to "
+    "check again."
+)  # One such case, a second C++ runtime in the process: docs/notes/gpu.md.
+
+
 def off_note(path: RiskyPath, why: str) -> str:
     return (
         f"{path.label} is off on this computer: {why}. Without it, {path.cost}. "
@@ -92,6 +101,7 @@ class NativeGuard:
         self._lock = threading.Lock()
         self._inconclusive: set[RiskyPath] = set()  # not tried again in this process
         self._unsaved: dict[RiskyPath, tuple[bool, str]] = {}  # the file could not be written
+        self._control_crash = ""  # a control run crashed: no load is safe in this process
 
     @property
     def store(self) -> PathVerdicts:
@@ -111,7 +121,12 @@ class NativeGuard:
         return out
 
     def prepare(self, model: Path, config: LoadConfig, gpu: bool) -> Prepared:
-        """``config`` with what crashes here switched off; unknown paths are checked first."""
+        """``config`` with what crashes here switched off; unknown paths are checked first.
+
+        Raises:
+            ModelLoadError: a load crashed even with every risky path off (the control
+                run): loading in this process would crash the app.
+        """
         wanted = wanted_paths(config, gpu)
         store = self.store
         unknown = [
@@ -123,6 +138,8 @@ class NativeGuard:
             target = (self._probe_model() if self._probe_model else None) or model
             for path in unknown:
                 self._check(path, target, config.threads())
+        if self._control_crash:
+            raise ModelLoadError(CONTROL_CRASH.format(detail=self._control_crash))
         off = {p: why for p, why in self.off().items() if p in wanted}
         notes = tuple(off_note(p, why) for p, why in off.items())
         if RiskyPath.FLASH_ATTN in off:
@@ -142,6 +159,8 @@ class NativeGuard:
             if control.crashed or not control.conclusive:
                 log.warning("the control run failed too: %s is not to blame", path.value)
                 result = replace(result, conclusive=False)
+            if control.crashed:
+                self._control_crash = control.detail
         if not result.conclusive:
             self._inconclusive.add(path)
             return

@@ -132,20 +132,45 @@ def load_with_fallback(
         resolved = resolve(config, read_gguf_info(path), engine.hardware())
     except LamplightError:
         resolved = config  # the engine's own load reports what is wrong with the file
+    from app.engine.llama_log import RECENT_PROBLEMS
+
+    RECENT_PROBLEMS.clear()  # what llama.cpp says during this load alone
     try:
         return engine.load(path, resolved, progress), ""
     except ModelLoadError as exc:
         if resolved.n_gpu_layers == 0:
             raise
         log.warning("GPU load failed, retrying on the CPU: %s", exc)
-        note = f"Loading on the GPU failed ({_first_line(exc)}); running on the CPU instead."
+        why = _gpu_reason(exc, RECENT_PROBLEMS)
+        note = f"Loading on the GPU failed ({why}); running on the CPU instead."
         return engine.load(path, replace(resolved, n_gpu_layers=0), progress), note
+
+
+OUT_OF_MEMORY = ("out of memory", "unable to allocate", "failed to allocate")
+
+
+def _gpu_reason(exc: ModelLoadError, log_lines: Any) -> str:
+    """Why a GPU load failed. llama.cpp's error for any failed load blames the file; an
+    allocation failure is told only in its log (seen on an H100, docs/notes/gpu.md)."""
+    text = " ".join(str(line) for line in log_lines).lower() + " " + str(exc).lower()
+    if any(words in text for words in OUT_OF_MEMORY):
+        return "not enough free GPU memory"
+    return _first_line(exc)
 
 
 def accelerator_hint(backend: HardwareInfo) -> str:
     """How to get a GPU build, when this build is CPU-only on a machine with a GPU."""
     if backend.gpu_offload and gpu_devices(backend):
         return ""
+    from app.engine.native_libs import loaded
+
+    modules = loaded()
+    if modules is not None and modules.gpu_modules:  # a GPU build: a rebuild would not help
+        return (
+            f"This llama.cpp build has {', '.join(m.upper() for m in modules.gpu_modules)} "
+            "support but found no usable GPU: check the GPU driver (and CUDA_VISIBLE_DEVICES "
+            "or the like). Models run on the CPU meanwhile."
+        )
     if sys.platform == "darwin" and platform.machine() == "arm64":
         return (
             "This llama.cpp build runs on the CPU only. For the Apple GPU, rebuild it: "

@@ -13,13 +13,6 @@ from typing import Any
 from app.engine.context_map import ContextMap
 from app.engine.templates import ChatMessage, ChatTemplateError
 
-POLICIES = ("stop", "truncate_middle", "rolling")
-POLICY_LABELS = {
-    "stop": "Stop at the limit",
-    "truncate_middle": "Drop the middle (keep the start)",
-    "rolling": "Rolling window",
-}
-
 
 def protected_head(roles: Sequence[str], policy: str) -> int:
     """How many leading messages a policy never drops.

@@ -344,7 +344,6 @@ def choose_template(
 PLAIN_NAME = "plain text"
 OWN_NAME = "model's own"  # ChatTemplate.name of a template from the GGUF
 OverrideKind = Literal["auto", "builtin", "custom", "plain"]
-OVERRIDE_KINDS: tuple[OverrideKind, ...] = ("auto", "builtin", "custom", "plain")
 
 
 @dataclass(frozen=True)

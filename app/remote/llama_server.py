@@ -122,7 +122,6 @@ from app.util.errors import (
 
 log = logging.getLogger(__name__)
 
-LOAD_WAIT_S = 600.0  # a server still loading a big model answers 503 meanwhile
 MAX_CONTINUATIONS = 8  # a reply that fills the context this many times ends there
 DRAFT_WHY_NOT = (
     "a draft model runs with the in-process engine only; llama-server drafts with the "

@@ -16,14 +16,12 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal
 
-from app.api.gateway import ApiJob
-from app.api.host_gateway import reply_job
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Backend, DraftInfo, Finished, ModelInfo, PrefillProgress, Token
 from app.engine.crash_steps import EngineSteps
-from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
+from app.engine.kv_pool import DEFAULT_POOL_MB
 from app.engine.templates import ChatMessage, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.host.core import DEFAULT_MODEL
@@ -134,19 +132,6 @@ class EngineWorker(QObject):
     ) -> None:
         super().__init__()
         self.host = EngineHost(engine, models_dir, store, self, pool_mb)
-
-    # What the host holds, for tests and the crash record (read when the host is idle).
-    @property
-    def _engine(self) -> Backend:
-        return self.host.engine
-
-    @property
-    def _local(self) -> Backend:
-        return self.host.local
-
-    @property
-    def pool(self) -> KvPool:
-        return self.host.pool
 
     @property
     def steps(self) -> EngineSteps:
@@ -318,10 +303,6 @@ class EngineClient(QObject):
         job = GenerateJob(self._next_request, conv_id, list(messages), params, self._stop)
         self.host.submit(self.worker.reply_job(job))
         return self._next_request
-
-    def generate_api(self, job: ApiJob) -> None:
-        """Queue an API job behind the requests already queued (callable from any thread)."""
-        self.host.submit(reply_job(job))
 
     def stop(self) -> None:
         """Ask the running reply to stop; its cancelled signal follows promptly."""
