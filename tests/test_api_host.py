@@ -14,13 +14,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api.gateway import ApiFailure, ApiJob
+from app.api.gateway import ApiFailure, ApiJob, failure_for
 from app.api.host_gateway import HostGateway
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates import ChatMessage
 from app.host.host import EngineHost
-from app.host.jobs import ModelGone, Origin, ReplyEvent, ReplyFailed, ReplyJob, ReplySink
+from app.host.jobs import (
+    HostClosed,
+    ModelGone,
+    Origin,
+    ReplyEvent,
+    ReplyFailed,
+    ReplyJob,
+    ReplySink,
+)
 from app.host.listener import QuietListener
 from app.util.errors import DecodeError
 from tests.fakes import FakeEngine, as_backend
@@ -175,9 +183,11 @@ def test_close_runs_what_was_queued_then_frees_the_model(tmp_path: Path) -> None
         hosted.host.submit(job(sink, i))
     hosted.host.close()
     late = Sink()
-    hosted.host.submit(job(late, 9))  # after close: dropped, never half-run
+    hosted.host.submit(job(late, 9))  # after close: never run, and told so at once
     hosted.thread.join(WAIT_S)
-    assert all(len(s.terminals) == 1 for s in sinks) and late.events == []
+    assert all(len(s.terminals) == 1 for s in sinks)
+    assert len(late.events) == 1 and len(late.terminals) == 1  # its one terminal event
+    assert isinstance(late.events[0], ReplyFailed) and "shutting down" in late.events[0].message
     assert hosted.fake.model is None
     with pytest.raises(StopIteration):
         next(gen)
@@ -226,3 +236,8 @@ def test_exactly_one_terminal_event_whatever_happens(
     hosted.fake.fail_with = None
     for sink in sinks:
         assert len(sink.terminals) == 1 and sink.events[-1] is sink.terminals[0], sink.events
+
+
+def test_a_job_after_the_host_closed_is_a_503_to_retry() -> None:
+    failure = failure_for(HostClosed())
+    assert (failure.status, failure.code, failure.retry) == (503, "server_shutting_down", True)

@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 from app.config.params import SamplingParams, SettingError
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates import ChatMessage, ChatTemplateError
-from app.host.jobs import ModelGone, NoResult, TemplateUnavailable, model_id
+from app.host.jobs import HostClosed, ModelGone, NoResult, TemplateUnavailable, model_id
 from app.util.errors import ContextOverflowError, LamplightError, NoModelLoaded
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,9 @@ def failure_for(exc: BaseException) -> ApiFailure:
         return ApiFailure(400, "invalid_request_error", "unsupported_endpoint", message, "prompt")
     if isinstance(exc, NoResult):
         return ApiFailure(500, "server_error", "internal_error", str(exc))
+    if isinstance(exc, HostClosed):
+        message = f"{exc} Send the request again once the server is back."
+        return ApiFailure(503, "server_error", "server_shutting_down", message)
     if isinstance(exc, ContextOverflowError):
         return ApiFailure(
             400, "invalid_request_error", "context_length_exceeded", str(exc), "messages"

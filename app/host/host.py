@@ -27,9 +27,9 @@ from app.engine.native_guard import NativeGuard, store_file
 from app.engine.templates import TemplateOverride
 from app.gguf.lora import LoraStack
 from app.host.core import EngineCore
-from app.host.jobs import ReplyJob
+from app.host.jobs import HostClosed, ReplyFailed, ReplyJob
 from app.host.listener import HostListener
-from app.host.replies import run_reply
+from app.host.replies import Relay, run_reply
 from app.models.default_model import default_model_if_present
 
 log = logging.getLogger(__name__)
@@ -95,17 +95,21 @@ class EngineHost:
 
     # -- requests --------------------------------------------------------------------
 
-    def post(self, task: _Task) -> None:
-        """Queue ``task`` behind every request queued before it."""
+    def post(self, task: _Task) -> bool:
+        """Queue ``task`` behind every request queued before it (False: the host is closed
+        and the task dropped)."""
         with self._lock:
             if self._closed:
                 log.debug("engine host closed; a request was dropped")
-                return
+                return False
             self._tasks.put(task)
+            return True
 
     def submit(self, job: ReplyJob) -> None:
-        """Queue a reply (the window's or an API request); its sink gets one terminal event."""
-        self.post(lambda: run_reply(self._core, job))
+        """Queue a reply (the window's or an API request); its sink gets one terminal event,
+        also when the host is already closed (then at once, on the caller's thread)."""
+        if not self.post(lambda: run_reply(self._core, job)):
+            Relay(job).send(ReplyFailed(HostClosed()))
 
     def load(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
         """Load ``path`` (``DEFAULT_MODEL``: the embedded one); ``cancel`` abandons it."""

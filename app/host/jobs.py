@@ -36,6 +36,13 @@ class TemplateUnavailable(LamplightError):
     """The job needs a template of its own and the backend renders its prompt itself."""
 
 
+class HostClosed(LamplightError):
+    """The job came after the engine host was closed (the app is quitting)."""
+
+    def __init__(self) -> None:
+        super().__init__("Lamplight's engine is shutting down; the reply was not started.")
+
+
 class NoResult(LamplightError):
     """The backend's stream ended without a ``Finished`` event."""
 
