@@ -55,6 +55,16 @@ def cut_to_bytes(text: str, max_bytes: int) -> str:
     return text.encode("utf-8", "replace")[: max(0, max_bytes)].decode("utf-8", "ignore")
 
 
+def fit_bytes(piece: str, used: int, room: int) -> tuple[str, int, bool]:
+    """``piece`` cut so that ``used`` plus its UTF-8 size stays within ``room``: the
+    piece, its size in bytes, and whether it was cut."""
+    n = len(piece.encode("utf-8"))
+    if used + n <= room:
+        return piece, n, False
+    piece = cut_to_bytes(piece, room - used)
+    return piece, len(piece.encode("utf-8")), True
+
+
 class LoadCancelled(LamplightError):
     """The user cancelled a model load."""
 

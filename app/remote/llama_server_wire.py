@@ -20,7 +20,7 @@ from app.engine.backend import (
     LoadCancelled,
     PrefillProgress,
     ProgressFn,
-    cut_to_bytes,
+    fit_bytes,
 )
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import (
@@ -221,11 +221,8 @@ class ReplyText:
         """Take one piece of text; returns what of it to show ("" when none)."""
         if not piece:
             return ""
-        piece = clean_text(piece)
-        n = len(piece.encode("utf-8"))
-        if self.size + n > self.room:
-            piece = cut_to_bytes(piece, self.room - self.size)
-            n = len(piece.encode("utf-8"))
+        piece, n, cut = fit_bytes(clean_text(piece), self.size, self.room)
+        if cut:
             self.cut = SIZE_LIMIT
         if piece:
             self.parts.append(piece)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.config.params import SamplingParams, SettingError
-from app.engine.backend import MAX_REPLY_BYTES, cut_to_bytes
+from app.engine.backend import MAX_REPLY_BYTES, fit_bytes
 from app.engine.templates import clean_text
 from app.remote.http import JSON_DEPTH, ServerError, sentence
 from app.util.datafiles import DataFileError, parse_json
@@ -125,11 +125,8 @@ class ReplyStream:
         piece = delta.get("content") if isinstance(delta, dict) else None
         if not isinstance(piece, str) or not piece or self.full:
             return ""
-        piece = clean_text(piece)
-        n = len(piece.encode("utf-8"))
-        if self.size + n > self.max_bytes:
-            piece = cut_to_bytes(piece, self.max_bytes - self.size)
-            n = len(piece.encode("utf-8"))
+        piece, n, cut = fit_bytes(clean_text(piece), self.size, self.max_bytes)
+        if cut:
             self.full = True
         if not piece:
             return ""
