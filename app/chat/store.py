@@ -157,11 +157,7 @@ class ConversationStore:
         A damaged transcript is set aside here: its row says so (``set_aside``).
         """
         path = self.transcript_path(conv_id)
-        try:
-            st = path.stat()
-            stamp = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            stamp = (-1, -1)
+        stamp = _file_stamp(path)
         size = self.snapshot_bytes(conv_id)
         known = self._summaries.get(conv_id)
         if known is not None and known[0] == stamp:
@@ -242,14 +238,10 @@ class ConversationStore:
                 "a conversation can hold"
             )
         atomic_write_text(path, text)
-        try:
-            st = path.stat()
-            stamp = (st.st_size, st.st_mtime_ns)
-        except OSError:
-            stamp = (-1, -1)
+        stamp = _file_stamp(path)
         # Indexed with the stamp of what was written: a crash before this line leaves a
         # stale stamp, which the next search's ``sync`` repairs.
-        self.index.update(conv, _stamp(path))
+        self.index.update(conv, _stamp_text(stamp))
         row = _row(conv, self.snapshot_bytes(conv.id), size)
         self._summaries[conv.id] = (stamp, row)
         return row
@@ -454,13 +446,26 @@ def _checked(conv_id: str) -> str:
     return conv_id
 
 
-def _stamp(path: Path) -> str:
-    """What identifies one written version of a transcript: its size and time."""
+MISSING = (-1, -1)  # the stamp of a transcript that cannot be read
+
+
+def _file_stamp(path: Path) -> tuple[int, int]:
+    """What identifies one written version of a transcript: its size and time
+    (``MISSING`` when it cannot be read)."""
     try:
         st = path.stat()
     except OSError:
-        return "missing"
-    return f"{st.st_size}:{st.st_mtime_ns}"
+        return MISSING
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _stamp_text(stamp: tuple[int, int]) -> str:
+    """The search index's form of a stamp."""
+    return "missing" if stamp == MISSING else f"{stamp[0]}:{stamp[1]}"
+
+
+def _stamp(path: Path) -> str:
+    return _stamp_text(_file_stamp(path))
 
 
 def _mtime(path: Path) -> float:
