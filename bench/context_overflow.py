@@ -79,7 +79,7 @@ class Side:
         self.evaluated.append(m.evaluated_tokens)
         self.ttft.append(m.ttft_ms)
         self.kept.append(ChatMessage("assistant", end.text))
-        self.engine.prewarm(self.kept[:-1], end.text)
+        self.engine.prewarm(self.kept[:-1], ChatMessage("assistant", end.text))
 
     def after(self, values: list[float] | list[int], start: int | None) -> list[float]:
         return [float(v) for v in values[(start if start is not None else len(values)) + 1 :]]

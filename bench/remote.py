@@ -205,7 +205,8 @@ def build_chat(url: str, target: int) -> tuple[list[ChatMessage], Any, dict[str,
     prompt = [ChatMessage("user", "Summarise this text. " + long_text(words))]
     done = run_reply(backend, prompt, SamplingParams.greedy(16))
     messages = [*prompt, ChatMessage("assistant", done.text)]
-    prepared = backend.prewarm(prompt, done.text)  # as the app does after each reply
+    # As the app does after each reply.
+    prepared = backend.prewarm(prompt, ChatMessage("assistant", done.text))
     t0 = time.perf_counter()
     kv = backend.export_state(CONV_KEY)
     save_ms = (time.perf_counter() - t0) * 1000

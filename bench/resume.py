@@ -99,7 +99,7 @@ def build(model: Path, load: LoadConfig, data: Path, target: int) -> dict[str, A
     done = reply(engine, prompt, REPLY)
     messages = [*prompt, ChatMessage("assistant", done.text)]
     # As the app does after every reply: the next turn's opening tokens, evaluated ahead.
-    prepared = engine.prewarm(prompt, done.text)
+    prepared = engine.prewarm(prompt, ChatMessage("assistant", done.text))
     cache = session_cache(engine, data)
     snapshot_bytes, _ = cache.save(CONV_ID)
     info = {

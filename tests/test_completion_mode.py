@@ -120,7 +120,9 @@ def test_completion_sends_exactly_the_text_and_continues_it(plain_engine: Engine
     assert engine.context_text == STORY + first.text
     assert first.metrics.prompt_tokens == len(engine.tokenize(STORY))
     assert not any(marker in engine.context_text for marker in TURN_MARKERS)
-    assert engine.prewarm([ChatMessage("user", STORY)], first.text) == 0  # no turn to open
+    assert (
+        engine.prewarm([ChatMessage("user", STORY)], ChatMessage("assistant", first.text)) == 0
+    )  # no turn to open
     chat = [ChatMessage("user", STORY), ChatMessage("assistant", first.text)]
     chat.append(ChatMessage("user", "The end."))
     second = list(engine.generate(chat, SamplingParams.greedy(4)))[-1]

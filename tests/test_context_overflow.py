@@ -74,7 +74,7 @@ def converse(
         if metrics.dropped_count:
             del kept[metrics.dropped_from : metrics.dropped_from + metrics.dropped_count]
         kept.append(ChatMessage("assistant", text))
-        engine.prewarm(kept[:-1], text)
+        engine.prewarm(kept[:-1], ChatMessage("assistant", text))
         yield turn, kept, metrics
 
 

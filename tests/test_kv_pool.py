@@ -53,7 +53,7 @@ def turn(
     pool.prepare(key, messages)
     ended = [e for e in engine.generate(messages, GREEDY) if isinstance(e, Finished)]
     assert len(ended) == 1
-    pool.finish(key, messages, ended[0].text)
+    pool.finish(key, messages, ChatMessage("assistant", ended[0].text))
     return ended[0]
 
 
@@ -300,5 +300,5 @@ def test_the_pool_only_restores_what_the_request_extends(
         assert len(pool.entries) <= pool.max_entries and pool.bytes_used <= pool.budget
         reply = f"reply {n}"
         backend.held = (*chat, ChatMessage("assistant", reply))  # what generate leaves
-        pool.finish(None, chat, reply)
+        pool.finish(None, chat, ChatMessage("assistant", reply))
         chats[client] = [*chat, ChatMessage("assistant", reply)]

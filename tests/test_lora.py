@@ -205,7 +205,9 @@ def test_hot_swap_keeps_the_model_and_rebuilds_the_cache(
     first = reply(engine, PROMPT)
     history = [*PROMPT, ChatMessage("assistant", first.text), ChatMessage("user", "Another.")]
     assert engine.set_lora_stack(stack((adapters["style"], 0.8))) is True  # cache now stale
-    assert engine.prewarm(PROMPT, first.text) == 0  # nothing added to a stale cache
+    assert (
+        engine.prewarm(PROMPT, ChatMessage("assistant", first.text)) == 0
+    )  # nothing added to a stale cache
     swapped = reply(engine, history)
     assert swapped.metrics.cache_note == LORA_CHANGED_NOTE
     assert swapped.metrics.cached_tokens == 0

@@ -235,7 +235,7 @@ def test_q8_cache_halves_the_snapshot(model_path: Path, tmp_path: Path) -> None:
 def test_the_next_turn_is_prepared_ahead(engine: Engine) -> None:
     t1 = [ChatMessage("user", "Name a colour.")]
     a1 = reply(engine, t1)
-    prepared = engine.prewarm(t1, a1.text)
+    prepared = engine.prewarm(t1, ChatMessage("assistant", a1.text))
     opener = engine.tokenize("<end_of_turn>\n<start_of_turn>user\n")[1:]  # without BOS
     assert prepared == len(opener)
     t2 = [*t1, ChatMessage("assistant", a1.text), ChatMessage("user", "Name a fruit.")]

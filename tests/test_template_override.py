@@ -414,7 +414,9 @@ def test_llama_server_backend_renders_the_override(llama_server: RunningServer) 
         story = "Once upon a time, in a small village"
         done = list(backend.generate([ChatMessage("user", story)], GREEDY))[-1]
         assert isinstance(done, Finished) and backend._map.text == story + done.text
-        assert backend.prewarm([ChatMessage("user", story)], done.text) == 0
+        assert (
+            backend.prewarm([ChatMessage("user", story)], ChatMessage("assistant", done.text)) == 0
+        )
     finally:
         backend.unload()
     openai = OpenAIBackend(Connection("tpl-oai", "test openai", "openai", llama_server.url))

@@ -77,6 +77,7 @@ __all__ = [
     "repair_sampling",
     "sampling_to_dict",
     "short_repr",
+    "template_variables",
     "validate_api",
     "validate_load",
     "validate_sampling",
@@ -249,6 +250,42 @@ SPECS: tuple[FieldSpec, ...] = (
         "The reply ends when it produces one of these (one per line).",
     ),
     FieldSpec(
+        "thinking",
+        "Thinking",
+        "choice",
+        "reasoning",
+        "For models that think before they answer: the template's default (auto), or "
+        "thinking switched on or off where the template can switch it. Off with a "
+        "template that cannot switch it opens and closes an empty thinking block.",
+        choices=("auto", "on", "off"),
+    ),
+    FieldSpec(
+        "reasoning_effort",
+        "Reasoning effort",
+        "choice",
+        "reasoning",
+        "How hard the model thinks, for templates that read an effort (gpt-oss).",
+        choices=("auto", "low", "medium", "high"),
+    ),
+    FieldSpec(
+        "thinking_budget",
+        "Thinking budget",
+        "int",
+        "reasoning",
+        "The most tokens the model may think (0: no limit). At the limit the thinking "
+        "block is closed for it, after the budget message, and the model answers.",
+        0,
+        131072,
+    ),
+    FieldSpec(
+        "budget_message",
+        "Budget message",
+        "text",
+        "reasoning",
+        "Written into the thinking when the budget ends it, just before the block closes.",
+        maximum=500,
+    ),
+    FieldSpec(
         "output_format",
         "Output",
         "choice",
@@ -384,6 +421,14 @@ FILE_ONLY_SPECS: tuple[FieldSpec, ...] = (
         reload=True,
         target="load",
     ),
+    FieldSpec(
+        "template_kwargs",
+        "Template variables",
+        "text",
+        "reasoning",
+        "More chat template variables, a JSON object (an API request's chat_template_kwargs).",
+        maximum=10_000,
+    ),
 )
 
 SPEC_BY_NAME = {s.name: s for s in (*SPECS, *FILE_ONLY_SPECS)}
@@ -465,6 +510,26 @@ def check_structured(params: SamplingParams) -> None:
         grammar_for(params)
     elif params.output_format == "gbnf" and "root" not in params.grammar:
         raise SettingError("grammar", "The GBNF grammar needs a `root ::= ...` rule.")
+    template_variables(params)
+
+
+def template_variables(params: SamplingParams) -> dict[str, Any]:
+    """The JSON object in ``params.template_kwargs`` ({} for none).
+
+    Raises:
+        SettingError: it is not a JSON object (or is nested too deeply).
+    """
+    if not params.template_kwargs.strip():
+        return {}
+    try:
+        value = json.loads(params.template_kwargs)
+    except (RecursionError, ValueError) as exc:
+        raise SettingError(
+            "template_kwargs", f"The template variables are not valid JSON: {exc}"
+        ) from exc
+    if not isinstance(value, dict):
+        raise SettingError("template_kwargs", "The template variables must be a JSON object.")
+    return value
 
 
 def grammar_for(params: SamplingParams) -> str:

@@ -62,6 +62,16 @@ class SamplingParams:
     adaptive_draft: bool = True  # draft fewer (down to none) when drafts are not kept
     # When the conversation outgrows the context: "stop", "truncate_middle" or "rolling".
     overflow: str = "truncate_middle"
+    # Reasoning models: thinking "auto" (the template's default), "on" or "off"; effort
+    # "auto" (the template's default), "low", "medium" or "high"; a budget in thinking
+    # tokens after which the engine ends the block (0: none), writing ``budget_message``
+    # first; ``template_kwargs``: more template variables, a JSON object (the API's
+    # ``chat_template_kwargs``).
+    thinking: str = "auto"
+    reasoning_effort: str = "auto"
+    thinking_budget: int = 0
+    budget_message: str = "Time is up, so I will answer now."
+    template_kwargs: str = ""
 
     @classmethod
     def greedy(cls, max_tokens: int = 64) -> SamplingParams:

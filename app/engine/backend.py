@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
+from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
@@ -81,6 +82,8 @@ class Capabilities:
     gpu_offload: bool = False
     template_override: bool = False  # set_template: this app renders the prompt
     draft_model: bool = False  # set_draft: speculative decoding with a draft model
+    # The engine ends a thinking block itself: a thinking budget, and Stop thinking.
+    thinking_control: bool = False
     why_not: dict[str, str] = field(default_factory=dict)
 
 
@@ -112,6 +115,9 @@ class ModelInfo:
     # it looks like a base model: no chat template, no "instruct"/"chat"/"-it" in its names.
     template_inputs: TemplateInputs | None = None
     base_model: bool = False
+    # How its replies mark their thinking (None: no sign of it; a server's may still
+    # send reasoning apart, as OpenAI-compatible servers do).
+    reasoning: ReasoningFormat | None = None
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,10 @@ class DraftInfo:
 
 @dataclass(frozen=True)
 class Token:
-    """A piece of reply text, ready to show."""
+    """A piece of reply text, ready to show; ``reasoning``: it is thinking, not answer."""
 
     text: str
+    reasoning: bool = False
 
 
 @dataclass(frozen=True)
@@ -141,10 +148,12 @@ class PrefillProgress:
 
 @dataclass(frozen=True)
 class Finished:
-    """The reply ended; ``metrics.stop_reason`` says why (``cancelled`` for a stop)."""
+    """The reply ended; ``metrics.stop_reason`` says why (``cancelled`` for a stop).
+    ``text`` is the answer, ``reasoning`` the thinking before it (markers removed)."""
 
     text: str
     metrics: MessageMetrics
+    reasoning: str = ""
 
 
 EngineEvent = Token | PrefillProgress | Finished
@@ -200,17 +209,21 @@ class Backend(Protocol):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
+        end_thinking: threading.Event | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """Stream the assistant's reply to ``messages``: ``PrefillProgress`` and ``Token``
         events, then one ``Finished``. Setting ``stop`` ends it promptly (``cancelled``);
-        closing the generator abandons the reply.
+        setting ``end_thinking`` ends a thinking block at once, and the model answers
+        (``capabilities.thinking_control``). Closing the generator abandons the reply.
 
         Raises:
             NoModelLoaded, ContextOverflowError, DecodeError, SettingError.
         """
 
-    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
-        """Evaluate the next turn's opening after ``reply``; returns tokens evaluated."""
+    def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
+        """Make the cache hold the history as the template renders it with ``reply``
+        (the assistant's turn that just ended), and the next turn's opening; returns
+        the tokens evaluated."""
 
     def set_template(self, override: TemplateOverride) -> ModelInfo:
         """Use ``override`` as the chat template from the next message on (no reload).

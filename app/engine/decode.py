@@ -24,6 +24,7 @@ from app.engine.metrics import MessageMetrics
 from app.engine.native import Native
 from app.engine.sampler import build_sampler
 from app.engine.stopping import StopStringFilter
+from app.engine.thinking import ThinkingControl
 from app.util.errors import DecodeError
 from app.util.sysinfo import rss_bytes
 
@@ -31,8 +32,9 @@ from app.util.sysinfo import rss_bytes
 class Reply:
     """The reply being generated: its text, stop strings, and the cache's text marks.
 
-    ``emit`` turns a sampled token into text to show; ``commit`` records that
-    the token is now in the KV cache (so its text is part of what the cache holds).
+    ``emit`` turns a sampled token into events to show (thinking apart from answer
+    when the template marks thinking); ``commit`` records that the token is now in
+    the KV cache (so its text is part of what the cache holds).
     """
 
     def __init__(
@@ -43,14 +45,19 @@ class Reply:
         template_stops: tuple[str, ...],
         metrics: MessageMetrics,
         t0: float,
+        thinking: ThinkingControl | None = None,
     ) -> None:
         self._map = cmap
         self._token_bytes = token_bytes
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._stops = StopStringFilter((*params.stop, *template_stops))
+        stops = (*params.stop, *template_stops)
+        self._stops = StopStringFilter(stops)
+        self._think_stops = StopStringFilter(stops)  # thinking's own: held text stays thinking
         self._metrics = metrics
         self._t0 = t0
+        self.thinking = thinking
         self._parts: list[str] = []
+        self._thought: list[str] = []
         self._raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
         self._raw_len = 0
         self._piece = ""
@@ -58,21 +65,65 @@ class Reply:
 
     @property
     def hit(self) -> bool:
-        return self._stops.hit
+        return self._stops.hit or self._think_stops.hit
 
     @property
     def text(self) -> str:
         return "".join(self._parts)
 
-    def emit(self, token: int) -> str:
-        self._metrics.token_times_ms.append((time.perf_counter() - self._t0) * 1000)
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._thought).strip()
+
+    def emit(self, token: int) -> list[Token]:
+        now = (time.perf_counter() - self._t0) * 1000
+        self._metrics.token_times_ms.append(now)
         self._metrics.generated_tokens += 1
         self.count += 1
         self._piece = self._decoder.decode(self._token_bytes(token))
-        text = self._stops.feed(self._piece)
-        if text:
-            self._parts.append(text)
-        return text
+        think = self.thinking
+        if think is None:
+            text = self._stops.feed(self._piece)
+            if text:
+                self._parts.append(text)
+                return [Token(text)]
+            return []
+        was = think.splitter.inside
+        out = self._split(think.splitter.feed(self._piece, token in think.markers))
+        if was or think.splitter.inside:
+            self._metrics.reasoning_tokens += 1
+        if not self._metrics.first_answer_ms and any(not t.reasoning for t in out):
+            self._metrics.first_answer_ms = now
+        return out
+
+    def _split(self, parts: list[tuple[bool, str]]) -> list[Token]:
+        out: list[Token] = []
+        for thought, text in parts:
+            if not thought:
+                held = self._think_stops.flush()  # the block ended: what it held was thinking
+                if held:
+                    self._thought.append(held)
+                    out.append(Token(held, True))
+            shown = (self._think_stops if thought else self._stops).feed(text)
+            if shown:
+                (self._thought if thought else self._parts).append(shown)
+                out.append(Token(shown, thought))
+        return out
+
+    def inject(self, shown: str, text: str, tokens: list[int]) -> list[Token]:
+        """``tokens`` (encoding ``text``) were evaluated to close the thinking block: the
+        cache holds them; ``shown`` is the thinking text to show for them."""
+        assert self.thinking is not None
+        out = self._split([*self.thinking.splitter.end_thinking(), (True, shown)])
+        held = self._think_stops.flush()
+        if held:
+            self._thought.append(held)
+            out.append(Token(held, True))
+        self._map.tokens.extend(tokens)
+        self._raw.append(text)
+        self._raw_len += len(text)
+        self._map.marks.append((len(self._map.tokens), len(self._map.text) + self._raw_len))
+        return out
 
     def commit(self, token: int) -> None:
         self._map.tokens.append(token)
@@ -85,7 +136,7 @@ class Reply:
 
     def ended(self, max_tokens: int) -> str:
         """ "stop_string" or "max_tokens" once the reply must end, else ""."""
-        if self._stops.hit:
+        if self.hit:
             return "stop_string"
         return "max_tokens" if self.count >= max_tokens else ""
 
@@ -94,14 +145,28 @@ class Reply:
         self._map.text = self._map.text + "".join(self._raw)
         self._map.keep_marks(len(self._map.tokens))
 
-    def tail(self) -> str:
-        """Text held back for a possible stop string, once the reply has ended."""
-        if self._stops.hit:
-            return ""
-        tail = self._stops.feed(self._decoder.decode(b"", final=True)) + self._stops.flush()
-        if tail:
-            self._parts.append(tail)
-        return tail
+    def tail(self) -> list[Token]:
+        """Text held back for a possible stop string or marker, once the reply has ended."""
+        if self.hit:
+            return []
+        rest = self._decoder.decode(b"", final=True)
+        if self.thinking is None:
+            tail = self._stops.feed(rest) + self._stops.flush()
+            if tail:
+                self._parts.append(tail)
+                return [Token(tail)]
+            return []
+        splitter = self.thinking.splitter
+        out = self._split(splitter.feed(rest) + splitter.flush())
+        for stops, parts, thought in (
+            (self._think_stops, self._thought, True),
+            (self._stops, self._parts, False),
+        ):
+            held = stops.flush()
+            if held:
+                parts.append(held)
+                out.append(Token(held, thought))
+        return out
 
 
 @dataclass
@@ -132,6 +197,8 @@ class DecodeJob:
     drafter: Drafter | None = None
     length: DraftLength | None = None
     make_room: Callable[[], bool] = field(default=lambda: False)
+    thinking: ThinkingControl | None = None  # a template that marks thinking
+    tokenize: Callable[[str], list[int]] = field(default=lambda _text: [])  # no BOS
 
 
 def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
@@ -140,7 +207,7 @@ def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
 
     native, cmap, params, metrics = job.native, job.cmap, job.params, job.metrics
     sampler = build_sampler(native.llm, params, job.seed, cmap.tokens)
-    reply = Reply(cmap, job.token_bytes, params, job.template_stops, metrics, job.t0)
+    reply = Reply(cmap, job.token_bytes, params, job.template_stops, metrics, job.t0, job.thinking)
     try:
         if job.drafter is not None:
             length = job.length or DraftLength(params.draft_len, params.adaptive_draft)
@@ -150,13 +217,11 @@ def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
     finally:
         llama_cpp.llama_sampler_free(sampler)
         reply.close()
-    tail = reply.tail()
-    if tail:
-        yield Token(tail)
+    yield from reply.tail()
     metrics.stop_reason = reason
     metrics.kv_tokens = len(cmap.tokens)
     read_perf(native, metrics)
-    yield Finished(reply.text, metrics)
+    yield Finished(reply.text, metrics, reply.reasoning)
 
 
 def read_perf(native: Native, metrics: MessageMetrics) -> None:
@@ -176,19 +241,22 @@ def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, N
     native, cmap, stop, stop_ids = job.native, job.cmap, job.stop, job.stop_ids
     ctx, vocab, n_ctx = native.ctx, native.vocab, native.n_ctx()
     decode_one = native.decode_one
+    think = job.thinking
     for _ in range(job.params.max_tokens):
         if stop.is_set():
             return "cancelled"
         if len(cmap.tokens) >= n_ctx and not job.make_room():
             return "context_full"
+        if think is not None and think.due(job.metrics.reasoning_tokens):
+            ended = yield from end_thinking(job, sampler, reply)
+            if ended:
+                return ended
         tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
             return "eos"
         if tok in stop_ids:
             return "stop_string"
-        text = reply.emit(tok)
-        if text:
-            yield Token(text)
+        yield from reply.emit(tok)
         if reply.hit:
             return "stop_string"
         if stop.is_set():
@@ -199,6 +267,41 @@ def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, N
             raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
         reply.commit(tok)
     return "max_tokens"
+
+
+def end_thinking(
+    job: DecodeJob, sampler: Any, reply: Reply, drafter: Drafter | None = None
+) -> Generator[Token, None, str]:
+    """Close the thinking block now (the budget is spent, or Stop thinking): evaluate the
+    budget message and the template's closing text, so the model goes on to answer.
+    Returns a stop reason when the reply must end instead ("" to go on).
+
+    Raises:
+        DecodeError: llama.cpp failed (what it evaluated is removed).
+    """
+    import llama_cpp
+
+    think, native, cmap = job.thinking, job.native, job.cmap
+    assert think is not None
+    why = think.due(job.metrics.reasoning_tokens)
+    shown, text = think.closing(why)
+    tokens = job.tokenize(text)
+    if len(cmap.tokens) + len(tokens) + 1 >= native.n_ctx():
+        return "context_full"
+    n_past = len(cmap.tokens)
+    for start in range(0, len(tokens), native.n_batch):
+        rc = native.decode(tokens[start : start + native.n_batch])
+        if rc != 0:
+            native.seq_rm(n_past)
+            raise DecodeError(f"llama.cpp failed while ending the thinking (code {rc}).")
+    if job.params.output_format == "text":  # a grammar would refuse text it did not pick
+        for tok in tokens:
+            llama_cpp.llama_sampler_accept(sampler, tok)
+    job.metrics.thinking_cut = why
+    yield from reply.inject(shown, text, tokens)
+    if drafter is not None:
+        drafter.sync(cmap.tokens, job.stop)
+    return ""
 
 
 def loop_draft(
@@ -228,14 +331,17 @@ def loop_draft(
                 if not job.make_room():
                     return "context_full"
                 drafter.sync(cmap.tokens, stop)
+            if job.thinking is not None and job.thinking.due(metrics.reasoning_tokens):
+                ended = yield from end_thinking(job, sampler, reply, drafter)
+                if ended:
+                    return ended
+                pending = sample(sampler, ctx, -1)  # the one before the block closed is dropped
             n_past = len(cmap.tokens)
             if llama_cpp.llama_vocab_is_eog(vocab, pending):
                 return "eos"
             if pending in job.stop_ids:
                 return "stop_string"
-            text = reply.emit(pending)
-            if text:
-                yield Token(text)
+            yield from reply.emit(pending)
             ended = reply.ended(params.max_tokens)
             if ended:
                 return ended
@@ -246,8 +352,7 @@ def loop_draft(
             room = min(length.next(drafter.lag), left)
             t0 = perf()
             draft = drafter.propose(room, length.read_limit) if room > 0 else []
-            t1 = perf()
-            spent = (t1 - t0) * 1000
+            spent = ((t1 := perf()) - t0) * 1000
             metrics.draft_ms += spent
             if room > 0 and drafter.read_n:
                 length.read(drafter.read_n, drafter.read_ms)
@@ -262,9 +367,7 @@ def loop_draft(
             length.round(len(draft), kept, (perf() - t1) * 1000, drafter.round_ms, spent)
             used = 0
             for guess in draft[:kept]:
-                text = reply.emit(guess)
-                if text:
-                    yield Token(text)
+                yield from reply.emit(guess)
                 reply.commit(guess)
                 used += 1
                 if reply.hit or stop.is_set():

@@ -176,12 +176,12 @@ class KvPool:
         )
         return "restored"
 
-    def finish(self, key: str | None, messages: Sequence[ChatMessage], reply: str) -> None:
+    def finish(self, key: str | None, messages: Sequence[ChatMessage], reply: ChatMessage) -> None:
         """The request by ``key`` for ``messages`` ended with ``reply``: the live cache is its."""
         if not self.enabled:
             self.live = None
             return
-        self.live = Owner(key, (*messages, ChatMessage("assistant", reply)), self._label())
+        self.live = Owner(key, (*messages, reply), self._label())
 
     def set_live(self, key: str) -> None:
         """The live cache was just loaded for ``key`` (a conversation's snapshot)."""

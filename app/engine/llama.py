@@ -74,6 +74,12 @@ from app.engine.templates import (
     looks_like_base_model,
     template_for_architecture,
 )
+from app.engine.thinking import (
+    ThinkingControl,
+    marker_ids,
+    request_template,
+    thinking_control,
+)
 from app.engine.vocab import Vocab
 from app.gguf.info import GgufInfo, read_gguf_info
 from app.util.errors import (
@@ -94,6 +100,7 @@ _CAPABILITIES = Capabilities(
     token_latency=True,
     template_override=True,
     draft_model=True,
+    thinking_control=True,
     why_not={
         "gpu_offload": "this llama.cpp build runs on the CPU only; Hardware and backends "
         "says how to get a GPU build"
@@ -124,6 +131,10 @@ class Engine(EngineCache):
         self._can_shift = False  # llama_memory_can_shift: drops need no re-reading
         # The last request's messages, and its overflow (what the model still sees).
         self._sent: tuple[list[ChatMessage], Overflow] | None = None
+        # The template with the last request's thinking switches bound (``request_template``):
+        # every render for that request, and the next turn's prewarm, use it.
+        self._bound: ChatTemplate | None = None
+        self._markers: frozenset[int] = frozenset()
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
         # Templates built for the loaded model, by choice: the API server swaps between
         # the window's choice and its own per request, so each is built once per load.
@@ -237,7 +248,10 @@ class Engine(EngineCache):
             base_model=looks_like_base_model(
                 (gguf.name, gguf.path.name), has_template=bool(gguf.chat_template)
             ),
+            reasoning=template.reasoning,
         )
+        self._bound = None
+        self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
         return self._info
 
@@ -347,13 +361,17 @@ class Engine(EngineCache):
     def _use_template(self, template: ChatTemplate, stop_ids: frozenset[int] | None = None) -> None:
         assert self._vocab is not None and self._info is not None
         self._template = template
+        self._bound = None
+        self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
         self._stop_ids = (
             stop_ids if stop_ids is not None else self._vocab.stop_tokens(template.stop_strings)
         )
         self._notes = (*self._guard_notes, *((template.note,) if template.note else ()))
         for note in self._notes:
             log.warning("%s", note)
-        self._info = replace(self._info, template=template.label, notes=self._notes)
+        self._info = replace(
+            self._info, template=template.label, notes=self._notes, reasoning=template.reasoning
+        )
 
     # -- tokens ------------------------------------------------------------------
 
@@ -374,14 +392,16 @@ class Engine(EngineCache):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
+        end_thinking: threading.Event | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """Stream the assistant's reply to ``messages``.
 
         Yields ``PrefillProgress`` while the prompt is read, ``Token`` for each
         piece of text, and one ``Finished`` last. Setting ``stop`` ends the
         stream promptly with ``stop_reason == "cancelled"``, during prompt
-        evaluation too. The KV cache keeps the conversation, so the next call
-        evaluates only tokens that are new.
+        evaluation too. Thinking streams apart (``Token.reasoning``); setting
+        ``end_thinking`` closes the block at once. The KV cache keeps the
+        conversation, so the next call evaluates only tokens that are new.
 
         Raises:
             NoModelLoaded, ContextOverflowError, DecodeError, ChatTemplateError (the
@@ -394,6 +414,8 @@ class Engine(EngineCache):
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         self.native.perf_reset()
         lora_note = self._sync_lora() or self._check_head()
+        assert self._template is not None
+        self._bound = request_template(self._template, params)
         request = PromptRequest(messages, params, llm.n_ctx())
         prompt, overflow, template_note = self._fit(request, stop)
         keep = common_prefix(self._map.tokens, prompt.tokens)
@@ -439,12 +461,19 @@ class Engine(EngineCache):
             record_drops(overflow, metrics)
             return True
 
-        yield from self._decode(params, seed, metrics, t0, stop, make_room)
+        think = thinking_control(
+            self._rendering().reasoning, prompt.text, params, end_thinking, self._markers
+        )
+        yield from self._decode(params, seed, metrics, t0, stop, make_room, think)
+
+    def _rendering(self) -> ChatTemplate:
+        """The template renders use: the last request's, switches bound."""
+        assert self._template is not None
+        return self._bound or self._template
 
     def _pipeline(self) -> PromptPipeline:
         """The prompt pipeline over this model's template, tokenizer and cache map."""
-        assert self._template is not None
-        return PromptPipeline(self._template, self._tokenize, self._map)
+        return PromptPipeline(self._rendering(), self._tokenize, self._map)
 
     def _fit(self, request: PromptRequest, stop: threading.Event) -> tuple[Prompt, Overflow, str]:
         """The request's prompt, fitted to the context (older turns dropped, if the policy
@@ -453,10 +482,10 @@ class Engine(EngineCache):
         Raises:
             ContextOverflowError, ChatTemplateError.
         """
-        assert self._template is not None
-        rendered = render(self._template, request.messages)
+        rendered = render(self._rendering(), request.messages)
         if rendered.fallback is not None:
             self._use_template(rendered.fallback)
+            self._bound = request_template(rendered.fallback, request.params)
         pipeline = self._pipeline()
         prompt = pipeline.build(request.messages, rendered.text)
         overflow = self._overflow(request.messages, request.params.overflow, stop)
@@ -499,15 +528,13 @@ class Engine(EngineCache):
     def _overflow(
         self, messages: Sequence[ChatMessage], policy: str, stop: threading.Event
     ) -> Overflow:
-        assert self._template is not None
-
         def refill(tokens: list[int]) -> bool:
             for _event in self._prefill(tokens, stop):
                 pass
             return not stop.is_set()
 
         return Overflow(
-            render=self._template.render,
+            render=self._rendering().render,
             tokenize=lambda t: self._tokenize(t, bos=False),
             cmap=self._map,
             mem=self.native.memory,
@@ -518,17 +545,20 @@ class Engine(EngineCache):
             head=self._head,
         )
 
-    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
-        """Evaluate the template text that opens the user's next turn, ahead of time.
+    def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
+        """Make the cache hold the history as the template will render it, and the
+        template text that opens the user's next turn, ahead of time.
 
         Called after a reply, while the user reads it: the next message (and a
         resumed conversation) then starts with only the user's own words to
-        evaluate. Returns the number of tokens evaluated (0 when the cached
-        text does not end where the template continues).
+        evaluate. Where the template renders the reply otherwise than it was
+        generated (past thinking dropped, whitespace trimmed), the cache is rewound to
+        the last text they share and the rest evaluated again. Returns the number of
+        tokens evaluated (0 when there was nothing to do, or it could not be done).
         """
         llm = self._require()
-        assert self._template is not None
-        if self.lora_stale or self._template.completion:
+        template = self._rendering()
+        if self.lora_stale or template.completion:
             # Continue-the-text mode opens no turn: the next text may follow with no space.
             return 0  # the cache belongs to the previous stack; generate will rebuild it
         if self._sent is not None and self._sent[0] == list(messages):
@@ -536,18 +566,20 @@ class Engine(EngineCache):
         turn = self._pipeline().next_turn(messages, reply)
         if turn is None:
             return 0
-        head, cached, split = turn.head, turn.cached, turn.split
-        first = self._tokenize(head[len(cached) : split], bos=False)
+        head, (n_keep, c_keep), split = turn.head, turn.keep, turn.split
+        first = self._tokenize(head[c_keep:split], bos=False)
         tokens = first + self._tokenize(head[split:], bos=False)
-        if not tokens or len(self._map.tokens) + len(tokens) + 1 >= llm.n_ctx():
+        if not tokens or n_keep + len(tokens) + 1 >= llm.n_ctx():
             return 0
+        if self._rewind(n_keep):
+            return 0  # the cache was emptied: the next message reads it all anyway
         stop = threading.Event()
         done = 0
         for event in self._prefill(tokens, stop):
             done = event.done
         if done != len(tokens):
             return 0
-        if first and split > len(cached):
+        if first and split > c_keep:
             self._map.mark_at(len(self._map.tokens) - len(tokens) + len(first), split)
         self._map.mark(head)
         return done
@@ -560,6 +592,7 @@ class Engine(EngineCache):
         t0: float,
         stop: threading.Event,
         make_room: Callable[[], bool],
+        thinking: ThinkingControl | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
         assert self._template is not None and self._vocab is not None
@@ -582,6 +615,8 @@ class Engine(EngineCache):
             drafter=drafter,
             length=length,
             make_room=make_room,
+            thinking=thinking,
+            tokenize=lambda text: self._tokenize(text, bos=False),
         )
         return decode(job)
 

@@ -57,6 +57,12 @@ class MessageMetrics:
     native_prefill_tok_s: float = 0.0
     native_decode_tok_s: float = 0.0
     rss_mb: float = 0.0  # the process's resident memory when the reply ended
+    # Thinking: tokens sampled inside the block, when the first answer token was ready
+    # (ms from the request start; 0: no answer), and who ended the block early
+    # ("budget", "user"; "" when the model did).
+    reasoning_tokens: int = 0
+    first_answer_ms: float = 0.0
+    thinking_cut: str = ""
 
     @property
     def itl_max_ms(self) -> float:
@@ -77,6 +83,14 @@ class MessageMetrics:
     @property
     def ttft_ms(self) -> float:
         return self.token_times_ms[0] if self.token_times_ms else 0.0
+
+    @property
+    def reasoning_ms(self) -> float:
+        """Time spent thinking: from the first token to the first answer token (or the end)."""
+        if not self.reasoning_tokens or not self.token_times_ms:
+            return 0.0
+        end = self.first_answer_ms or self.token_times_ms[-1]
+        return max(0.0, end - self.token_times_ms[0])
 
     @property
     def inter_token_ms(self) -> list[float]:

@@ -84,11 +84,12 @@ class Prompt:
 
 @dataclass(frozen=True)
 class NextTurn:
-    """The text that opens the user's next turn (``head``), the cached text it extends
-    (``cached``), and where the reply's turn ends inside it (``split``)."""
+    """The history as the template renders it up to the user's next words (``head``),
+    the cache mark it shares with it (``keep``: tokens, characters) and where the
+    reply's turn ends inside it (``split``)."""
 
     head: str
-    cached: str
+    keep: tuple[int, int]
     split: int
 
 
@@ -174,31 +175,32 @@ class PromptPipeline:
             self._map.keep_marks(prompt.n_mark)
         return prompt
 
-    def next_turn(self, messages: Sequence[ChatMessage], reply: str) -> NextTurn | None:
-        """Step 5: the text that opens the user's next turn after ``reply``, or None.
+    def next_turn(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> NextTurn | None:
+        """Step 5: the history the next turn will render after ``reply``, and how much of
+        the cache it keeps; None when the cache already holds it, or shares nothing.
 
-        None when the cached text does not end where the template continues, or the
-        cached tokens end mid-character (no safe boundary to extend).
+        The cache holds the reply as generated; the template may render it otherwise
+        (past thinking dropped, trailing whitespace trimmed), so the cache is kept only
+        up to the last mark that still matches, and the rest is evaluated again.
 
         Raises:
             ChatTemplateError: the template failed on the conversation with the reply.
         """
-        history = [*messages, ChatMessage("assistant", reply), ChatMessage("user", SENTINEL)]
+        history = [*messages, reply, ChatMessage("user", SENTINEL)]
         rendered = self.template.render(history, False)
         cut = rendered.find(SENTINEL)
-        cached = self._map.text
-        if cut <= len(cached) or not rendered.startswith(cached):
-            return None
-        marks = self._map.marks
-        if not marks or marks[-1][0] != len(self._map.tokens):
+        if cut <= 0:
             return None
         head = rendered[:cut]
+        n_keep, c_keep = self._map.match(head)
+        if n_keep == 0 or c_keep >= len(head):
+            return None
         # The next message starts where the reply's turn ends: a mark there lets a
         # context overflow drop whole turns later.
         try:
-            turn = self.template.render([*messages, ChatMessage("assistant", reply)], False)
+            turn = self.template.render([*messages, reply], False)
         except ChatTemplateError:
             turn = ""
         turn_end = len(turn) if turn and rendered.startswith(turn) else -1
-        split = turn_end if len(cached) < turn_end < len(head) else len(cached)
-        return NextTurn(head, cached, split)
+        split = turn_end if c_keep < turn_end < len(head) else c_keep
+        return NextTurn(head, (n_keep, c_keep), split)

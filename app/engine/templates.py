@@ -10,25 +10,19 @@ says why, for the status bar.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-# Re-exported: defined beside the sandbox, imported from here by the rest of the app.
+# Re-exported: defined in their own modules, imported from here by the rest of the app.
+from app.engine.chat_message import ChatMessage as ChatMessage
+from app.engine.chat_message import Role as Role
+from app.engine.reasoning_format import ReasoningFormat, detect_reasoning
 from app.engine.template_errors import ChatTemplateError as ChatTemplateError
 
-Role = Literal["system", "user", "assistant"]
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One turn of a conversation."""
-
-    role: Role
-    content: str
-
-
-Renderer = Callable[[Sequence[ChatMessage], bool], str]
+Renderer = Callable[[Sequence[ChatMessage], bool, Mapping[str, Any]], str]
+"""Messages, whether to add the generation prompt, and extra template variables
+(``enable_thinking``, ``reasoning_effort``, an API request's ``chat_template_kwargs``)."""
 
 
 @dataclass(frozen=True)
@@ -43,14 +37,22 @@ class ChatTemplate:
     # A template the user chose for the model: the one used if it fails on a conversation.
     fallback: ChatTemplate | None = None
     completion: bool = False  # plain text: no turns, the model continues the text
+    # How replies mark their thinking (None: this template shows no sign of it).
+    reasoning: ReasoningFormat | None = None
 
-    def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
         """Prompt text for ``messages``, valid for UTF-8 (lone surrogates become U+FFFD).
+        ``extra``: more template variables (a built-in template ignores them).
 
         Raises:
             ChatTemplateError: the model's own template failed on these messages.
         """
-        return clean_text(self.renderer(messages, add_generation_prompt))
+        return clean_text(self.renderer(messages, add_generation_prompt, extra or {}))
 
     @property
     def label(self) -> str:
@@ -129,7 +131,7 @@ def _llama2(messages: Sequence[ChatMessage], gen: bool) -> str:
     return "".join(out)
 
 
-BUILTIN: dict[str, tuple[Renderer, tuple[str, ...]]] = {
+BUILTIN: dict[str, tuple[Callable[[Sequence[ChatMessage], bool], str], tuple[str, ...]]] = {
     "gemma": (_gemma, ("<end_of_turn>", "<start_of_turn>")),
     "llama3": (_llama3, ("<|eot_id|>", "<|start_header_id|>")),
     "chatml": (_chatml, ("<|im_end|>", "<|im_start|>")),
@@ -156,9 +158,14 @@ ARCH_TEMPLATES = {
 }
 
 
+def _fixed(fn: Callable[[Sequence[ChatMessage], bool], str]) -> Renderer:
+    """A built-in format as a ``Renderer``: it has no variables to take."""
+    return lambda messages, gen, _extra: fn(messages, gen)
+
+
 def builtin_template(name: str, reason: str) -> ChatTemplate:
     renderer, stops = BUILTIN[name]
-    return ChatTemplate(name=name, reason=reason, stop_strings=stops, renderer=renderer)
+    return ChatTemplate(name=name, reason=reason, stop_strings=stops, renderer=_fixed(renderer))
 
 
 def template_for_architecture(arch: str, has_token: Callable[[str], bool]) -> ChatTemplate:
@@ -221,18 +228,30 @@ _CHECKS: tuple[tuple[str, list[ChatMessage]], ...] = (
 )
 
 
+def _message(m: ChatMessage) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.reasoning:
+        # Qwen3, DeepSeek and most others read ``reasoning_content``; gpt-oss ``thinking``.
+        out["reasoning_content"] = out["thinking"] = m.reasoning
+    return out
+
+
 def _variables(
-    messages: Sequence[ChatMessage], gen: bool, bos_token: str, eos_token: str
+    messages: Sequence[ChatMessage],
+    gen: bool,
+    bos_token: str,
+    eos_token: str,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """What Hugging Face's ``apply_chat_template`` passes to a template."""
-    return {
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
+    """What Hugging Face's ``apply_chat_template`` passes to a template; ``extra`` cannot
+    replace the messages, tokens or generation flag."""
+    fixed = {
+        "messages": [_message(m) for m in messages],
         "add_generation_prompt": gen,
-        "tools": None,
-        "documents": None,
         "bos_token": bos_token,
         "eos_token": eos_token,
     }
+    return {"tools": None, "documents": None, **(extra or {}), **fixed}
 
 
 def jinja_template(
@@ -285,9 +304,9 @@ def jinja_template(
 
     compiled = run_bounded(check, LOAD_BUDGET_S, output_limit(len(source)))
 
-    def render(messages: Sequence[ChatMessage], gen: bool) -> str:
-        variables = _variables(messages, gen, bos_token, eos_token)
-        size = sum(len(m.content) for m in messages)
+    def render(messages: Sequence[ChatMessage], gen: bool, extra: Mapping[str, Any]) -> str:
+        variables = _variables(messages, gen, bos_token, eos_token, extra)
+        size = sum(len(m.content) + len(m.reasoning) for m in messages)
         try:
             text = run_bounded(
                 lambda: compiled.render(**variables), RENDER_BUDGET_S, output_limit(size)
@@ -300,12 +319,13 @@ def jinja_template(
 
     has = has_token or (lambda _text: False)
     stops = (eos_token, *(t for t in TURN_MARKERS if t in source and t != eos_token and has(t)))
-    return ChatTemplate(
+    template = ChatTemplate(
         name="model's own",
         reason="from the GGUF",
         stop_strings=tuple(s for s in stops if s),
         renderer=render,
     )
+    return replace(template, reasoning=detect_reasoning(template.render, source, has_token))
 
 
 def choose_template(
@@ -405,7 +425,7 @@ def plain_template() -> ChatTemplate:
         name=PLAIN_NAME,
         reason="continue-the-text mode",
         stop_strings=(),
-        renderer=_plain,
+        renderer=_fixed(_plain),
         completion=True,
     )
 

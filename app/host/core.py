@@ -374,7 +374,7 @@ class EngineCore:
 
     # -- the cache ------------------------------------------------------------------------
 
-    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> None:
+    def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> None:
         """Prepare the next turn's prompt after ``reply`` (where the backend can)."""
         if not self.engine.capabilities.prewarm:
             return

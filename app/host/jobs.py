@@ -85,6 +85,7 @@ class ReplyJob:
     params: SamplingParams
     sink: ReplySink
     stop: threading.Event = field(default_factory=threading.Event)
+    end_thinking: threading.Event = field(default_factory=threading.Event)  # Stop thinking
     conv_id: str = ""
     model_id: str = ""
     template: TemplateOverride | None = None

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 from app.engine.backend import EngineEvent, Finished, Token
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import AUTO
+from app.engine.templates import AUTO, ChatMessage
 from app.host.core import EngineCore, gui_key
 from app.host.jobs import (
     ModelGone,
@@ -100,7 +100,8 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
             core.pool.stash_live()
             core.engine.reset()
             core.pool.forget_live()
-        with contextlib.closing(core.engine.generate(job.messages, job.params, job.stop)) as ev:
+        events = core.engine.generate(job.messages, job.params, job.stop, job.end_thinking)
+        with contextlib.closing(events) as ev:
             ended = _stream(core, relay, ev)
         if ended is None:
             raise NoResult()
@@ -129,14 +130,15 @@ def _after(core: EngineCore, job: ReplyJob, key: str | None, ended: Finished) ->
     stands whatever happens here."""
     metrics = ended.metrics
     try:
-        core.pool.finish(key, job.messages, ended.text)
+        reply = ChatMessage("assistant", ended.text, ended.reasoning)
+        core.pool.finish(key, job.messages, reply)
         if metrics.stop_reason == "connection_lost":
             core.listener.connection_state("lost", metrics.notes[-1] if metrics.notes else "")
             return
         if not job.next_turn:
             return
         if metrics.stop_reason != "cancelled":
-            core.prewarm(job.messages, ended.text)
+            core.prewarm(job.messages, reply)
         if job.conv_id and (metrics.generated_tokens or metrics.stop_reason != "cancelled"):
             # A reply stopped before its first token leaves the saved cache as it was.
             core.save_snapshot(job.conv_id, frozenset({job.conv_id}))
