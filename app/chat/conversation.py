@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
@@ -12,7 +13,11 @@ from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.util.errors import LamplightError
 
-FORMAT_VERSION = 2  # 2: ``alternatives`` (earlier versions kept by regenerate and edit)
+# 2: ``alternatives`` (earlier versions kept by regenerate and edit). An assistant
+# message may also carry ``reasoning`` (its thinking; absent when empty): not a new
+# format, since readers ignore fields they do not know. An older Lamplight shows such a
+# file's answers, and a save it makes of that conversation drops the thinking.
+FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MAX_BRANCHES = 100_000  # the file's size limit bounds them first
 TITLE_CHARS = 60  # an automatic title
@@ -22,6 +27,7 @@ PATH_MAX = 4096
 ID_CHARS = 128
 LATEST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: later dates fail in time.localtime
 ROLES = ("system", "user", "assistant")
+THINKING_CUTS = ("", "budget", "user")  # MessageMetrics.thinking_cut: who ended the thinking
 
 
 class ConversationError(LamplightError):
@@ -43,7 +49,8 @@ def new_id() -> str:
 
 @dataclass
 class Message:
-    """One message. ``token_offset`` is where its turn starts in the model's context."""
+    """One message. ``token_offset`` is where its turn starts in the model's context;
+    ``reasoning``: an assistant reply's thinking, apart from its answer (``content``)."""
 
     role: str
     content: str
@@ -52,9 +59,10 @@ class Message:
     token_offset: int | None = None
     metrics: dict[str, Any] | None = None
     forgotten: bool = False  # dropped from the model's memory when the context was full
+    reasoning: str = ""
 
     def chat(self) -> ChatMessage:
-        return ChatMessage(self.role, self.content)  # type: ignore[arg-type]
+        return ChatMessage(self.role, self.content, self.reasoning)  # type: ignore[arg-type]
 
     def message_metrics(self) -> MessageMetrics | None:
         return metrics_from_dict(self.metrics) if self.metrics else None
@@ -223,7 +231,12 @@ class Conversation:
         return kept
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT_VERSION, **asdict(self)}
+        data = {"format": FORMAT_VERSION, **asdict(self)}
+        # No thinking, no field: a file without reasoning is as it always was.
+        for m in [*data["messages"], *(m for b in data["alternatives"] for m in b["messages"])]:
+            if not m["reasoning"]:
+                del m["reasoning"]
+        return data
 
     @classmethod
     def from_dict(
@@ -321,6 +334,7 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
     mid = m.get("id")
     offset = m.get("token_offset")
     metrics = m.get("metrics")
+    reasoning = m.get("reasoning")
     return Message(
         role=m["role"],
         content=m["content"],
@@ -329,6 +343,8 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
         token_offset=offset if _is_count(offset) else None,
         metrics=metrics_to_dict(metrics_from_dict(metrics)) if isinstance(metrics, dict) else None,
         forgotten=m.get("forgotten") is True,
+        # Only a reply thinks: thinking on another role would reach the template as such.
+        reasoning=reasoning if isinstance(reasoning, str) and m["role"] == "assistant" else "",
     )
 
 
@@ -409,6 +425,8 @@ def metrics_from_dict(data: dict[str, Any]) -> MessageMetrics:
         elif isinstance(default, float):
             ok = _is_number(value)
             value = float(value) if ok else value
+        elif f.name == "thinking_cut":
+            ok = value in THINKING_CUTS
         elif isinstance(default, str):
             ok = isinstance(value, str)
         elif f.name == "token_times_ms":
@@ -435,7 +453,7 @@ def to_markdown(conv: Conversation) -> str:
     for i, m in enumerate(conv.messages):
         position, count = conv.version_of(i)
         version = f" *(version {position} of {count})*" if count > 1 else ""
-        lines += [f"**{names.get(m.role, m.role)}**{version}", "", m.content.strip(), ""]
+        lines += [f"**{names.get(m.role, m.role)}**{version}", "", *_body(m)]
     if conv.alternatives:
         lines += ["---", "", "## Other versions", ""]
         where = {m.id: m for m in conv.every_message()}
@@ -444,5 +462,50 @@ def to_markdown(conv: Conversation) -> str:
             start = "the start" if parent is None else f"“{' '.join(parent.content.split())[:40]}”"
             lines += [f"### Version {n + 1} after {start}", ""]
             for m in b.messages:
-                lines += [f"**{names.get(m.role, m.role)}**", "", m.content.strip(), ""]
+                lines += [f"**{names.get(m.role, m.role)}**", "", *_body(m)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+# Tags in the thinking that would end the collapsed section early, open another, or
+# swallow its closing tag (raw text elements, a comment): written as text, not HTML.
+_SECTION_TAGS = re.compile(
+    r"<(/?(?:details|summary|pre|script|style|textarea|title|xmp)\b|!--)", re.IGNORECASE
+)
+
+
+def _body(m: Message) -> list[str]:
+    """A message's Markdown lines: its thinking (if any) as a collapsed section, then
+    its text. Tags in the thinking cannot close the section or open another one."""
+    thinking = m.reasoning.strip()
+    if not thinking:
+        return [m.content.strip(), ""]
+    safe = _closed_fence(_SECTION_TAGS.sub(r"&lt;\1", thinking))
+    return [
+        "<details><summary>Thinking</summary>",
+        "",
+        safe,
+        "",
+        "</details>",
+        "",
+        m.content.strip(),
+        "",
+    ]
+
+
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+
+
+def _closed_fence(text: str) -> str:
+    """``text`` with a code fence it leaves open closed (thinking cut off mid-code would
+    otherwise hold the section's closing tag and the answer in its code block)."""
+    fence = ""
+    for line in text.splitlines():
+        found = _FENCE.match(line)
+        if found is None:
+            continue
+        mark = found.group(1)
+        if not fence:
+            fence = mark if mark[0] == "~" or "`" not in line[found.end() :] else ""
+        elif mark[0] == fence[0] and len(mark) >= len(fence) and not line[found.end() :].strip():
+            fence = ""
+    return f"{text}\n{fence}" if fence else text

@@ -17,7 +17,10 @@ COLUMNS = (
     "prefill_ms",
     "prefill_tok_s",
     "ttft_ms",
+    "first_answer_ms",
     "generated_tokens",
+    "reasoning_tokens",
+    "reasoning_ms",
     "decode_ms",
     "decode_tok_s",
     "itl_p50_ms",
@@ -51,6 +54,9 @@ def metrics_csv(messages: Sequence[Message]) -> str:
             native_prefill_tok_s=round(metrics.native_prefill_tok_s, 2),
             native_decode_tok_s=round(metrics.native_decode_tok_s, 2),
             rss_mb=round(metrics.rss_mb, 1),
+            first_answer_ms=round(metrics.first_answer_ms, 2),
+            reasoning_tokens=metrics.reasoning_tokens,
+            reasoning_ms=round(metrics.reasoning_ms, 2),
         )
         writer.writerow(row)
     return out.getvalue()

@@ -36,7 +36,8 @@ from app.util.datafiles import kind_of, os_reason, set_aside
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: a reply's thinking is indexed too (the ``thinking`` column)
+OLDER_SCHEMAS = ("1",)  # an earlier Lamplight's index: emptied and filled again, quietly
 INDEXED_CHARS = 200_000  # of one message; the rest of a pasted log is not searched
 QUERY_CHARS = 200  # of what the user typed
 QUERY_TERMS = 8
@@ -54,20 +55,22 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS docs(conv_id TEXT PRIMARY KEY, stamp TEXT NOT NULL,"
     " title TEXT NOT NULL)",
     "CREATE VIRTUAL TABLE IF NOT EXISTS messages USING fts5("
-    "content, conv_id UNINDEXED, idx UNINDEXED, role UNINDEXED,"
+    "content, conv_id UNINDEXED, idx UNINDEXED, role UNINDEXED, thinking UNINDEXED,"
     " tokenize='unicode61 remove_diacritics 2')",
 )
 
 
 @dataclass(frozen=True)
 class SearchHit:
-    """One matching message: where it is and a snippet with ``HIT_START``/``HIT_END`` marks."""
+    """One matching message: where it is and a snippet with ``HIT_START``/``HIT_END`` marks;
+    ``thinking``: the words are in the reply's thinking, not its answer."""
 
     conv_id: str
     index: int
     role: str
     title: str
     snippet: str
+    thinking: bool = False
 
 
 def query_terms(text: str) -> list[str]:
@@ -143,7 +146,9 @@ class SearchIndex:
         try:
             db.execute("PRAGMA journal_mode=WAL")
             version = _meta(db, "schema")
-            if version not in (None, str(SCHEMA_VERSION)):
+            if version in OLDER_SCHEMAS:
+                _drop_tables(db)  # rebuilt from the transcripts by the next ``sync``
+            elif version not in (None, str(SCHEMA_VERSION)):
                 raise sqlite3.DatabaseError(f"schema {version!r}, expected {SCHEMA_VERSION}")
             with _transaction(db):
                 for statement in _SCHEMA:
@@ -300,14 +305,14 @@ class SearchIndex:
         def ask(db: sqlite3.Connection) -> None:
             rows = db.execute(
                 "SELECT m.conv_id, m.idx, m.role, d.title,"
-                " snippet(messages, 0, ?, ?, '…', ?)"
+                " snippet(messages, 0, ?, ?, '…', ?), m.thinking"
                 " FROM messages m JOIN docs d ON d.conv_id = m.conv_id"
                 " WHERE messages MATCH ? ORDER BY bm25(messages) LIMIT ?",
                 (HIT_START, HIT_END, SNIPPET_TOKENS, query, max(1, min(limit, 500))),
             ).fetchall()
             hits.extend(
-                SearchHit(str(c), int(i), str(r), str(t), " ".join(str(s).split()))
-                for c, i, r, t, s in rows
+                SearchHit(str(c), int(i), str(r), str(t), " ".join(str(s).split()), k == 1)
+                for c, i, r, t, s, k in rows
             )
 
         started = time.perf_counter()
@@ -319,7 +324,7 @@ class SearchIndex:
 def _replace(db: sqlite3.Connection, conv: Conversation, stamp: str) -> None:
     db.execute("DELETE FROM messages WHERE conv_id = ?", (conv.id,))
     db.executemany(
-        "INSERT INTO messages(content, conv_id, idx, role) VALUES(?, ?, ?, ?)",
+        "INSERT INTO messages(content, conv_id, idx, role, thinking) VALUES(?, ?, ?, ?, ?)",
         _rows(conv),
     )
     db.execute(
@@ -327,19 +332,29 @@ def _replace(db: sqlite3.Connection, conv: Conversation, stamp: str) -> None:
     )
 
 
-def _rows(conv: Conversation) -> Iterable[tuple[str, str, int, str]]:
+def _rows(conv: Conversation) -> Iterable[tuple[str, str, int, str, int]]:
     # Shown messages by index; then the versions not shown, numbered on past them in
     # ``every_message`` order: opening such a hit reveals that version (ui.chat.search_jump).
     for i, m in enumerate(conv.every_message()):
-        for text in message_texts(m):
-            yield text, conv.id, i, m.role
+        for text, thinking in message_texts(m):
+            yield text, conv.id, i, m.role, int(thinking)
 
 
-def message_texts(m: Message) -> list[str]:
-    """What search finds of one message (each text a row that opens message ``i``)."""
-    if m.role not in ("user", "assistant") or not m.content.strip():
+def message_texts(m: Message) -> list[tuple[str, bool]]:
+    """What search finds of one message, each text a row that opens message ``i``: its
+    text, and a reply's thinking (True) apart, so a hit says which it is in."""
+    if m.role not in ("user", "assistant"):
         return []
-    return [m.content[:INDEXED_CHARS]]
+    parts = [(m.content, False), (m.reasoning if m.role == "assistant" else "", True)]
+    return [(text[:INDEXED_CHARS], thinking) for text, thinking in parts if text.strip()]
+
+
+def _drop_tables(db: sqlite3.Connection) -> None:
+    """Empty an index of an older schema (its tables go; ``_SCHEMA`` makes them anew)."""
+    with _transaction(db):
+        db.execute("DROP TABLE IF EXISTS messages")
+        db.execute("DROP TABLE IF EXISTS docs")
+        db.execute("DELETE FROM meta WHERE key = 'schema'")
 
 
 def _meta(db: sqlite3.Connection, key: str) -> str | None:

@@ -11,7 +11,7 @@ Rules it keeps, whatever order clicks arrive in:
   is stopped before its first token, a regenerate restores exactly what was
   there; a sent or edited message stays in the transcript, unanswered (the
   error says why; answering it later is "Answer"); a reply that had started
-  keeps the text shown so far.
+  keeps the text shown so far, its thinking included.
 - A user turn left without a reply is answered, never replaced: regenerate
   answers it, and a message sent after it is merged into it.
 - A transcript never grows past what the store can read back: a message that
@@ -41,7 +41,7 @@ from typing import Literal, Protocol
 from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
 from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
 from app.config.params import SamplingParams, sampling_to_dict
-from app.engine.backend import MAX_REPLY_BYTES, ModelInfo
+from app.engine.backend import MAX_REPLY_BYTES, ModelInfo, cut_to_bytes
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 
@@ -112,6 +112,7 @@ class _Request:
     started: bool = False
     sent: list[Message | None] = field(default_factory=list)  # what the engine was given
     parts: list[str] = field(default_factory=list)  # streamed text, for a quit that cannot wait
+    thinking: list[str] = field(default_factory=list)  # streamed thinking, likewise
 
 
 class ChatSession:
@@ -345,42 +346,50 @@ class ChatSession:
 
     def save(self) -> bool:
         """Write the transcript now (on quit); True when it is on disk."""
-        if self._request is not None and self._request.parts:
+        req = self._request
+        if req is not None and (req.parts or req.thinking):
             # Quitting while a reply could not be stopped in time: keep what was shown.
-            self._record("".join(self._request.parts), None)
+            self._record("".join(req.parts), None, "".join(req.thinking))
             self._request = None
         return self._persist()
 
     # -- engine events -------------------------------------------------------------------
 
-    def on_tokens(self, request: int, text: str) -> None:
+    def on_tokens(self, request: int, text: str, reasoning: bool = False) -> None:
+        """A streamed piece of the reply; ``reasoning``: of its thinking, not its answer."""
         req = self._request
         if req is None or req.id != request:
             return
-        req.parts.append(text)
+        (req.thinking if reasoning else req.parts).append(text)
         if not req.started:
             self._commit_branch(req)
 
-    def on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
+    def on_finished(
+        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+    ) -> None:
+        """The reply ended: ``text`` its answer, ``reasoning`` its thinking."""
         req = self._request
         if req is None or req.id != request:
             return
-        text = _shown(req, text)
+        text, reasoning = _shown(req, text, reasoning)
         self._commit_branch(req)
         self._forget(req, metrics)
-        self._record(text, metrics)
+        self._record(text, metrics, reasoning)
         self._end(text, metrics, "")
 
-    def on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
+    def on_cancelled(
+        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+    ) -> None:
+        """As ``on_finished``, for a reply the user stopped (it keeps what it had)."""
         req = self._request
         if req is None or req.id != request:
             return
-        text = _shown(req, text)
-        if req.started or text or req.kind in ("send", "edit"):
+        text, reasoning = _shown(req, text, reasoning)
+        if req.started or text or reasoning or req.kind in ("send", "edit"):
             # A stopped reply stays as the user saw it; an empty one keeps roles alternating.
             self._commit_branch(req)
             self._forget(req, metrics)
-            self._record(text, metrics)
+            self._record(text, metrics, reasoning)
             self._end(text, metrics, "")
         else:
             self._restore(req)
@@ -390,11 +399,11 @@ class ChatSession:
         req = self._request
         if req is None or req.id != request:
             return
-        text = _shown(req, "")
-        if text:
+        text, reasoning = _shown(req, "", "")
+        if text or reasoning:
             # It failed part way: the text shown so far stays, with the error beside it.
             self._commit_branch(req)
-            self._record(text, None)
+            self._record(text, None, reasoning)
         elif req.kind == "edit":
             # The edited message stays, unanswered; the version it replaced is kept.
             self._commit_branch(req)
@@ -490,7 +499,7 @@ class ChatSession:
             if m is not None:
                 m.forgotten = True
 
-    def _record(self, text: str, metrics: MessageMetrics | None) -> None:
+    def _record(self, text: str, metrics: MessageMetrics | None, reasoning: str = "") -> None:
         msgs = self.conversation.messages
         if metrics is not None and msgs and msgs[-1].role == "user":
             msgs[-1].token_offset = metrics.turn_offset
@@ -500,6 +509,7 @@ class ChatSession:
                 text,
                 token_offset=metrics.prompt_tokens if metrics else None,
                 metrics=metrics_to_dict(metrics) if metrics else None,
+                reasoning=_fit_reasoning(reasoning, text),
             )
         )
         if metrics is not None:
@@ -595,8 +605,21 @@ class ChatSession:
         self._open(copy.id, restore=False)
 
 
-def _shown(req: _Request, text: str) -> str:
-    """The reply's text: the backend's, or what was streamed when that is longer (a
-    backend that ends a stopped or failed reply without its text)."""
-    streamed = "".join(req.parts)
-    return text if len(text) >= len(streamed) else streamed
+def _shown(req: _Request, text: str, reasoning: str) -> tuple[str, str]:
+    """The reply's answer and thinking: the backend's, or what was streamed when that is
+    longer (a backend that ends a stopped or failed reply without its text)."""
+    streamed, thought = "".join(req.parts), "".join(req.thinking)
+    return (
+        text if len(text) >= len(streamed) else streamed,
+        reasoning if len(reasoning) >= len(thought) else thought,
+    )
+
+
+def _fit_reasoning(reasoning: str, answer: str) -> str:
+    """``reasoning`` cut so that a reply, thinking and answer together, stays within
+    ``MAX_REPLY_BYTES`` (what ``REPLY_ROOM`` keeps in the transcript for it), whatever
+    a backend sent."""
+    if len(reasoning) + len(answer) <= MAX_REPLY_BYTES // 4:  # fits whatever the characters
+        return reasoning
+    room = MAX_REPLY_BYTES - len(answer.encode("utf-8", "replace"))
+    return cut_to_bytes(reasoning, max(0, room))

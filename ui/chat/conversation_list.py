@@ -35,7 +35,7 @@ def hit_html(hit: SearchHit) -> str:
     """A search result as two lines of rich text: the chat's title, then the snippet with
     the matched words in bold. Everything from the files is escaped first."""
     snippet = html.escape(hit.snippet).replace(HIT_START, "<b>").replace(HIT_END, "</b>")
-    who = "You" if hit.role == "user" else "Assistant"
+    who = "You" if hit.role == "user" else "Assistant (thinking)" if hit.thinking else "Assistant"
     return f"<b>{html.escape(hit.title)}</b><br><span style='color:#888888'>{who}:</span> {snippet}"
 
 
