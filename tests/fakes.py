@@ -26,6 +26,7 @@ from app.engine.backend import (
 )
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
+from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import AUTO, ChatMessage, TemplateOverride
 from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import (
@@ -40,6 +41,7 @@ FAKE_CAPABILITIES = Capabilities(
     snapshots=True,
     template_override=True,
     draft_model=True,
+    thinking_control=True,
     why_not={
         "lora": "the fake engine takes no adapters",
         "grammar": "the fake engine has no grammar sampler",
@@ -52,6 +54,10 @@ FAKE_CAPABILITIES = Capabilities(
 
 class FakeEngine:
     """Streams ``reply`` word by word, ``delay`` seconds apart, after ``prefill_delay``.
+
+    With ``reasoning`` set, its words stream first as thinking (``Token(reasoning=True)``),
+    unless ``params.thinking`` is "off"; the thinking ends early at ``thinking_budget``
+    words or when ``end_thinking`` is set, as the engine's does.
 
     A token list stands in for the KV cache, so snapshots round-trip. A draft model is
     any existing file whose name has no "incompatible" in it; with ``draft_model`` on,
@@ -80,6 +86,9 @@ class FakeEngine:
         self._draft: DraftInfo | None = None
         self.caps = FAKE_CAPABILITIES  # what it reports (a test may play a server's part)
         self.draft_loads: list[Path | None] = []  # every set_draft, in order
+        self.reasoning = ""  # thinking streamed before the reply ("": none)
+        self.reasoning_format: ReasoningFormat | None = None  # what a load reports
+        self.params: list[SamplingParams] = []  # each request's settings, in order
 
     @property
     def model(self) -> ModelInfo | None:
@@ -128,6 +137,7 @@ class FakeEngine:
             load_ms=1.0,
             capabilities=self.caps,
             base_model=self.base_model,
+            reasoning=self.reasoning_format,
         )
         self.template = AUTO
         return self._model
@@ -175,10 +185,12 @@ class FakeEngine:
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
+        end_thinking: threading.Event | None = None,
     ) -> Generator[EngineEvent, None, None]:
         if self._model is None:
             raise NoModelLoaded("No model is loaded. Open a model first.")
         self.requests.append(list(messages))
+        self.params.append(params)
         if self.fail_with is not None and self.fail_after <= 0:
             raise self.fail_with
         if params.output_format != "text":  # honours its capabilities: no grammar
@@ -206,6 +218,11 @@ class FakeEngine:
             metrics.stop_reason = "cancelled"
             yield Finished("", metrics)
             return
+        thought = yield from self._think(params, stop, end_thinking, metrics, t0)
+        if stop.is_set():
+            metrics.stop_reason = "cancelled"
+            yield Finished("", metrics, thought)
+            return
         parts: list[str] = []
         words = self.reply.split(" ")
         metrics.draft_kind = (
@@ -217,11 +234,16 @@ class FakeEngine:
         )
         if metrics.draft_kind:
             metrics.draft_len_final = params.draft_len
-        for i, word in enumerate(words[: params.max_tokens]):
+        room = params.max_tokens - metrics.reasoning_tokens  # thinking counts as reply tokens
+        if room <= 0:
+            metrics.stop_reason = "max_tokens"
+            yield Finished("", metrics, thought)
+            return
+        for i, word in enumerate(words[:room]):
             if stop.is_set():
                 metrics.stop_reason = "cancelled"
                 self.kv_tokens = prompt + _words("assistant " + "".join(parts))
-                yield Finished("".join(parts), metrics)
+                yield Finished("".join(parts), metrics, thought)
                 return
             if self.fail_with is not None and i >= self.fail_after:
                 raise self.fail_with  # part way: the server went away, the decode failed
@@ -235,12 +257,45 @@ class FakeEngine:
                 metrics.accepted_tokens += i % 2
                 metrics.draft_ms += 0.1
             metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
+            if i == 0:
+                metrics.first_answer_ms = metrics.token_times_ms[-1]
             yield Token(text)
         metrics.stop_reason = "eos"
         self.kv_tokens = prompt + _words("assistant " + "".join(parts))
-        yield Finished("".join(parts), metrics)
+        yield Finished("".join(parts), metrics, thought)
 
-    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
+    def _think(
+        self,
+        params: SamplingParams,
+        stop: threading.Event,
+        end_thinking: threading.Event | None,
+        metrics: MessageMetrics,
+        t0: float,
+    ) -> Generator[EngineEvent, None, str]:
+        """Stream ``reasoning`` as thinking; returns what was thought."""
+        if not self.reasoning or params.thinking == "off":
+            return ""
+        parts: list[str] = []
+        budget = params.thinking_budget
+        for i, word in enumerate(self.reasoning.split(" ")[: params.max_tokens]):
+            if stop.is_set():
+                break
+            if end_thinking is not None and end_thinking.is_set():
+                metrics.thinking_cut = "user"
+                break
+            if budget and i >= budget:
+                metrics.thinking_cut = "budget"
+                break
+            time.sleep(self.delay)
+            text = word if i == 0 else " " + word
+            parts.append(text)
+            metrics.generated_tokens += 1
+            metrics.reasoning_tokens += 1
+            metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
+            yield Token(text, reasoning=True)
+        return "".join(parts)
+
+    def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0
 
     def set_template(self, override: TemplateOverride) -> ModelInfo:

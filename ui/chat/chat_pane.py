@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
@@ -16,6 +18,7 @@ from PySide6.QtWidgets import (
 from ui.chat.transcript import TranscriptView
 
 FLUSH_INTERVAL_MS = 40  # streamed text reaches the view at most 25 times a second
+TICK_MS = 250  # the live thinking line's clock and count change at most 4 times a second
 
 
 class ChatInput(QPlainTextEdit):
@@ -39,11 +42,18 @@ class ChatInput(QPlainTextEdit):
 class ChatPane(QWidget):
     """Shows the conversation and takes the next message; streamed text is batched.
 
+    Thinking text streams into the transcript's thinking block; while it does, "Stop
+    thinking" shows beside Stop (``set_thinking_control`` says whether the engine can).
+
     Signals:
-        flushed(int): streamed text reached the view; the reply's token count so far.
+        flushed(int): streamed answer text reached the view; the reply's token count so far.
+        thoughtsFlushed(int): streamed thinking reached the view; its token count so far.
+        thinkingChanged(bool): the reply began (True) or ended (False) its thinking.
     """
 
     flushed = Signal(int)
+    thoughtsFlushed = Signal(int)
+    thinkingChanged = Signal(bool)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -67,14 +77,23 @@ class ChatPane(QWidget):
         self.stop_button.setObjectName("stopButton")
         self.stop_button.setToolTip("Stop the reply (Esc)")
         self.stop_button.setAccessibleName("Stop the reply")
+        self.stop_thinking_button = QPushButton("Stop thinking", self)
+        self.stop_thinking_button.setObjectName("stopThinkingButton")
+        self.stop_thinking_button.setAccessibleName("Stop thinking and answer")
+        self.stop_thinking_button.hide()
+        self.thinking = False  # the streaming reply is in its thinking
+        self._thinking_why_not = ""
+        self.set_thinking_control(True)
         self.edit_banner = QLabel(self)
         self.edit_banner.setObjectName("editBanner")
         self.edit_banner.setStyleSheet("color: palette(highlight);")
         self.edit_banner.hide()
 
-        buttons = QVBoxLayout()
+        # The column beside the input box; ``add_tool`` puts more there (the Think button).
+        self.buttons = buttons = QVBoxLayout()
         buttons.addWidget(self.send_button)
         buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.stop_thinking_button)
         buttons.addStretch(1)
         row = QHBoxLayout()
         row.addWidget(self.chat_input, 1)
@@ -86,10 +105,17 @@ class ChatPane(QWidget):
         layout.addLayout(row)
 
         self._pending: list[str] = []
+        self._pending_thoughts: list[str] = []
         self.reply_tokens = 0
+        self.thought_tokens = 0
+        self._ticked = 0.0
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(FLUSH_INTERVAL_MS)
         self._flush_timer.timeout.connect(self._on_flush)
+
+    def add_tool(self, widget: QWidget) -> None:
+        """Put ``widget`` in the column of buttons beside the input box, under Stop."""
+        self.buttons.insertWidget(self.buttons.count() - 1, widget)
 
     def has_text(self) -> bool:
         return bool(self.chat_input.toPlainText().strip())
@@ -115,22 +141,65 @@ class ChatPane(QWidget):
 
     # -- streaming -----------------------------------------------------------------------
 
+    def set_thinking_control(self, can: bool, why_not: str = "") -> None:
+        """Whether the engine in use can end a thinking block itself (``why_not``: why not)."""
+        self._thinking_why_not = "" if can else why_not or "This engine cannot end thinking."
+        self.stop_thinking_button.setToolTip(
+            "End the thinking now; the model answers (Ctrl+Shift+.)"
+            if can
+            else f"Not here: {self._thinking_why_not}"
+        )
+        self.stop_thinking_button.setEnabled(can and self.thinking)
+
+    @property
+    def can_stop_thinking(self) -> bool:
+        return self.thinking and not self._thinking_why_not
+
     def begin_stream(self) -> None:
         self._pending.clear()
+        self._pending_thoughts.clear()
         self.reply_tokens = 0
+        self.thought_tokens = 0
+        self._set_thinking(False)
         self._flush_timer.start()
 
     def add_tokens(self, text: str) -> None:
         self._pending.append(text)
         self.reply_tokens += 1
 
+    def add_thoughts(self, text: str) -> None:
+        """A piece of the reply's thinking (before the answer)."""
+        self._pending_thoughts.append(text)
+        self.thought_tokens += 1
+        if not self.thinking and not self.reply_tokens:
+            self._set_thinking(True)
+
     def end_stream(self) -> None:
         self._flush_timer.stop()
         self._pending.clear()
+        self._pending_thoughts.clear()
+        self._set_thinking(False)
+
+    def _set_thinking(self, on: bool) -> None:
+        if on == self.thinking:
+            return
+        self.thinking = on
+        self.stop_thinking_button.setVisible(on)
+        self.stop_thinking_button.setEnabled(on and not self._thinking_why_not)
+        self.thinkingChanged.emit(on)
 
     def _on_flush(self) -> None:
+        if self._pending_thoughts:
+            self.transcript.append_thinking("".join(self._pending_thoughts), self.thought_tokens)
+            self._pending_thoughts.clear()
+            self.thoughtsFlushed.emit(self.thought_tokens)
+        now = time.monotonic()
+        if self.thinking and now - self._ticked >= TICK_MS / 1000:
+            self._ticked = now
+            self.transcript.tick_thinking()
         if not self._pending:
             return
+        self._set_thinking(False)
         self.transcript.append_stream("".join(self._pending))
         self._pending.clear()
         self.flushed.emit(self.reply_tokens)

@@ -22,6 +22,8 @@ from PySide6.QtWidgets import QApplication, QTextBrowser, QWidget
 
 from app.chat.conversation import Message
 from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
+from app.engine.metrics import MessageMetrics
+from ui.chat import thinking_block
 from ui.common.draft_stats import reply_footer
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
@@ -103,10 +105,15 @@ class TranscriptView(QTextBrowser):
     Every finished message offers Copy, and each of its code blocks a Copy link of
     its own; both copy the message's source text, not what the view draws.
 
+    A reply's thinking shows above its answer (``ui.chat.thinking_block``): open and
+    live while it streams, folded once the answer starts (a click opens it), open with
+    a note when there is no answer. It has its own Copy thinking link.
+
     Signals:
         linkActivated(QUrl): the user clicked a link that is safe to open.
         actionRequested(str, int): "edit", "fork" or "regenerate", and the message index.
-        copied(str): what was put on the clipboard, in words ("message", "code block").
+        copied(str): what was put on the clipboard, in words ("message", "code block",
+            "thinking").
     """
 
     linkActivated = Signal(QUrl)
@@ -134,6 +141,15 @@ class TranscriptView(QTextBrowser):
         # Header names by role instead of You/Assistant (continue-the-text mode's).
         self.role_names: dict[str, str] = {}
         self._run = 0  # characters since the last whitespace in the streaming reply
+        self._thoughts: dict[int, str] = {}  # message index -> its thinking
+        self._thought_heads: dict[int, str] = {}  # message index -> its toggle line text
+        self._open_thoughts: set[int] = set()  # message indexes whose thinking is shown
+        self._think_cursor: QTextCursor | None = None  # end of the live thinking frame
+        self._think_started = 0.0  # monotonic() at the first thinking text
+        self._think_tokens = 0
+        self._think_live = False  # the streaming reply is in its thinking
+        self._thought_notes: dict[int, str] = {}  # message index -> why it has no answer
+        self.thinking_budget = 0  # the streaming reply's thinking budget (for its summary)
         self._show_placeholder()
 
     # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
@@ -164,6 +180,10 @@ class TranscriptView(QTextBrowser):
         self._times = {}
         self._versions = {}
         self._last_reply = -1
+        self._thoughts, self._thought_heads, self._open_thoughts = {}, {}, set()
+        self._thought_notes = {}
+        self._think_cursor = None
+        self._think_live = False
         self._show_placeholder()
 
     def show_messages(
@@ -193,6 +213,7 @@ class TranscriptView(QTextBrowser):
                 self._times[i] = m.created
                 frame = self._new_frame("assistant", i, ("fork",), note)
                 self._texts[i] = m.content
+                self._keep_thinking(i, m.reasoning, metrics, m.content)
                 self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
         self._set_last_reply(last_reply)
         bar = self.verticalScrollBar()
@@ -294,6 +315,9 @@ class TranscriptView(QTextBrowser):
         self._set_last_reply(-1)
         self._times[index] = time.time()
         self._texts.pop(index, None)
+        self._forget_thinking(index)
+        self._think_cursor = None
+        self._think_live = False
         self._stream_frame = self._new_frame("assistant", index, ())
         self._stream_index = index
         self._stream_cursor = self._stream_frame.lastCursorPosition()
@@ -305,6 +329,8 @@ class TranscriptView(QTextBrowser):
         if self._stream_cursor is None or not text:
             return
         at_bottom = self._at_bottom()
+        if self.thinking_live:
+            self.end_thinking()  # the answer starts: fold the thinking away
         self._stream_cursor.insertText(self._breakable_stream(text), self._body_format)
         self._follow(at_bottom)
 
@@ -322,37 +348,197 @@ class TranscriptView(QTextBrowser):
             out.append(ch)
         return "".join(out)
 
-    def end_reply(self, text: str, footer: str = "", error: str = "", kept: bool = True) -> None:
+    def end_reply(
+        self,
+        text: str,
+        footer: str = "",
+        error: str = "",
+        kept: bool = True,
+        thinking: str | None = None,
+        metrics: MessageMetrics | None = None,
+    ) -> None:
         """Replace the streamed text with its Markdown rendering and add a footer line.
 
-        ``kept`` says the reply is now a message of the conversation (and so gets actions).
+        ``kept`` says the reply is now a message of the conversation (and so gets actions);
+        ``thinking`` (None: what streamed) and ``metrics`` give its thinking block.
         """
         frame = self._stream_frame
         if frame is None:
             return
         at_bottom = self._at_bottom()
+        index = self._stream_index
         if kept:
-            self._texts[self._stream_index] = text
-        self._fill(frame, text, footer, error, self._stream_index if kept else -1)
+            self._texts[index] = text
+        streamed = self._thoughts.get(index, "")
+        live = self._live_summary()
+        self._think_cursor = None
+        self._think_live = False
+        thought = streamed if thinking is None else thinking
+        self._keep_thinking(index, thought, metrics, text)
+        if thought and (metrics is None or not metrics.reasoning_tokens):
+            self._thought_heads[index] = live
+        self._fill(frame, text, footer, error, index if kept else -1, index)
         self._stream_frame = None
         self._stream_cursor = None
         if kept:
             self._set_last_reply(self._stream_index)
         self._follow(at_bottom)
 
+    # -- thinking ------------------------------------------------------------------------
+
+    @property
+    def thinking_live(self) -> bool:
+        """The streaming reply is thinking (no answer text yet)."""
+        return self._think_live and self._stream_frame is not None
+
+    def _action_href(self, action: str, index: int) -> str:
+        return f"{ACTION_SCHEME}://{self._key}/{action}/{index}"
+
+    def _toggle(self, index: int, is_open: bool) -> str:
+        live = self._think_live and index == self._stream_index and self.streaming
+        text = self._live_text() if live else self._thought_heads.get(index, "Thinking")
+        copy = self._action_href("copy-thinking", index) if index in self._texts else ""
+        return thinking_block.toggle_html(self._action_href("thinking", index), text, is_open, copy)
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._think_started
+
+    def _live_text(self) -> str:
+        return thinking_block.live_text(self._elapsed(), self._think_tokens)
+
+    def _live_summary(self) -> str:
+        return thinking_block.summary_text(self._elapsed(), self._think_tokens)
+
+    def _keep_thinking(
+        self, index: int, thought: str, metrics: MessageMetrics | None, answer: str
+    ) -> None:
+        if not thought:
+            self._forget_thinking(index)
+            return
+        self._thoughts[index] = thought
+        self._thought_heads[index] = thinking_block.metrics_summary(metrics, self.thinking_budget)
+        self._thought_notes[index] = thinking_block.no_answer_note(metrics)
+        if not answer.strip():
+            self._open_thoughts.add(index)  # all thinking, no answer: show it
+
+    def _forget_thinking(self, index: int) -> None:
+        self._thoughts.pop(index, None)
+        self._thought_heads.pop(index, None)
+        self._thought_notes.pop(index, None)
+        self._open_thoughts.discard(index)
+
+    def append_thinking(self, text: str, tokens: int) -> None:
+        """Append thinking text to the streaming reply (``tokens``: its count so far)."""
+        frame, index = self._stream_frame, self._stream_index
+        if frame is None or self._stream_cursor is None or not text:
+            return
+        at_bottom = self._at_bottom()
+        if not self._think_live and index not in self._thoughts:
+            self._think_live = True
+            self._think_started = time.monotonic()
+            self._thoughts[index] = ""
+            self._open_thoughts.add(index)
+            self._run = 0
+            cursor = QTextCursor(self._stream_cursor)
+            self._stream_cursor = thinking_block.insert(
+                cursor, self._toggle(index, True), "", True, self._dark()
+            )
+            inner = thinking_block.thinking_frame(frame)
+            self._think_cursor = inner.lastCursorPosition() if inner is not None else None
+        self._thoughts[index] += text
+        self._think_tokens = tokens
+        if self._think_cursor is not None:
+            shade = thinking_block.text_format(self._dark())
+            self._think_cursor.insertText(self._breakable_stream(text), shade)
+        self._follow(at_bottom)
+
+    def tick_thinking(self) -> None:
+        """Update the live toggle line's time and token count."""
+        if self.thinking_live and self._stream_frame is not None:
+            index = self._stream_index
+            is_open = index in self._open_thoughts
+            thinking_block.set_toggle(self._stream_frame, self._toggle(index, is_open))
+
+    def end_thinking(self) -> None:
+        """The answer starts: fold the thinking away, with its time and token count."""
+        frame = self._stream_frame
+        if not self._think_live or frame is None:
+            return
+        index = self._stream_index
+        self._thought_heads[index] = self._live_summary()
+        self._think_live = False
+        self._think_cursor = None
+        self._run = 0
+        if index in self._open_thoughts:
+            self._open_thoughts.discard(index)
+            thinking_block.close_frame(frame)
+        thinking_block.set_toggle(frame, self._toggle(index, False))
+        self._stream_cursor = frame.lastCursorPosition()
+
+    def toggle_thinking(self, index: int) -> bool:
+        """Open or fold message ``index``'s thinking; False if it has none."""
+        if index not in self._thoughts or not 0 <= index < len(self._frames):
+            return False
+        frame = self._frames[index]
+        streaming = self.streaming and index == self._stream_index
+        if index in self._open_thoughts:
+            self._open_thoughts.discard(index)
+            thinking_block.close_frame(frame)
+            self._think_cursor = None if streaming else self._think_cursor
+        else:
+            self._open_thoughts.add(index)
+            end = thinking_block.open_frame(frame, self._thoughts[index], self._dark())
+            if streaming and self._think_live:
+                self._think_cursor = end
+        thinking_block.set_toggle(frame, self._toggle(index, index in self._open_thoughts))
+        if streaming:
+            self._stream_cursor = frame.lastCursorPosition()
+        return True
+
+    def thinking_open(self, index: int) -> bool:
+        return index in self._open_thoughts
+
+    def copy_thinking(self, index: int) -> bool:
+        """Put message ``index``'s thinking on the clipboard."""
+        text = self._thoughts.get(index)
+        if not text:
+            return False
+        QApplication.clipboard().setText(text)
+        self.copied.emit("thinking")
+        return True
+
     def _code_link(self, index: int) -> Callable[[int], str] | None:
         if index < 0:
             return None
         return lambda n: f"{ACTION_SCHEME}://{self._key}/copy-code/{index}/{n}"
 
-    def _fill(self, frame: QTextFrame, text: str, footer: str, error: str, index: int) -> None:
+    def _fill(
+        self,
+        frame: QTextFrame,
+        text: str,
+        footer: str,
+        error: str,
+        index: int,
+        slot: int | None = None,
+    ) -> None:
+        """Render a message's body; ``slot``: its place (for its thinking) when ``index``
+        is -1 (a reply not kept)."""
+        slot = index if slot is None else slot
         cursor = frame.firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.NextBlock)  # keep the header
         cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         parts = []
+        thought = self._thoughts.get(slot, "")
+        if thought:
+            is_open = slot in self._open_thoughts
+            toggle = self._toggle(slot, is_open)
+            cursor = thinking_block.insert(cursor, toggle, thought, is_open, self._dark())
         if text.strip():
             parts.append(render_markdown(text, self._dark(), self._code_link(index)))
+        elif thought and not error:
+            note = self._thought_notes.get(slot, thinking_block.NO_ANSWER)
+            parts.append(f"<p style='color:#888888'><i>{html.escape(note)}</i></p>")
         if error:
             parts.append(f"<p style='color:#d1242f'>{html.escape(error)}</p>")
         if footer:
@@ -393,6 +579,11 @@ class TranscriptView(QTextBrowser):
         if not 0 <= index < len(self._frames):
             return False
         frame = self._frames[index]
+        thought = self._thoughts.get(index, "").lower()
+        answer = self._texts.get(index, "").lower()
+        hidden = term and term.lower() in thought and term.lower() not in answer
+        if hidden and index not in self._open_thoughts:
+            self.toggle_thinking(index)  # the hit is in the folded thinking
         cursor = frame.firstCursorPosition()
         if term:
             found = self.document().find(term, cursor)
@@ -430,6 +621,10 @@ class TranscriptView(QTextBrowser):
             numbers = [int(p) for p in rest]
             if action == "copy" and len(numbers) == 1:
                 self.copy_message(numbers[0])
+            elif action == "copy-thinking" and len(numbers) == 1:
+                self.copy_thinking(numbers[0])
+            elif action == "thinking" and len(numbers) == 1:
+                self.toggle_thinking(numbers[0])
             elif action == "copy-code" and len(numbers) == 2:
                 self.copy_message(numbers[0], numbers[1])
             elif action in ACTIONS and len(numbers) == 1:

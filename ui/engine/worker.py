@@ -11,7 +11,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal
@@ -56,13 +56,15 @@ def register_thread(thread: QThread) -> None:
 
 @dataclass(frozen=True)
 class GenerateJob:
-    """One window reply: its id, the conversation whose cache it extends, a stop flag."""
+    """One window reply: its id, the conversation whose cache it extends, a stop flag
+    and a Stop-thinking flag."""
 
     request: int
     conv_id: str
     messages: list[ChatMessage]
     params: SamplingParams
     stop: threading.Event
+    end_thinking: threading.Event = field(default_factory=threading.Event)
 
 
 class EngineWorker(QObject):
@@ -75,8 +77,10 @@ class EngineWorker(QObject):
             previous model is still loaded.
         loadNote(str): something to tell the user about a load (no fit, CPU fallback).
         prefillProgress(int, int, int): request id, prompt tokens done, total.
-        tokens(int, str): request id and reply text.
-        finished(int, str, object): request id, full reply, ``MessageMetrics``.
+        tokens(int, str): request id and reply text (the answer).
+        thoughts(int, str): request id and thinking text (before the answer).
+        finished(int, str, object, str): request id, the answer, ``MessageMetrics`` and
+            the thinking (markers removed; "" for none).
         cancelled(int, str, object): as finished, for a reply stopped by the user.
         failed(int, str): request id and a message for the user.
         snapshotSaved(str, int, object): conversation id, bytes written, ids pruned.
@@ -107,8 +111,9 @@ class EngineWorker(QObject):
     loadNote = Signal(str)
     prefillProgress = Signal(int, int, int)
     tokens = Signal(int, str)
-    finished = Signal(int, str, object)
-    cancelled = Signal(int, str, object)
+    thoughts = Signal(int, str)
+    finished = Signal(int, str, object, str)
+    cancelled = Signal(int, str, object, str)
     failed = Signal(int, str)
     snapshotSaved = Signal(str, int, object)
     snapshotFailed = Signal(str, str)
@@ -146,13 +151,13 @@ class EngineWorker(QObject):
 
         def sink(event: ReplyEvent) -> None:
             if isinstance(event, Token):
-                self.tokens.emit(request, event.text)
+                (self.thoughts if event.reasoning else self.tokens).emit(request, event.text)
             elif isinstance(event, PrefillProgress):
                 self.prefillProgress.emit(request, event.done, event.total)
             elif isinstance(event, Finished):
                 stopped = event.metrics.stop_reason == "cancelled"
                 (self.cancelled if stopped else self.finished).emit(
-                    request, event.text, event.metrics
+                    request, event.text, event.metrics, event.reasoning
                 )
             else:
                 self.failed.emit(request, event.message)
@@ -168,6 +173,7 @@ class EngineWorker(QObject):
             params=job.params,
             sink=self.reply_sink(job.request),
             stop=job.stop,
+            end_thinking=job.end_thinking,
             conv_id=job.conv_id,
             next_turn=bool(job.conv_id),
         )
@@ -267,6 +273,7 @@ class EngineClient(QObject):
         _THREADS.add(self._thread)
         self._next_request = 0
         self._stop = threading.Event()
+        self._end_thinking = threading.Event()
         self._cancel_load = threading.Event()
         self._thread.start()
 
@@ -300,13 +307,21 @@ class EngineClient(QObject):
         """
         self._next_request += 1
         self._stop = threading.Event()
-        job = GenerateJob(self._next_request, conv_id, list(messages), params, self._stop)
+        self._end_thinking = threading.Event()
+        job = GenerateJob(
+            self._next_request, conv_id, list(messages), params, self._stop, self._end_thinking
+        )
         self.host.submit(self.worker.reply_job(job))
         return self._next_request
 
     def stop(self) -> None:
         """Ask the running reply to stop; its cancelled signal follows promptly."""
         self._stop.set()
+
+    def end_thinking(self) -> None:
+        """Ask the running reply to end its thinking now and answer (an Event: safe from
+        any thread; the engine checks it between tokens)."""
+        self._end_thinking.set()
 
     def reset(self) -> None:
         self.host.reset()

@@ -47,3 +47,17 @@ def show_in_window(info: ModelInfo, compact_cache: QAction, perf: PerfPanel) -> 
         "The server's cache type is set on its command line." if info.server else ""
     )
     perf.itl.setToolTip(info.capabilities.why_not.get("token_latency", ""))
+
+
+def thinking_text(info: ModelInfo | None) -> str:
+    """What the model in use does about thinking: ``thinks (<think> tags, switchable)``;
+    "" where its template shows no sign of it."""
+    fmt = info.reasoning if info is not None else None
+    if fmt is None:
+        return ""
+    how = [fmt.name]
+    if fmt.switch:
+        how.append("switchable")
+    if fmt.effort:
+        how.append("effort levels")
+    return f"thinks ({', '.join(how)})"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -53,9 +52,10 @@ from ui.remote.remote_control import RemoteControl
 from ui.settings.draft_control import DraftControl
 from ui.settings.lora_panel import LoraPanel
 from ui.settings.sampling_panel import SamplingPanel
-from ui.window import capabilities, docks, window_actions, window_state
+from ui.window import capabilities, docks, reply_events, window_actions, window_state
 from ui.window.restyle import TranscriptRestyle
 from ui.window.session_view import WindowView
+from ui.window.thinking_controls import ThinkingControls
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,7 @@ class MainWindow(QMainWindow):
             self.ctx, self.chat, partial(window_actions.add_to_menu, self), self.modelReady
         )
         self.draft_control = DraftControl(self.ctx, self.sampling_panel)
+        self.thinking = ThinkingControls(self)  # the Think button, Stop thinking
         listeners = self.session_view.conversation_listeners
         listeners.append(self.prompt_controls.on_conversation_shown)
         listeners.append(self.draft_control.on_conversation)
@@ -182,7 +183,6 @@ class MainWindow(QMainWindow):
         self.chat_input.textChanged.connect(self.update_buttons)
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
-        self.chat.flushed.connect(self._on_flushed)
 
         self.sidebar = ConversationList(self)
         self.sidebar.openRequested.connect(self.open_conversation)
@@ -264,11 +264,7 @@ class MainWindow(QMainWindow):
         w.modelUnloaded.connect(self._on_unloaded)
         w.loadFailed.connect(self._on_load_failed)
         w.prefillProgress.connect(self._on_prefill_progress)
-        w.tokens.connect(self._on_tokens)
-        # Bound methods, never lambdas: a lambda would run on the worker's thread.
-        w.finished.connect(self._on_finished)
-        w.cancelled.connect(self._on_cancelled)
-        w.failed.connect(self._on_failed)
+        self.reply_events = reply_events.ReplyEvents(self)  # tokens, thoughts, the end
         w.snapshotSaved.connect(self._on_snapshot_saved)
         w.snapshotFailed.connect(self._on_snapshot_failed)
         w.restored.connect(self._on_restored)
@@ -314,33 +310,6 @@ class MainWindow(QMainWindow):
         self.regenerate_action.setEnabled(ready and self.session.can_regenerate())
 
     # -- engine events ---------------------------------------------------------------
-
-    def _on_tokens(self, request: int, text: str) -> None:
-        if request != self.session.request_id:
-            return
-        self.session.on_tokens(request, text)
-        self.chat.add_tokens(text)
-        self.perf_panel.add_tokens()
-
-    def _on_flushed(self, n_tokens: int) -> None:
-        elapsed = time.perf_counter() - self.session_view.reply_started
-        if elapsed > 0:
-            self.status_speed.setText(f"{n_tokens / elapsed:.1f} tok/s")
-
-    def _on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
-        if request == self.session.request_id:
-            self.session.on_finished(request, text, metrics)
-            self.replyEnded.emit("finished")
-
-    def _on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
-        if request == self.session.request_id:
-            self.session.on_cancelled(request, text, metrics)
-            self.replyEnded.emit("cancelled")
-
-    def _on_failed(self, request: int, message: str) -> None:
-        if request == self.session.request_id:
-            self.session.on_failed(request, message)
-            self.replyEnded.emit("failed")
 
     def _on_snapshot_failed(self, _conv_id: str, message: str) -> None:
         self.statusBar().showMessage(message, 10000)

@@ -20,6 +20,7 @@ from app.util.errors import ContextOverflowError
 from app.util.sysinfo import size_text
 from ui.chat.chat_pane import ChatInput, ChatPane
 from ui.chat.conversation_list import ConversationList
+from ui.chat.thinking_block import CUT_NOTES
 from ui.chat.transcript import TranscriptView
 from ui.common.draft_stats import reply_footer, tokens_per_pass
 from ui.perf.perf_panel import PerfPanel
@@ -65,6 +66,21 @@ class ViewHost(Protocol):
     def update_buttons(self) -> None: ...
     def conversation_opened(self, result: RestoreResult) -> None: ...
     def statusBar(self) -> QStatusBar: ...
+
+
+def speed_text(m: MessageMetrics) -> str:
+    """A finished reply's figures for the status bar: ``12.3 tok/s · TTFT 80 ms ·
+    first answer 4.2 s · thought 380 tokens``."""
+    speed = f"{m.decode_tok_s:.1f} tok/s · TTFT {m.ttft_ms:.0f} ms"
+    if m.reasoning_tokens:
+        if m.first_answer_ms:
+            speed += f" · first answer {m.first_answer_ms / 1000:.1f} s"
+        speed += f" · thought {m.reasoning_tokens} tokens"
+        if m.thinking_cut:
+            speed += f" ({CUT_NOTES.get(m.thinking_cut, m.thinking_cut)})"
+    if m.drafted_tokens:
+        speed += f" · {tokens_per_pass(m):.2f} tokens/pass"
+    return speed
 
 
 class WindowView:
@@ -116,10 +132,12 @@ class WindowView:
         else:
             w.transcript.show_messages(shown, [conv.version_of(i) for i in range(len(shown))])
         w.transcript.begin_reply(len(shown))
+        w.transcript.thinking_budget = w.settings.sampling.thinking_budget
         w.perf_panel.start_reply()
         w.chat.begin_stream()
         self.reply_started = time.perf_counter()
-        w.status_speed.setText("thinking…")
+        # Not "thinking…": that is what a reasoning model's thinking block shows.
+        w.status_speed.setText("waiting for the first token…")
         w.update_buttons()
 
     def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
@@ -127,7 +145,11 @@ class WindowView:
         w.chat.end_stream()
         footer = reply_footer(metrics) if metrics is not None else ""
         if w.transcript.streaming:
-            w.transcript.end_reply(text, footer=footer, error=error, kept=metrics is not None)
+            kept = metrics is not None
+            last = w.conversation.messages[-1] if w.conversation.messages else None
+            # What the session saved is the reply's thinking; else what streamed.
+            thought = last.reasoning if kept and last and last.role == "assistant" else None
+            w.transcript.end_reply(text, footer, error, kept, thought, metrics)
         elif error:  # the transcript was shown again (what the session kept): say why
             w.transcript.add_notice(f"No reply: {error}")
         conv = w.conversation
@@ -138,10 +160,7 @@ class WindowView:
             w.transcript.mark_forgotten(w.conversation.messages)
         w.perf_panel.set_history(w.reply_metrics)
         if metrics is not None:
-            speed = f"{metrics.decode_tok_s:.1f} tok/s · TTFT {metrics.ttft_ms:.0f} ms"
-            if metrics.drafted_tokens:
-                speed += f" · {tokens_per_pass(metrics):.2f} tokens/pass"
-            w.status_speed.setText(speed)
+            w.status_speed.setText(speed_text(metrics))
             if metrics.cache_note:
                 w.transcript.add_notice(f"Cache rebuilt: {metrics.cache_note}.")
             for note in metrics.notes:

@@ -1,0 +1,101 @@
+"""The engine's reply signals, taken on the GUI thread and passed to the session and views.
+
+A reply streams thinking (``thoughts``) and answer (``tokens``) pieces, then ends with
+one of ``finished``, ``cancelled`` or ``failed`` (``ui.engine.worker.EngineWorker``).
+Only the reply the session waits for counts; a stale request's events are dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from PySide6.QtCore import QObject, SignalInstance
+from PySide6.QtWidgets import QLabel
+
+from app.engine.metrics import MessageMetrics
+from ui.chat.chat_pane import ChatPane
+from ui.common.context import Context
+from ui.perf.perf_panel import PerfPanel
+from ui.window.session_view import WindowView
+
+
+class ReplyHost(Protocol):
+    """What the reply events reach: the main window."""
+
+    @property
+    def ctx(self) -> Context: ...
+    @property
+    def chat(self) -> ChatPane: ...
+    @property
+    def perf_panel(self) -> PerfPanel: ...
+    @property
+    def status_speed(self) -> QLabel: ...
+    @property
+    def session_view(self) -> WindowView: ...
+    @property
+    def replyEnded(self) -> SignalInstance: ...
+
+
+class ReplyEvents(QObject):
+    """Connects the worker's reply signals to the session, the chat pane and the charts."""
+
+    def __init__(self, win: ReplyHost) -> None:
+        super().__init__()  # lives on the GUI thread: its slots are queued there
+        self._win = win
+        w = win.ctx.client.worker
+        # Bound methods, never lambdas: a lambda would run on the worker's thread.
+        w.tokens.connect(self._on_tokens)
+        w.thoughts.connect(self._on_thoughts)
+        w.finished.connect(self._on_finished)
+        w.cancelled.connect(self._on_cancelled)
+        w.failed.connect(self._on_failed)
+        win.chat.flushed.connect(self._on_flushed)
+        win.chat.thoughtsFlushed.connect(self._on_thoughts_flushed)
+
+    def _current(self, request: int) -> bool:
+        return request == self._win.ctx.session.request_id
+
+    def _on_tokens(self, request: int, text: str) -> None:
+        if self._current(request):
+            self._win.ctx.session.on_tokens(request, text)
+            self._win.chat.add_tokens(text)
+            self._win.perf_panel.add_tokens()
+
+    def _on_thoughts(self, request: int, text: str) -> None:
+        if self._current(request):
+            self._win.ctx.session.on_tokens(request, text, reasoning=True)
+            self._win.chat.add_thoughts(text)
+            self._win.perf_panel.add_tokens()
+
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._win.session_view.reply_started
+
+    def _on_flushed(self, n_tokens: int) -> None:
+        elapsed = self._elapsed()
+        if elapsed > 0:
+            self._win.status_speed.setText(f"{n_tokens / elapsed:.1f} tok/s")
+
+    def _on_thoughts_flushed(self, n_tokens: int) -> None:
+        elapsed = self._elapsed()
+        speed = f" · {n_tokens / elapsed:.1f} tok/s" if elapsed > 0 else ""
+        self._win.status_speed.setText(f"thinking… {n_tokens} tokens{speed}")
+
+    def _on_finished(
+        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+    ) -> None:
+        if self._current(request):
+            self._win.ctx.session.on_finished(request, text, metrics, reasoning)
+            self._win.replyEnded.emit("finished")
+
+    def _on_cancelled(
+        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+    ) -> None:
+        if self._current(request):
+            self._win.ctx.session.on_cancelled(request, text, metrics, reasoning)
+            self._win.replyEnded.emit("cancelled")
+
+    def _on_failed(self, request: int, message: str) -> None:
+        if self._current(request):
+            self._win.ctx.session.on_failed(request, message)
+            self._win.replyEnded.emit("failed")
