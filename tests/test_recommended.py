@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QMessageBox, QWidget
+from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
@@ -79,8 +79,13 @@ def click(qtbot: QtBot, button: QWidget) -> None:
     """Click ``button`` once it is laid out where a click at its centre lands on it (QTest
     clicks go through the window, by position; a layout still pending sends them elsewhere)."""
     top = button.window()
+    scroll = button.parentWidget()
+    while scroll is not None and not isinstance(scroll, QScrollArea):
+        scroll = scroll.parentWidget()
 
     def ready() -> bool:
+        if scroll is not None:  # a row further down the list is scrolled to first
+            scroll.ensureWidgetVisible(button)
         centre = button.mapTo(top, button.rect().center())
         return button.isVisible() and top.childAt(centre) is button
 
@@ -108,6 +113,20 @@ def test_bundled_list_is_valid() -> None:
     assert default_model_name() not in {e.file for e in entries}
 
 
+def test_the_list_offers_small_models_that_think() -> None:
+    """At least one reasoning model, open (not gated, Apache-2.0) and laptop-sized; a
+    ``thinks`` that is not true or false leaves its entry out."""
+    thinkers = [e for e in _entries() if e.thinks]
+    assert thinkers and all(e.license == "apache-2.0" for e in thinkers)
+    assert min(e.ram_needed() for e in thinkers) < 2_000_000_000
+    assert {e.repo for e in thinkers} >= {"Qwen/Qwen3-0.6B-GGUF"}
+    data = copy.deepcopy(REAL)
+    index = next(i for i, m in enumerate(data["models"]) if m.get("thinks"))
+    data["models"][index]["thinks"] = "yes"
+    listing = parse_list(data)
+    assert len(listing.problems) == 1 and "'thinks' must be true or false" in listing.problems[0]
+
+
 @pytest.fixture()
 def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubServer]:
     with serving_hub(monkeypatch, tmp_path / "hf-home") as server:
@@ -119,7 +138,7 @@ def test_every_entry_resolves_on_the_local_hub(hub: HubServer) -> None:
     is found by the app's own Hub code as a downloadable model with its checksum."""
     entries = _entries()
     for e in entries:
-        other = e.file.replace(e.quant, "Q8_0")
+        other = e.file.replace(e.quant, "Q8_0" if e.quant != "Q8_0" else "Q4_K_M")
         hub.add_repo(
             e.repo,
             {e.file: b"GGUF" + e.id.encode(), other: b"GGUF other", "README.md": b"# card"},

@@ -94,6 +94,7 @@ class Recommended:
     layers: int
     kv_dim: int  # K (and V) values per token per layer: n_head_kv x head_dim
     vocab: int
+    thinks: bool = False  # a reasoning model: it thinks before it answers (optional field)
 
     @property
     def file_name(self) -> str:
@@ -231,7 +232,10 @@ def parse_entry(raw: Any) -> Recommended:
             f"'quant' says {values['quant']!r} but the file name says {found!r}"
         )
     values["file"] = file
-    return Recommended(**values)
+    thinks = raw.get("thinks", False)
+    if not isinstance(thinks, bool):
+        raise RecommendedListError("'thinks' must be true or false")
+    return Recommended(**values, thinks=thinks)
 
 
 def _text(value: Any, name: str, limit: int) -> str:

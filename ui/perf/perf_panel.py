@@ -117,10 +117,15 @@ class PerfPanel(QDockWidget):
         self.history_decode = _points(self.history, BLUE, "o", name="decode")
         self.history_prefill = _points(self.history, GREEN, "t", name="prompt")
         self.ttft = self._plot("Time to first token", ("reply", ""), ("time", "ms"))
-        self.ttft_curve = _points(self.ttft, PURPLE, "o")
+        self.ttft_legend = self.ttft.addLegend(offset=(2, 2), labelTextSize="7pt")
+        self.ttft_curve = _points(self.ttft, PURPLE, "o", name="first token")
+        # Replies that thought: when the first answer token came (a gap for the others).
+        self.ttft_answer = _points(self.ttft, ORANGE, "t", name="first answer", connect="finite")
+        self.ttft_legend.removeItem(self.ttft_answer)  # listed once a reply has thought
         # Speculative decoding: guesses kept, and reply tokens per forward pass of the model
-        # (1.0 is plain decoding); replies without drafting leave a gap.
-        self.drafts = self._plot("Drafting per reply", ("reply", ""), ("ratio", ""))
+        # (1.0 is plain decoding); replies without drafting leave a gap. Thinking: the
+        # share of a reply's tokens that were thinking.
+        self.drafts = self._plot("Drafting, thinking per reply", ("reply", ""), ("ratio", ""))
         self.drafts.addLegend(offset=(2, 2), labelTextSize="7pt")
         self.drafts_speedup = _points(
             self.drafts, RED, "o", name="tokens per pass", connect="finite"
@@ -128,8 +133,14 @@ class PerfPanel(QDockWidget):
         self.drafts_acceptance = _points(
             self.drafts, GREEN, "t", name="guesses kept", connect="finite"
         )
+        self.drafts_thinking = _points(
+            self.drafts, ORANGE, "s", name="thinking share", connect="finite"
+        )
+        # Latency of the last reply's tokens: its thinking tokens (under) and answer tokens.
         self.itl = self._plot("Token latency, last reply", ("latency", "ms"), ("tokens", ""))
+        self.itl_thinking_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=ORANGE)
         self.itl_bars = pg.BarGraphItem(x=[], height=[], width=1.0, brush=BLUE)
+        self.itl.addItem(self.itl_thinking_bars)
         self.itl.addItem(self.itl_bars)
         # Bytes with SI prefixes: the axis reads MB or GB as the figure grows.
         self.memory = self._plot("Memory", ("time", "s"), ("resident", "B"), si_y=True)
@@ -268,31 +279,65 @@ class PerfPanel(QDockWidget):
         self.history_decode.setData(n, [m.decode_tok_s for m in self._history])
         self.history_prefill.setData(n, [m.prefill_tok_s for m in self._history])
         self.ttft_curve.setData(n, [m.ttft_ms for m in self._history])
+        first_answer, share = self.thinking_points()
         speedup, acceptance = self.draft_points()
-        for curve, ys in ((self.drafts_speedup, speedup), (self.drafts_acceptance, acceptance)):
-            if np.isnan(ys).all():  # no reply drafted: nothing to draw (and no NaN bounds)
+        for curve, ys in (
+            (self.drafts_speedup, speedup),
+            (self.drafts_acceptance, acceptance),
+            (self.drafts_thinking, share),
+            (self.ttft_answer, first_answer),
+        ):
+            if np.isnan(ys).all():  # none drafted (thought): nothing to draw, no NaN bounds
                 curve.setData([], [])
             else:
                 curve.setData(n, ys)
+        self._list_first_answer(not np.isnan(first_answer).all())
         if not self._history:
-            self.itl_bars.setOpts(x=[], height=[], width=1.0)
+            for bars in (self.itl_bars, self.itl_thinking_bars):
+                bars.setOpts(x=[], height=[], y0=None, width=1.0)  # y0: the last reply's
             self.summary.setText("")
             return
-        itl = self._history[-1].inter_token_ms
-        if itl:
-            counts, edges = np.histogram(itl, bins=min(30, max(5, len(itl) // 4)))
-            self.itl_bars.setOpts(
-                x=(edges[:-1] + edges[1:]) / 2, height=counts, width=float(edges[1] - edges[0])
-            )
         last = self._history[-1]
+        self._draw_itl(last)
         self.summary.setText(
             f"Last reply: {last.decode_tok_s:.1f} tok/s decode "
             f"(llama.cpp: {last.native_decode_tok_s:.1f}), prompt "
             f"{last.prefill_tok_s:.0f} tok/s (llama.cpp: {last.native_prefill_tok_s:.0f}), "
-            f"TTFT {last.ttft_ms:.0f} ms, ITL p50 {last.itl_p50_ms:.1f} / p95 "
+            f"{first_token_text(last)}, ITL p50 {last.itl_p50_ms:.1f} / p95 "
             f"{last.itl_p95_ms:.1f} / max {last.itl_max_ms:.1f} ms"
             + (f"; {draft_text(last)}" if drafted(last) else "")
         )
+
+    def _draw_itl(self, last: MessageMetrics) -> None:
+        """The last reply's token latencies; its thinking tokens' share stacked under."""
+        itl = last.inter_token_ms
+        if not itl:
+            return
+        # Thinking comes first: interval i is token i + 1's, thinking while i + 1 < R.
+        split = max(0, min(len(itl), last.reasoning_tokens - 1))
+        edges = np.histogram_bin_edges(itl, bins=min(30, max(5, len(itl) // 4)))
+        thinking, _ = np.histogram(itl[:split], bins=edges)
+        answer, _ = np.histogram(itl[split:], bins=edges)
+        x, width = (edges[:-1] + edges[1:]) / 2, float(edges[1] - edges[0])
+        self.itl_thinking_bars.setOpts(x=x, height=thinking, width=width)
+        self.itl_bars.setOpts(x=x, height=answer, y0=thinking, width=width)
+
+    def _list_first_answer(self, shown: bool) -> None:
+        """The "first answer" legend entry, only while some reply has thought."""
+        listed = self.ttft_legend.getLabel(self.ttft_answer) is not None
+        if shown and not listed:
+            self.ttft_legend.addItem(self.ttft_answer, "first answer")
+        elif listed and not shown:
+            self.ttft_legend.removeItem(self.ttft_answer)
+
+    def thinking_points(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per reply: ms to the first answer token, and the share of its tokens that were
+        thinking (NaN for a reply that did not think: a gap)."""
+        first = [
+            (m.first_answer_ms if m.reasoning_tokens else 0.0) or np.nan for m in self._history
+        ]
+        share = [m.reasoning_tokens / max(1, m.generated_tokens) or np.nan for m in self._history]
+        return np.asarray(first, dtype=float), np.asarray(share, dtype=float)
 
     def draft_points(self) -> tuple[np.ndarray, np.ndarray]:
         """Per reply: tokens per forward pass and the fraction of guesses kept (NaN for a
@@ -308,6 +353,23 @@ class PerfPanel(QDockWidget):
     def stop_timers(self) -> None:
         self._timer.stop()
         self._rss_timer.stop()
+
+
+def _duration(ms: float) -> str:
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def first_token_text(m: MessageMetrics) -> str:
+    """TTFT, and for a reply that thought when its answer began and what thinking took:
+    "TTFT 120 ms · first answer 4.2 s · thought 4.0 s, 380 tokens (cut at the budget)"."""
+    text = f"TTFT {m.ttft_ms:.0f} ms"
+    if not m.reasoning_tokens:
+        return text
+    if m.first_answer_ms:
+        text += f" · first answer {_duration(m.first_answer_ms)}"
+    text += f" · thought {_duration(m.reasoning_ms)}, {m.reasoning_tokens} tokens"
+    cut = {"budget": "cut at the budget", "user": "stopped by you"}.get(m.thinking_cut)
+    return text + (f" ({cut})" if cut else "")
 
 
 def _points(plot: pg.PlotWidget, color: str, symbol: str, **kwargs: Any) -> pg.PlotDataItem:

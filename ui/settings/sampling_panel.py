@@ -20,11 +20,48 @@ from app.config.params import (
     validate_sampling,
 )
 from app.config.presets import PresetStore
+from app.engine.backend import ModelInfo
 from ui.settings.presets_bar import PresetsBar
 from ui.settings.settings_fields import RELOAD_STYLE, nice_stops
 from ui.settings.settings_form import SettingsForm, validate_partly
 
-__all__ = ["SamplingPanel", "nice_stops"]  # nice_stops: where the tests import it from
+__all__ = ["SamplingPanel", "nice_stops", "reasoning_limits"]  # nice_stops: for the tests
+
+_THINKING_FIELDS = ("thinking", "reasoning_effort", "thinking_budget", "budget_message")
+
+
+def reasoning_limits(info: ModelInfo | None) -> tuple[dict[str, str], dict[str, str]]:
+    """What the model in use cannot do with its thinking: (field -> why it is disabled,
+    field -> a note for a field that works only in part). No model: everything open."""
+    if info is None:
+        return {}, {}
+    fmt = info.reasoning
+    if fmt is None:
+        why = (
+            f"{info.name}'s chat template shows no thinking block: the model does not "
+            "think, or not in a way this app can tell apart."
+        )
+        return dict.fromkeys(_THINKING_FIELDS, why), {}
+    off: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    caps = info.capabilities
+    if not caps.thinking_control:
+        why = caps.why_not.get("thinking_control", "This engine cannot end the thinking itself.")
+        off["thinking_budget"] = off["budget_message"] = why
+    if not fmt.effort:
+        off["reasoning_effort"] = f"This chat template ({fmt.name}) reads no reasoning effort."
+    if fmt.switch:
+        notes["thinking"] = f"This template switches it with {fmt.switch!r}."
+    elif fmt.empty_block():
+        notes["thinking"] = (
+            "This template has no switch: on is what it does anyway; off starts the reply "
+            "with an empty thinking block, so the model answers at once."
+        )
+    else:
+        off["thinking"] = f"This template ({fmt.name}) cannot switch thinking off" + (
+            "; a low reasoning effort keeps it short." if fmt.effort else "."
+        )
+    return off, notes
 
 
 class SamplingPanel(QDockWidget):
@@ -62,6 +99,9 @@ class SamplingPanel(QDockWidget):
         self._load_errors: dict[str, str] = {}
         self._unavailable: dict[str, str] = {}  # from the engine's capabilities (window)
         self._draft_unavailable: dict[str, str] = {}  # from the draft model chooser
+        # from the model's reasoning format (``set_model``): disabled fields, and notes
+        self._reasoning_unavailable: dict[str, str] = {}
+        self._reasoning_notes: dict[str, str] = {}
         self._build()
         self._form.show_config(params, "sampling")
         self._form.show_config(load, "load")
@@ -113,13 +153,23 @@ class SamplingPanel(QDockWidget):
     def set_unavailable(self, reasons: Mapping[str, str]) -> None:
         """Disable settings the engine in use cannot honour, saying why in each tooltip."""
         self._unavailable = dict(reasons)
-        self._form.set_unavailable({**self._draft_unavailable, **self._unavailable})
+        self._show_unavailable()
 
     def set_draft_unavailable(self, reasons: Mapping[str, str]) -> None:
         """As ``set_unavailable``, for the draft model's settings (kept apart, so that
         either caller may update its own reasons without clearing the other's)."""
         self._draft_unavailable = dict(reasons)
-        self._form.set_unavailable({**self._draft_unavailable, **self._unavailable})
+        self._show_unavailable()
+
+    def set_model(self, info: ModelInfo | None) -> None:
+        """Follow the model in use (``LoadedModel.changed``): the reasoning settings its
+        template cannot use are disabled, saying why."""
+        self._reasoning_unavailable, self._reasoning_notes = reasoning_limits(info)
+        self._show_unavailable()
+
+    def _show_unavailable(self) -> None:
+        reasons = {**self._reasoning_unavailable, **self._draft_unavailable, **self._unavailable}
+        self._form.set_unavailable(reasons, self._reasoning_notes)
 
     def slot(self, name: str) -> QWidget:
         """An empty row in the form for controls that are not settings fields (see

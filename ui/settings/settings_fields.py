@@ -37,6 +37,8 @@ NO_SLIDER_SPAN = 2**20  # ... and wider than this none (a slider over seeds mean
 TEXT_HEIGHT = 84  # px: about four lines for schemas, grammars and stop strings
 INVALID_STYLE = "border: 2px solid #d32f2f;"
 RELOAD_STYLE = "color: #b26a00; font-weight: bold;"
+# What a number field's lowest value means, shown instead of the number.
+SPECIAL_TEXT = {"thinking_budget": "no limit"}
 
 
 def nice_stops(lo: int, hi: int) -> list[int]:
@@ -89,8 +91,10 @@ class SliderMap:
         return distances.index(min(distances))
 
 
-def format_value(value: Any) -> str:
+def format_value(value: Any, spec: FieldSpec | None = None) -> str:
     """``value`` as a reset button's tooltip names it."""
+    if spec is not None and spec.name in SPECIAL_TEXT and value == spec.minimum:
+        return SPECIAL_TEXT[spec.name]
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):
@@ -131,6 +135,7 @@ class FieldRow:
     ) -> None:
         self.spec = spec
         self._edited = edited
+        self.note = ""  # a line added to the tooltip: what works only in part, and why
         self.slider: QSlider | None = None
         self.map: SliderMap | None = None
         self.editor = self._make_editor(parent)
@@ -158,15 +163,18 @@ class FieldRow:
         self.reset.setObjectName(f"reset_{spec.name}")
         self.reset.setText("↺")
         self.reset.setAutoRaise(True)
-        self.reset.setToolTip(f"Reset {spec.label} to its default ({format_value(spec.default)})")
+        self.reset.setToolTip(
+            f"Reset {spec.label} to its default ({format_value(spec.default, spec)})"
+        )
         self.reset.clicked.connect(self._on_reset)
 
     def set_unavailable(self, why: str) -> None:
         """Disable the field with ``why`` as its tooltip ("" enables it again)."""
+        tip = why or "\n\n".join(t for t in (self.spec.help, self.note) if t)
         for w in (self.editor, self.slider, self.caption, self.reset):
             if w is not None:
                 w.setEnabled(not why)
-                w.setToolTip(why or self.spec.help)
+                w.setToolTip(tip)
 
     def _make_editor(self, parent: QWidget) -> QWidget:
         spec = self.spec
@@ -182,6 +190,8 @@ class FieldRow:
                 spin = QSpinBox(parent)
                 spin.setRange(int(spec.minimum), int(spec.maximum))
                 spin.setSingleStep(max(1, int(spec.step)))
+            if spec.name in SPECIAL_TEXT:
+                spin.setSpecialValueText(SPECIAL_TEXT[spec.name])
             spin.setKeyboardTracking(False)  # typed numbers apply on Enter or leaving the box
             spin.setAlignment(Qt.AlignmentFlag.AlignRight)
             spin.valueChanged.connect(self._on_spin_changed)

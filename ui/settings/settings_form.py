@@ -36,6 +36,7 @@ from ui.settings.settings_fields import FieldRow, WheelGuard
 GROUP_TITLES = {
     "basic": "Basic",
     "advanced": "Advanced",
+    "reasoning": "Reasoning",
     "structured": "Structured output",
     "speculative": "Speculative decoding",
     "model": "Model (applied on reload)",
@@ -214,9 +215,14 @@ class SettingsForm(QWidget):
         """The empty row kept for extra controls before field ``name`` (see ``SLOTS``)."""
         return self.slots[name]
 
-    def set_unavailable(self, reasons: Mapping[str, str]) -> None:
-        """Disable the named fields, each with its reason as the tooltip; enable the rest."""
+    def set_unavailable(
+        self, reasons: Mapping[str, str], notes: Mapping[str, str] | None = None
+    ) -> None:
+        """Disable the named fields, each with its reason as the tooltip; enable the rest.
+        ``notes``: a line added to the tooltip of fields that work only in part."""
+        notes = notes or {}
         for name, field in self._fields.items():
+            field.note = notes.get(name, "")
             field.set_unavailable(reasons.get(name, ""))
 
     def _align_columns(self) -> None:

@@ -38,6 +38,7 @@ def build(
     sampling = SamplingPanel(presets, settings.sampling, settings.load, win)
     sampling.samplingChanged.connect(sampling_changed)
     sampling.reloadRequested.connect(reload_requested)
+    ctx.model.changed.connect(sampling.set_model)  # reasoning settings the template can use
     win.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, sampling)
     perf = PerfPanel(win)
     perf.exportRequested.connect(
