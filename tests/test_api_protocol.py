@@ -337,6 +337,7 @@ def test_usage_and_timings() -> None:
         "completion_tokens": 3,
         "total_tokens": 23,
         "prompt_tokens_details": {"cached_tokens": 15},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     t = timings(m)
     assert (t["prompt_n"], t["cache_n"], t["prompt_ms"], t["predicted_n"]) == (5, 15, 10.0, 3)

@@ -320,7 +320,7 @@ def test_capabilities_all_off_with_reasons(backend: OpenAIBackend) -> None:
     stack.push(Path("/x/adapter.gguf"), 1.0)
     with pytest.raises(LoraError, match="LoRA"):
         backend.set_lora_stack(stack)
-    assert backend.prewarm([ChatMessage("user", "hi")], "hello") == 0
+    assert backend.prewarm([ChatMessage("user", "hi")], ChatMessage("assistant", "hello")) == 0
     assert backend.lora_signature() == [] and len(backend.lora_stack) == 0
     assert backend.ping() == ""
     assert backend.cache_config()["n_ctx"] == 2048
@@ -680,8 +680,9 @@ def test_damaged_streams_end_in_one_finished_or_a_typed_error(
 def test_reply_stream_takes_any_json(events: list[Any]) -> None:
     reply = ReplyStream()
     pieces = [reply.feed(e) for e in events]
+    pieces.append("".join(t for r, t in reply.finish() if not r))  # a held-back "<think"
     assert reply.text == "".join(pieces)
-    assert reply.deltas == sum(1 for p in pieces if p)
+    assert reply.deltas >= sum(1 for p in pieces[:-1] if p)
     assert isinstance(reply.usage, dict) and isinstance(reply.timings, dict)
 
 

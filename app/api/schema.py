@@ -9,6 +9,12 @@ new ones all the time. Omitted sampling fields take ``SamplingParams()`` default
 (not the panel's), with ``overflow="stop"`` and no drafting; an omitted
 ``max_tokens`` means "up to the end of the context" (``ApiRequest.params_for``).
 
+Reasoning, as llama-server takes it: ``reasoning_effort`` ("none" switches thinking
+off, "minimal" is "low"), ``chat_template_kwargs`` (``enable_thinking`` and
+``reasoning_effort`` become the thinking settings, the rest more template variables),
+``thinking_budget_tokens`` / ``reasoning_budget`` (-1: no limit, 0: no thinking), and
+an assistant message's ``reasoning_content`` (or ``reasoning``): its thinking.
+
 ``parse_request`` runs on a worker thread, not the server's event loop. Python's
 ``json`` holds the GIL for a whole parse, and its time grows with the number of values,
 not bytes (an 8 MB ``[[],[],...]`` took seconds), so a body with more than
@@ -35,6 +41,8 @@ MAX_MESSAGES = 4096
 MAX_STOP = 16
 MAX_STOP_CHARS = 256
 MAX_USER_CHARS = 64  # the client label the UI shows
+MAX_KWARGS_DEPTH = 8  # nesting of chat_template_kwargs (templates read flat flags)
+MAX_KWARGS_CHARS = 10_000  # chat_template_kwargs as JSON (SamplingParams.template_kwargs)
 BASE = SamplingParams(overflow="stop", speculative=False)
 
 _ROLES: dict[str, Role] = {
@@ -59,6 +67,15 @@ _NUMBERS = {
     "mirostat_eta": "mirostat_eta",
 }
 _MIROSTAT = {0: "off", 1: "v1", 2: "v2"}
+# OpenAI's reasoning_effort -> (thinking, effort): "none" switches thinking off.
+_EFFORT = {
+    "none": ("off", "auto"),
+    "minimal": ("auto", "low"),
+    "low": ("auto", "low"),
+    "medium": ("auto", "medium"),
+    "high": ("auto", "high"),
+    "xhigh": ("auto", "high"),
+}
 
 
 @dataclass(frozen=True)
@@ -254,7 +271,21 @@ def _message(i: int, value: object) -> ChatMessage:
         )
     if value.get("tool_calls") or value.get("function_call"):
         raise unsupported(f"{where}.tool_calls", "Tool and function calling")
-    return ChatMessage(_ROLES[role], _content(where, role, value.get("content")))
+    content = _content(where, role, value.get("content"))
+    return ChatMessage(_ROLES[role], content, _reasoning(where, role, value))
+
+
+def _reasoning(where: str, role: str, value: dict[str, Any]) -> str:
+    """An assistant message's thinking, sent back by a client (``reasoning_content``)."""
+    for name in ("reasoning_content", "reasoning"):
+        text = value.get(name)
+        if text is None or text == "":
+            continue
+        if not isinstance(text, str):
+            raise bad(f"{where}.{name} must be a string.", f"{where}.{name}")
+        # Only an assistant's turn has thinking; the template never shows another's.
+        return text if role == "assistant" else ""
+    return ""
 
 
 def _content(where: str, role: str, content: object) -> str:
@@ -302,6 +333,7 @@ def _request(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -
     if stop is not None:
         values["stop"] = _stop(stop)
     values.update(_structured(data, api_name))
+    values.update(_thinking(data, api_name))
     try:
         params = validate_sampling(values, BASE)
     except SettingError as exc:
@@ -379,4 +411,87 @@ def _structured(data: dict[str, Any], api_name: dict[str, str]) -> dict[str, Any
         out["output_format"] = "gbnf"
         out["grammar"] = grammar
         api_name["output_format"] = api_name["grammar"] = "grammar"
+    return out
+
+
+def _effort(value: object, param: str) -> tuple[str, str]:
+    if not isinstance(value, str) or value not in _EFFORT:
+        raise bad(
+            f"`{param}` must be one of {', '.join(_EFFORT)} (got {short_repr(value)}).", param
+        )
+    return _EFFORT[value]
+
+
+def _depth(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+def _thinking(data: dict[str, Any], api_name: dict[str, str]) -> dict[str, Any]:
+    """``reasoning_effort``, ``chat_template_kwargs`` and a thinking budget as
+    SamplingParams fields (the top-level ``reasoning_effort`` wins over the kwargs')."""
+    out: dict[str, Any] = {}
+    kwargs = data.get("chat_template_kwargs")
+    if kwargs is not None:
+        out.update(_template_kwargs(kwargs, api_name))
+    effort = data.get("reasoning_effort")
+    if effort is not None:
+        thinking, level = _effort(effort, "reasoning_effort")
+        out["reasoning_effort"] = level
+        if thinking != "auto":
+            out["thinking"] = thinking
+        api_name["reasoning_effort"] = api_name["thinking"] = "reasoning_effort"
+    for name in ("thinking_budget_tokens", "reasoning_budget"):
+        budget = data.get(name)
+        if budget is None:
+            continue
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < -1:
+            raise bad(
+                f"`{name}` must be a whole number of tokens, -1 for no limit or 0 for "
+                f"no thinking (got {short_repr(budget)}).",
+                name,
+            )
+        if budget == 0:
+            out["thinking"] = "off"
+        out["thinking_budget"] = max(0, budget)
+        api_name["thinking_budget"] = name
+        break
+    return out
+
+
+def _template_kwargs(kwargs: object, api_name: dict[str, str]) -> dict[str, Any]:
+    param = "chat_template_kwargs"
+    if not isinstance(kwargs, dict):
+        raise bad(f"`{param}` must be an object of template variables.", param)
+    if _depth(kwargs) > MAX_KWARGS_DEPTH:
+        raise bad(f"`{param}` is nested more than {MAX_KWARGS_DEPTH} levels deep.", param)
+    out: dict[str, Any] = {}
+    rest = dict(kwargs)
+    switch = rest.pop("enable_thinking", None)
+    if switch is not None:
+        if not isinstance(switch, bool):
+            raise bad(
+                f"`{param}.enable_thinking` must be true or false (got {short_repr(switch)}).",
+                param,
+            )
+        out["thinking"] = "on" if switch else "off"
+    effort = rest.pop("reasoning_effort", None)
+    if effort is not None:
+        thinking, out["reasoning_effort"] = _effort(effort, f"{param}.reasoning_effort")
+        if thinking != "auto":
+            out["thinking"] = thinking
+    if rest:
+        text = json.dumps(rest, ensure_ascii=False)
+        if len(text) > MAX_KWARGS_CHARS:
+            raise bad(
+                f"`{param}` holds {len(text):,} characters of JSON; at most "
+                f"{MAX_KWARGS_CHARS:,} are accepted.",
+                param,
+            )
+        out["template_kwargs"] = text
+    for name in ("thinking", "reasoning_effort", "template_kwargs"):
+        api_name[name] = param
     return out

@@ -343,7 +343,7 @@ class Handlers:
             out = bytearray()
             for event in map(lambda e: _ending(job, e), events):
                 if isinstance(event, Token):
-                    out += writer.token(event.text)
+                    out += writer.token(event.text, event.reasoning)
                 elif isinstance(event, Finished):
                     out += writer.finish(event)
                     ended = True

@@ -7,6 +7,12 @@ small dumps and no dict. ``usage`` carries OpenAI's
 llama-server's ``timings`` (``prompt_n`` = tokens evaluated, ``cache_n`` = reused,
 ``predicted_per_second`` = the engine's decode rate), which Lamplight's own
 ``openai_compat`` backend reads.
+
+A reasoning model's thinking goes apart from the answer, as llama-server and vLLM
+send it: ``message.reasoning_content`` (absent when there was none), streamed as
+``delta.reasoning_content`` chunks, counted in
+``usage.completion_tokens_details.reasoning_tokens``. A text completion has no turns,
+so its thinking (if any) is just text.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ def usage(metrics: MessageMetrics) -> dict[str, Any]:
         "completion_tokens": metrics.generated_tokens,
         "total_tokens": metrics.prompt_tokens + metrics.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": metrics.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": metrics.reasoning_tokens},
     }
 
 
@@ -85,9 +92,12 @@ class Reply:
         m = done.metrics
         choice: dict[str, Any] = {"index": 0, "logprobs": None}
         if self.kind == "chat":
-            choice["message"] = {"role": "assistant", "content": done.text, "refusal": None}
+            message = {"role": "assistant", "content": done.text, "refusal": None}
+            if done.reasoning:
+                message["reasoning_content"] = done.reasoning
+            choice["message"] = message
         else:
-            choice["text"] = done.text
+            choice["text"] = done.reasoning + done.text
         choice["finish_reason"] = finish_reason(m.stop_reason)
         return {
             "id": self.id,
@@ -117,9 +127,10 @@ class ChunkWriter:
         # A token chunk: head + choices around the text + tail.
         if chat:
             self._open = head + '"choices":[{"index":0,"delta":{"content":'
+            self._open_thought = head + '"choices":[{"index":0,"delta":{"reasoning_content":'
             self._close = '},"logprobs":null,"finish_reason":null}]' + tail
         else:
-            self._open = head + '"choices":[{"index":0,"text":'
+            self._open = self._open_thought = head + '"choices":[{"index":0,"text":'
             self._close = ',"logprobs":null,"finish_reason":null}]' + tail
         self._head = head
         self._tail = tail
@@ -135,8 +146,10 @@ class ChunkWriter:
             + self._tail
         ).encode()
 
-    def token(self, text: str) -> bytes:
-        return (self._open + _dumps(text) + self._close).encode()
+    def token(self, text: str, reasoning: bool = False) -> bytes:
+        """A chunk of answer text, or of thinking (``reasoning``)."""
+        head = self._open_thought if reasoning else self._open
+        return (head + _dumps(text) + self._close).encode()
 
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         data: dict[str, Any] = {

@@ -51,7 +51,7 @@ from app.engine.backend import (
 )
 from app.engine.context_map import ContextMap, common_prefix
 from app.engine.metrics import MessageMetrics
-from app.engine.overflow import Overflow
+from app.engine.overflow import Overflow, reply_budget
 from app.engine.prompt_pipeline import (
     Prompt,
     PromptPipeline,
@@ -69,6 +69,7 @@ from app.engine.templates import (
     build_template,
     looks_like_base_model,
 )
+from app.engine.thinking import request_template, thinking_control
 from app.gguf.lora import LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
@@ -91,6 +92,7 @@ from app.remote.http import (
 from app.remote.llama_server_slot import LORA_CHANGED_NOTE as LORA_CHANGED_NOTE
 from app.remote.llama_server_slot import SLOT_FILES as SLOT_FILES
 from app.remote.llama_server_slot import SlotState
+from app.remote.llama_server_think import ServerThinking
 from app.remote.llama_server_wire import (
     MAX_COUNT as MAX_COUNT,
 )
@@ -99,7 +101,6 @@ from app.remote.llama_server_wire import (
     check_props,
     cut_short,
     events,
-    float_or,
     generation_error,
     int_or,
     model_meta,
@@ -142,6 +143,7 @@ class LlamaServerBackend(SlotState):
         self._restored = ""  # the slot file last restored (its key is not known yet)
         self._props: dict[str, Any] = {}
         self._template: ChatTemplate | None = None
+        self._bound: ChatTemplate | None = None  # the last request's, switches bound
         self._inputs = TemplateInputs()
         self._map = ContextMap()  # what this client believes the slot holds
         self._adapters: list[dict[str, Any]] = []  # the server's: id, path, name
@@ -172,6 +174,7 @@ class LlamaServerBackend(SlotState):
             grammar=True,
             prewarm=True,
             template_override=True,
+            thinking_control=True,
             why_not=why,
         )
 
@@ -225,7 +228,7 @@ class LlamaServerBackend(SlotState):
         self._restored = ""
         self._inputs = template_inputs(props, self._has_token)
         template = build_template(AUTO, self._inputs, self._has_token)
-        self._template = template
+        self._template, self._bound = template, None
         self._info = self._model_info(props, models, n_ctx, template, t0)
         name = self._info.name
         log.info("connected to llama-server %s (%s, n_ctx %d)", where(conn.url), name, n_ctx)
@@ -273,6 +276,7 @@ class LlamaServerBackend(SlotState):
             runtime={"llama_server": build},
             adapters=tuple(a["path"] for a in self._adapters),
             template_inputs=self._inputs,
+            reasoning=template.reasoning,
             base_model=looks_like_base_model(
                 (text_of(props.get("model_alias"), 1000), name),
                 has_template=bool(self._inputs.embedded),
@@ -293,13 +297,20 @@ class LlamaServerBackend(SlotState):
     def _use_template(self, template: ChatTemplate) -> None:
         assert self._info is not None
         self._template = template
+        self._bound = None
         notes = (template.note,) if template.note else ()
-        self._info = replace(self._info, template=template.label, notes=notes)
+        self._info = replace(
+            self._info, template=template.label, notes=notes, reasoning=template.reasoning
+        )
+
+    def _rendering(self) -> ChatTemplate:
+        """The template renders use: the last request's, its switches bound."""
+        assert self._template is not None
+        return self._bound or self._template
 
     def _pipeline(self) -> PromptPipeline:
         """The prompt pipeline over the template, ``/tokenize`` and the slot's map."""
-        assert self._template is not None
-        return PromptPipeline(self._template, self._tokenize, self._map)
+        return PromptPipeline(self._rendering(), self._tokenize, self._map)
 
     def _build(self, messages: Sequence[ChatMessage]) -> Prompt:
         """``messages``' prompt; marks past the tokens it reuses are forgotten."""
@@ -307,21 +318,12 @@ class LlamaServerBackend(SlotState):
         self._map.keep_marks(prompt.n_mark)
         return prompt
 
-    def _has_token(self, text: str) -> bool:
-        if text not in self._special:
-            try:
-                ids = self._tokenize(text)
-            except LamplightError:
-                ids = []
-            self._special[text] = len(ids) == 1
-        return self._special[text]
-
     def unload(self) -> None:
         self._close_clients()
         self._files.clear()
         self._restored = ""
         self._info = None
-        self._template = None
+        self._template = self._bound = None
         self._inputs = TemplateInputs()
         self._map.clear()
         self._sent = None
@@ -339,6 +341,7 @@ class LlamaServerBackend(SlotState):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
+        end_thinking: threading.Event | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """Stream the reply from the server (see ``Backend.generate``).
 
@@ -346,54 +349,42 @@ class LlamaServerBackend(SlotState):
         (``connection_lost``), a server error (``server_error``), silence or the reply's
         time bound (``time_limit``), text past ``reply_byte_cap`` (``size_limit``) or
         tokens past ``n_predict`` (``max_tokens``) end it with the text so far and a note.
+        A template that marks thinking streams it apart; its block is ended here at the
+        budget or on ``end_thinking`` (``llama_server_think``).
 
         Raises:
             NoModelLoaded, ChatTemplateError, SettingError, ContextOverflowError,
             ApiKeyRefused, DecodeError, ServerUnreachable (also silence before any text).
         """
-        info = self._require()
-        assert self._template is not None
-        # A chosen template that fails on this conversation gives way to its fallback here.
-        rendered = render(self._template, messages)
-        if rendered.fallback is not None:
-            self._use_template(rendered.fallback)
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         grammar = grammar_for(params)  # a bad schema fails before any request
-        lora_note = self._sync_lora()
-        request = PromptRequest(messages, params, info.n_ctx)
-        prompt, overflow = self._fit(request, rendered.text)
-        template_note = rendered.note
-        n_ctx, budget = request.n_ctx, request.budget
-        seed = params.seed if params.seed >= 0 else secrets.randbits(31)
-        metrics = MessageMetrics(
-            prompt_tokens=len(prompt.tokens),
-            n_ctx=n_ctx,
-            seed=seed,
-            cache_note=lora_note,
-            turn_offset=prompt.n_mark,
-        )
-        if template_note:
-            metrics.notes.append(template_note)
-        parts: list[str] = []
+        prompt, overflow, metrics, think = self._start(messages, params, end_thinking)
+        parts: list[str] = []  # the text streamed, markers and the text this side wrote
         bounds = self._limits.budget(params.max_tokens)
         shown = 0  # bytes of reply text so far
         for _ in range(MAX_CONTINUATIONS):
             try:
-                body = self._body(prompt.tokens, params, grammar, seed, n_ctx, metrics)
+                body = self._body(prompt.tokens, params, grammar, metrics, think)
                 ended = yield from self._stream(
-                    body, prompt, metrics, t0, stop, bounds, bounds.max_bytes - shown
+                    body, prompt, metrics, t0, stop, bounds, bounds.max_bytes - shown, think
                 )
                 parts.append(ended.text)
                 shown += len(ended.text.encode("utf-8"))
-                if (
-                    metrics.stop_reason != "context_full"
-                    or metrics.generated_tokens >= params.max_tokens
-                ):
+                more = metrics.generated_tokens < params.max_tokens
+                why = think.due_after(metrics) if think is not None and more else ""
+                if why and think is not None:  # the block ends here; the answer follows
+                    tokens, closing = think.close(why, metrics)
+                    yield from tokens
+                    parts.append(closing)
+                    prompt = self._go_on(prompt, ended.text, closing)
+                    continue
+                if metrics.stop_reason != "context_full" or not more:
                     break
                 # The reply filled the context: drop older turns, then go on in a new
                 # request whose prompt ends with the reply so far.
-                if params.overflow == "stop" or not overflow.drop(budget, keep_last=1):
+                room = reply_budget(params.max_tokens, metrics.n_ctx)
+                if params.overflow == "stop" or not overflow.drop(room, keep_last=1):
                     break
                 base = self._build(overflow.messages)
                 reply = "".join(parts)
@@ -413,7 +404,55 @@ class LlamaServerBackend(SlotState):
                 break
         if overflow.dropped_count:
             record_drops(overflow, metrics)
-        yield Finished("".join(parts), metrics)
+        if think is None:
+            yield Finished("".join(parts), metrics)
+            return
+        yield from think.flush()
+        yield Finished("".join(think.answer), metrics, "".join(think.thoughts).strip())
+
+    def _start(
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        end_thinking: threading.Event | None,
+    ) -> tuple[Prompt, Overflow, MessageMetrics, ServerThinking | None]:
+        """A reply's first prompt, its overflow, its metrics and its thinking (None when
+        the template marks none); the template's switches are bound for the request."""
+        info = self._require()
+        assert self._template is not None
+        self._bound = request_template(self._template, params)
+        # A chosen template that fails on this conversation gives way to its fallback here.
+        rendered = render(self._bound, messages)
+        if rendered.fallback is not None and self._template.fallback is not None:
+            self._use_template(self._template.fallback)
+            self._bound = rendered.fallback
+        lora_note = self._sync_lora()
+        request = PromptRequest(messages, params, info.n_ctx)
+        prompt, overflow = self._fit(request, rendered.text)
+        seed = params.seed if params.seed >= 0 else secrets.randbits(31)
+        metrics = MessageMetrics(
+            prompt_tokens=len(prompt.tokens),
+            n_ctx=request.n_ctx,
+            seed=seed,
+            cache_note=lora_note,
+            turn_offset=prompt.n_mark,
+        )
+        if rendered.note:
+            metrics.notes.append(rendered.note)
+        control = thinking_control(self._bound.reasoning, prompt.text, params, end_thinking)
+        return prompt, overflow, metrics, ServerThinking(control) if control else None
+
+    def _go_on(self, prompt: Prompt, reply: str, closing: str) -> Prompt:
+        """The prompt that continues after ``reply`` (this request's text) and ``closing``:
+        the tokens the slot holds (the reply's as sampled) and the closing text's."""
+        held = self._map.tokens
+        n = len(prompt.tokens)
+        if len(held) > n and held[:n] == prompt.tokens:
+            tokens = list(held)
+        else:  # the server sent no token ids: its text, tokenized
+            tokens = prompt.tokens + self._tokenize(reply)
+        text = prompt.text + reply + closing
+        return replace(prompt, tokens=tokens + self._tokenize(closing), text=text)
 
     def _fit(self, request: PromptRequest, text: str) -> tuple[Prompt, Overflow]:
         """The request's prompt (``text``, rendered) fitted to the context, whole older
@@ -446,21 +485,21 @@ class LlamaServerBackend(SlotState):
         prompt: list[int],
         params: SamplingParams,
         grammar: str,
-        seed: int,
-        n_ctx: int,
         metrics: MessageMetrics,
+        think: ServerThinking | None,
     ) -> dict[str, Any]:
         left = params.max_tokens - metrics.generated_tokens
+        # The context's end is this client's to handle (drop turns, go on).
+        n_predict = max(1, min(left, metrics.n_ctx - len(prompt)))
         body: dict[str, Any] = {
             "prompt": prompt,
             "stream": True,
             "return_progress": True,
             "cache_prompt": True,
             "id_slot": self.connection.slot,
-            # The context's end is this client's to handle (drop turns, go on).
-            "n_predict": max(1, min(left, n_ctx - len(prompt))),
+            "n_predict": think.n_predict(n_predict, metrics) if think else n_predict,
             "n_keep": 0,
-            **sampling_fields(params, seed),
+            **sampling_fields(params, metrics.seed or 0),
             "stop": [s for s in (*params.stop, *self._stop_strings()) if s],
             "lora": self._lora_body(),
         }
@@ -480,9 +519,10 @@ class LlamaServerBackend(SlotState):
         stop: threading.Event,
         bounds: Budget,
         room: int,
+        think: ServerThinking | None = None,
     ) -> Generator[EngineEvent, None, Finished]:
-        """One ``/completion`` stream; returns how it ended (``context_full`` when the
-        reply reached the context's end). Updates the tracked tokens as they arrive.
+        """One ``/completion`` stream; returns how it ended (``context_full`` at the
+        context's end, "" when this side must end the thinking block). Tracks the tokens.
 
         The stream is cut on this side when the server sends more than ``n_predict``
         (+ ``TOKEN_SLACK``) tokens, more than ``room`` bytes of text, or runs out of
@@ -491,13 +531,13 @@ class LlamaServerBackend(SlotState):
         assert self._streams is not None
         keep = common_prefix(self._map.tokens, prompt.tokens)
         text = ReplyText(room, int(body["n_predict"]) + TOKEN_SLACK)
-        parts = text.parts
         final: dict[str, Any] = {}
         first_request = not metrics.token_times_ms and not metrics.evaluated_tokens
         t_prefill = time.perf_counter()
         stream = EventStream(self._streams, "/completion", body, stop, bounds)
-        generated = text.generated
         prefilled = False
+        thought_cut = False  # stopped here to end the thinking block
+        metrics.stop_reason = ""
         try:
             for event in events(stream):
                 if isinstance(event.get("prompt_progress"), dict):
@@ -514,96 +554,50 @@ class LlamaServerBackend(SlotState):
                     if first_request:
                         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
                 piece = event.get("content")
-                text.count(token_ids(event.get("tokens")), piece)
+                ids = token_ids(event.get("tokens"))
+                text.count(ids, piece)
                 shown = text.add(piece) if isinstance(piece, str) else ""
-                if shown:
-                    metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
-                    metrics.generated_tokens += 1
-                    yield Token(shown)
+                yield from _show(shown, bool(ids), metrics, t0, think)
                 if text.cut or text.n_tokens > text.most:
                     text.cut = text.cut or "max_tokens"
                     break
+                thought_cut = think is not None and bool(think.due(metrics))
+                if thought_cut:
+                    break
         except (ServerUnreachable, ServerError) as exc:
-            if isinstance(exc, ServerError) and not parts:
+            if isinstance(exc, ServerError) and not text.parts:
                 self._map.truncate(keep)
                 raise generation_error(exc) from None
-            self._after_reply(prompt, generated, "".join(parts), prefilled, keep)
+            self._after_reply(prompt, text.generated, "".join(text.parts), prefilled, keep)
             if isinstance(exc, ServerError):
                 end_early(metrics, SERVER_ERROR, sentence(str(exc)))
             else:
                 end_lost(metrics, str(exc))
-            return Finished("".join(parts), metrics)
+            return Finished("".join(text.parts), metrics)
         finally:
             stream.close()
-        reply = "".join(parts)
+        reply = "".join(text.parts)
         ended_here = stream.stopped or stream.timed_out or text.cut
         if final and not ended_here and not prefilled:
             self._prefilled(prompt)
             prefilled = True
-        self._after_reply(prompt, generated, reply, prefilled, keep)
+        self._after_reply(prompt, text.generated, reply, prefilled, keep)
         if ended_here:
             cut_short(stream, text, metrics, bounds, int(body["n_predict"]))
-        elif not final:
-            end_lost(metrics, unfinished(self.connection.url))
-        else:
+        elif final:
             self._timings(final, metrics, first_request)
             metrics.stop_reason = stop_reason(final, len(prompt.tokens), metrics.n_ctx)
+        elif not thought_cut:
+            end_lost(metrics, unfinished(self.connection.url))
         return Finished(reply, metrics)
 
-    def _prefilled(self, prompt: Prompt) -> None:
-        """The server read the prompt: the slot now holds it (marks at message starts)."""
-        self._map.tokens = list(prompt.tokens)
-        self._map.text = self._map.text[: self._map.marks[-1][1]]
-        for n, c in prompt.bounds:
-            self._map.mark_at(n, c)
-        self._map.mark(prompt.text)
-
-    def _after_reply(
-        self,
-        prompt: Prompt,
-        generated: list[int],
-        reply: str,
-        prefilled: bool,
-        keep: int,
-    ) -> None:
-        """Track what the slot holds after a reply: the prompt and the reply's tokens.
-
-        The server leaves the last sampled token unevaluated; the next request
-        evaluates it with the new text. The reply's end is marked only when its
-        tokens spell exactly the text shown (no held-back stop string, no end token),
-        checked with ``/detokenize``: the next turn then reuses them as they are.
-        """
-        if not prefilled:
-            self._map.truncate(keep)  # how far a stopped prompt evaluation got is unknown
-            return
-        if not generated:
-            return
-        self._map.tokens = [*prompt.tokens, *generated]
-        self._map.keep_marks(len(prompt.tokens))
-        try:
-            answer = self._call("POST", "/detokenize", {"tokens": generated})
-        except LamplightError:
-            return
-        if isinstance(answer, dict) and answer.get("content") == reply:
-            self._map.mark(prompt.text + reply)
-
-    def _timings(self, final: dict[str, Any], metrics: MessageMetrics, first: bool) -> None:
-        timings = final.get("timings")
-        if not isinstance(timings, dict):
-            return
-        if first:
-            metrics.cached_tokens = int_or(timings.get("cache_n"), 0)
-            metrics.prefill_ms = float_or(timings.get("prompt_ms"), metrics.prefill_ms)
-        metrics.evaluated_tokens += int_or(timings.get("prompt_n"), 0)
-        metrics.native_prefill_tok_s = float_or(timings.get("prompt_per_second"), 0.0)
-        metrics.native_decode_tok_s = float_or(timings.get("predicted_per_second"), 0.0)
-        metrics.kv_tokens = len(self._map.tokens)
-
-    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
-        """Have the server evaluate the next turn's opening (``n_predict`` 0)."""
+    def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
+        """Have the server hold the history as the template renders it with ``reply``
+        (past thinking dropped, say) and the next turn's opening (``n_predict`` 0): the
+        slot is kept up to the last text they share, and the rest evaluated."""
         self._require()
-        assert self._template is not None
-        if self._template.completion:
+        template = self._rendering()
+        if template.completion:
             return 0  # continue-the-text mode opens no turn
         if self._sent is not None and self._sent[0] == list(messages):
             messages = self._sent[1]
@@ -613,9 +607,10 @@ class LlamaServerBackend(SlotState):
             return 0
         if turn is None:
             return 0
-        head = turn.head
-        extra = self._tokenize(head[len(turn.cached) :])
-        tokens = [*self._map.tokens, *extra]
+        head, (n_keep, c_keep), split = turn.head, turn.keep, turn.split
+        first = self._tokenize(head[c_keep:split])
+        extra = first + self._tokenize(head[split:])
+        tokens = [*self._map.tokens[:n_keep], *extra]
         if not extra or len(tokens) + 1 >= self._require().n_ctx:
             return 0
         body = {
@@ -630,19 +625,25 @@ class LlamaServerBackend(SlotState):
         except LamplightError as exc:
             log.info("prewarm on the server failed: %s", exc)
             return 0
+        self._map.truncate(n_keep)
         self._map.tokens = tokens
+        if first and split > c_keep:
+            self._map.mark_at(n_keep + len(first), split)
         self._map.mark(head)
         return len(extra)
 
-    # -- helpers -----------------------------------------------------------------
 
-    def _tokenize(self, text: str, bos: bool = False) -> list[int]:
-        if not text:
-            return []
-        answer = self._call(
-            "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
-        )
-        ids = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(ids, list) or not all(int_or(i, -1) >= 0 for i in ids):
-            raise ServerError(0, "The server's /tokenize answer has no token list.")
-        return [int(i) for i in ids]
+def _show(
+    shown: str, sampled: bool, metrics: MessageMetrics, t0: float, think: ServerThinking | None
+) -> Generator[Token, None, None]:
+    """One streamed piece of text as tokens (thinking apart, when the template marks it).
+    While thinking, a token that shows no text yet (a stop string's start held back by
+    the server) counts too: the server counts it against the budget's ``n_predict``."""
+    if not shown and not (sampled and think is not None and think.inside):
+        return
+    metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
+    metrics.generated_tokens += 1
+    if think is None:
+        yield Token(shown)
+    else:
+        yield from think.tokens(shown, 1, metrics)

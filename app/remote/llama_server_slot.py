@@ -19,9 +19,11 @@ from typing import Any
 
 from app.engine.backend import KvState
 from app.engine.context_map import ContextMap
+from app.engine.metrics import MessageMetrics
+from app.engine.prompt_pipeline import Prompt
 from app.gguf.lora import LoraError, LoraStack, stack_key
 from app.remote.http import ServerError
-from app.remote.llama_server_wire import int_or, settings_of, signature, text_of
+from app.remote.llama_server_wire import float_or, int_or, settings_of, signature, text_of
 from app.remote.server_backend import ServerBackend
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import LamplightError
@@ -33,7 +35,7 @@ LORA_CHANGED_NOTE = "the LoRA stack changed"
 
 
 class SlotState(ServerBackend):
-    """The LoRA and snapshot part of ``LlamaServerBackend``."""
+    """What the slot holds, its LoRA and its snapshots: part of ``LlamaServerBackend``."""
 
     # Set by LlamaServerBackend: what this client believes the slot holds, the slot
     # files by conversation (most recent last), the file last restored, the server's
@@ -45,6 +47,80 @@ class SlotState(ServerBackend):
     _adapters: list[dict[str, Any]]  # the server's: id, path, name
     _stack: LoraStack
     _kv_lora: tuple[tuple[str, float], ...]
+    _special: dict[str, bool]  # which texts are one token of the vocabulary
+
+    # -- the server's tokenizer --------------------------------------------------------
+
+    def _tokenize(self, text: str, bos: bool = False) -> list[int]:
+        if not text:
+            return []
+        answer = self._call(
+            "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
+        )
+        ids = answer.get("tokens") if isinstance(answer, dict) else None
+        if not isinstance(ids, list) or not all(int_or(i, -1) >= 0 for i in ids):
+            raise ServerError(0, "The server's /tokenize answer has no token list.")
+        return [int(i) for i in ids]
+
+    def _has_token(self, text: str) -> bool:
+        if text not in self._special:
+            try:
+                ids = self._tokenize(text)
+            except LamplightError:
+                ids = []
+            self._special[text] = len(ids) == 1
+        return self._special[text]
+
+    # -- what the slot holds after a request ---------------------------------------
+
+    def _prefilled(self, prompt: Prompt) -> None:
+        """The server read the prompt: the slot now holds it (marks at message starts)."""
+        self._map.tokens = list(prompt.tokens)
+        self._map.text = self._map.text[: self._map.marks[-1][1]]
+        for n, c in prompt.bounds:
+            self._map.mark_at(n, c)
+        self._map.mark(prompt.text)
+
+    def _after_reply(
+        self,
+        prompt: Prompt,
+        generated: list[int],
+        reply: str,
+        prefilled: bool,
+        keep: int,
+    ) -> None:
+        """Track what the slot holds after a reply: the prompt and the reply's tokens.
+
+        The server leaves the last sampled token unevaluated; the next request
+        evaluates it with the new text. The reply's end is marked only when its
+        tokens spell exactly the text shown (no held-back stop string, no end token),
+        checked with ``/detokenize``: the next turn then reuses them as they are.
+        """
+        if not prefilled:
+            self._map.truncate(keep)  # how far a stopped prompt evaluation got is unknown
+            return
+        if not generated:
+            return
+        self._map.tokens = [*prompt.tokens, *generated]
+        self._map.keep_marks(len(prompt.tokens))
+        try:
+            answer = self._call("POST", "/detokenize", {"tokens": generated})
+        except LamplightError:
+            return
+        if isinstance(answer, dict) and answer.get("content") == reply:
+            self._map.mark(prompt.text + reply)
+
+    def _timings(self, final: dict[str, Any], metrics: MessageMetrics, first: bool) -> None:
+        timings = final.get("timings")
+        if not isinstance(timings, dict):
+            return
+        if first:
+            metrics.cached_tokens = int_or(timings.get("cache_n"), 0)
+            metrics.prefill_ms = float_or(timings.get("prompt_ms"), metrics.prefill_ms)
+        metrics.evaluated_tokens += int_or(timings.get("prompt_n"), 0)
+        metrics.native_prefill_tok_s = float_or(timings.get("prompt_per_second"), 0.0)
+        metrics.native_decode_tok_s = float_or(timings.get("predicted_per_second"), 0.0)
+        metrics.kv_tokens = len(self._map.tokens)
 
     # -- LoRA --------------------------------------------------------------------
 

@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.config.params import LoadConfig, SamplingParams, SettingError
+from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import (
     SERVER_ERROR,
     SIZE_LIMIT,
@@ -86,8 +86,11 @@ from app.remote.openai_wire import (
     event_error,
     first_float,
     first_int,
+    generation_error,
     key_message,
     overflow_numbers,
+    reasoning_fields,
+    refused_field,
     refuses_extras,
     response_format_for,
     unsent_notes,
@@ -96,10 +99,8 @@ from app.remote.openai_wire import parse_models as parse_models
 from app.remote.server_backend import ServerBackend
 from app.util.errors import (
     ApiKeyRefused,
-    DecodeError,
     LamplightError,
     ModelLoadError,
-    ServerOverflowError,
 )
 
 PING_S = 5.0
@@ -122,6 +123,8 @@ WHY_NOT = {
     "change it on the server (or connect to llama-server as a llama.cpp server)",
     "draft_model": "a draft model runs with the in-process engine only; an OpenAI-compatible "
     "server decides on speculative decoding itself",
+    "thinking_control": "an OpenAI-compatible server ends thinking on its own: no budget or "
+    "Stop thinking here",
 }
 CAPABILITIES = Capabilities(why_not=dict(WHY_NOT))
 
@@ -188,6 +191,7 @@ class OpenAIBackend(ServerBackend):
         self._prefix = api_prefix(connection.url)
         self._model_id = ""
         self._extras_ok = True  # the server takes EXTRA_FIELDS
+        self._refused: set[str] = set()  # reasoning fields the server refused
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
 
     # -- connection and model ----------------------------------------------------
@@ -253,6 +257,7 @@ class OpenAIBackend(ServerBackend):
         self._use_clients(client, streams)
         self._model_id = chosen.id
         self._extras_ok = True
+        self._refused = set()
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
         name = chosen.id
         if name.startswith("/") or name.lower().endswith(".gguf"):
@@ -296,7 +301,7 @@ class OpenAIBackend(ServerBackend):
 
     # -- what such a server cannot do --------------------------------------------
 
-    def prewarm(self, messages: Sequence[ChatMessage], reply: str) -> int:
+    def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0
 
     @property
@@ -353,8 +358,10 @@ class OpenAIBackend(ServerBackend):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         stop: threading.Event | None = None,
+        end_thinking: threading.Event | None = None,
     ) -> Generator[EngineEvent, None, None]:
-        """Stream the reply (see ``Backend.generate``).
+        """Stream the reply (see ``Backend.generate``); the server ends thinking itself
+        (``end_thinking`` is not honoured: ``capabilities.thinking_control`` is False).
 
         Once text has come, nothing ends the reply without it: a connection that drops
         (``connection_lost``), a server error (``server_error``), silence or the reply's
@@ -384,17 +391,17 @@ class OpenAIBackend(ServerBackend):
                 last = exc
                 if self._recover(exc, req, params, info.n_ctx):
                     continue
-                raise _generation_error(exc, info.n_ctx) from None
+                raise generation_error(exc, info.n_ctx) from None
             finished.metrics.notes[:0] = notes
-            if not self._extras_ok:
+            refused = (*(EXTRA_FIELDS if not self._extras_ok else ()), *sorted(self._refused))
+            if refused:
                 finished.metrics.notes.append(
-                    "this server refused the fields " + ", ".join(EXTRA_FIELDS) + "; they "
-                    "were not sent"
+                    f"this server refused the fields {', '.join(refused)}; they were not sent"
                 )
             yield finished
             return
         assert last is not None
-        raise _generation_error(last, info.n_ctx)
+        raise generation_error(last, info.n_ctx)
 
     def _body(
         self, req: _Request, params: SamplingParams, response_format: dict[str, Any] | None
@@ -417,6 +424,7 @@ class OpenAIBackend(ServerBackend):
             body["stop"] = stops
         if response_format is not None:
             body["response_format"] = response_format
+        body.update(reasoning_fields(params, self._refused))
         if self._extras_ok:
             body["top_k"] = params.top_k
             body["min_p"] = params.min_p
@@ -449,16 +457,16 @@ class OpenAIBackend(ServerBackend):
         failed = ""  # why the server failed after the reply began
         try:
             for event in stream:
-                piece = reply.feed(event)
+                parts = reply.feed_parts(event)
                 if reply.error is not None:
                     raise event_error(reply.error)
-                if piece:
+                if parts:
                     now = time.perf_counter()
                     if not metrics.token_times_ms:
                         # Replaced by the server's own timer when it sends one.
                         metrics.prefill_ms = (now - t_request) * 1000
                     metrics.token_times_ms.append((now - t0) * 1000)
-                    yield Token(piece)
+                    yield from _tokens(parts, metrics, (now - t0) * 1000)
                 if reply.full:
                     break
                 if reply.deltas > req.max_tokens + TOKEN_SLACK:
@@ -472,6 +480,7 @@ class OpenAIBackend(ServerBackend):
             lost = str(exc)
         finally:
             stream.close()
+        yield from _tokens(reply.finish(), metrics, (time.perf_counter() - t0) * 1000)
         if stream.timed_out and not reply.deltas and not stream.stopped:
             raise ServerSilent(stream.timed_out)  # nothing to keep: the reply failed
         self._finish_metrics(metrics, reply, req)
@@ -499,7 +508,7 @@ class OpenAIBackend(ServerBackend):
                 metrics.notes.append("the server's content filter ended the reply")
         if reply.usage.get("prompt_tokens"):
             self._calibrate(req.messages, first_int(reply.usage.get("prompt_tokens")))
-        return Finished(reply.text, metrics)
+        return Finished(reply.text, metrics, reply.reasoning.strip())
 
     def _new_metrics(self, req: _Request, params: SamplingParams) -> MessageMetrics:
         """A reply's metrics before any text: the context, the seed, what was dropped."""
@@ -518,6 +527,9 @@ class OpenAIBackend(ServerBackend):
         """Token counts and rates: the server's where it gives them, else this client's."""
         usage, timings = reply.usage, reply.timings
         metrics.generated_tokens = first_int(usage.get("completion_tokens")) or reply.deltas
+        details = usage.get("completion_tokens_details")
+        thought = details.get("reasoning_tokens") if isinstance(details, dict) else None
+        metrics.reasoning_tokens = first_int(thought) or reply.reasoning_deltas
         metrics.prompt_tokens = first_int(usage.get("prompt_tokens")) or self._estimate(
             req.messages
         )
@@ -574,6 +586,10 @@ class OpenAIBackend(ServerBackend):
         if self._extras_ok and refuses_extras(exc):
             self._extras_ok = False
             return True
+        field = refused_field(exc, reasoning_fields(params, self._refused))
+        if field:
+            self._refused.add(field)
+            return True
         over = overflow_numbers(exc)
         if over is None:
             return False
@@ -595,6 +611,16 @@ class OpenAIBackend(ServerBackend):
         return False
 
 
+def _tokens(
+    parts: Sequence[tuple[bool, str]], metrics: MessageMetrics, now_ms: float
+) -> Generator[Token, None, None]:
+    """``parts`` as tokens; the first answer text's time goes into ``metrics``."""
+    for thought, text in parts:
+        if not thought and not metrics.first_answer_ms:
+            metrics.first_answer_ms = now_ms
+        yield Token(text, thought)
+
+
 def _stop_reason(reply: ReplyStream, metrics: MessageMetrics, req: _Request) -> str:
     if reply.finish_reason != "length":
         return "eos"  # "stop" (end of turn or a stop string), "tool_calls", "content_filter"
@@ -613,18 +639,6 @@ def _drop_note(req: _Request) -> str:
         f"{req.dropped_tokens} tokens) left the model's memory; the server reads the "
         "kept text again. They stay in the transcript"
     )
-
-
-def _generation_error(exc: ServerError, n_ctx: int) -> LamplightError:
-    if exc.status in (401, 403):
-        return ApiKeyRefused(key_message(exc))
-    over = overflow_numbers(exc)
-    if over is not None:
-        n_prompt, server_ctx = over
-        return ServerOverflowError(n_prompt, server_ctx or n_ctx)
-    if "response_format" in str(exc) or "json_schema" in str(exc):
-        return SettingError("output_format", f"The server refused the output format: {exc}")
-    return DecodeError(str(exc))
 
 
 def as_backend(backend: OpenAIBackend) -> Backend:

@@ -12,11 +12,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config.params import SamplingParams, SettingError
+from app.config.params import SamplingParams, SettingError, template_variables
 from app.engine.backend import MAX_REPLY_BYTES, fit_bytes
+from app.engine.reasoning import Part, ReasoningSplitter
+from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import clean_text
 from app.remote.http import JSON_DEPTH, ServerError, sentence
 from app.util.datafiles import DataFileError, parse_json
+from app.util.errors import ApiKeyRefused, DecodeError, LamplightError, ServerOverflowError
 
 MAX_MODELS = 1000  # entries read from /v1/models
 MAX_ID = 300  # characters of a model id
@@ -77,6 +80,11 @@ def parse_models(data: Any) -> list[ServerModel]:
     return out
 
 
+INLINE_THINK = ReasoningFormat("<think>", "</think>", source="known")
+"""The block a server that does not split reasoning leaves in the content."""
+_REASONING_KEYS = ("reasoning_content", "reasoning")  # llama-server / vLLM, OpenRouter / Ollama
+
+
 @dataclass
 class ReplyStream:
     """The content of a ``chat.completion.chunk`` stream, fed event by event.
@@ -84,30 +92,48 @@ class ReplyStream:
     Pure: every field of an event is checked before use, so any JSON value is
     safe to feed. The text is kept as parts (joined once, not copied per delta) and
     stops at ``max_bytes`` (``full``): a delta that would pass it is cut.
+
+    Thinking comes apart as ``delta.reasoning_content`` (or ``delta.reasoning``); a
+    server that does not split it leaves ``<think>...</think>`` at the start of the
+    content, which is split here (``INLINE_THINK``). ``deltas`` counts the deltas that
+    brought text of either kind, ``reasoning_deltas`` those that brought thinking.
     """
 
     max_bytes: int = MAX_REPLY_BYTES
     deltas: int = 0
-    size: int = 0  # UTF-8 bytes of the text
+    reasoning_deltas: int = 0
+    size: int = 0  # UTF-8 bytes of the text (thinking included)
     full: bool = False
     finish_reason: str = ""
     usage: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, Any] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     parts: list[str] = field(default_factory=list, repr=False)
+    thoughts: list[str] = field(default_factory=list, repr=False)
+    _pending: str = field(default="", repr=False)  # content before it is known to think
+    _splitter: ReasoningSplitter | None = field(default=None, repr=False)
+    _plain: bool = field(default=False, repr=False)  # the content holds no thinking block
 
     @property
     def text(self) -> str:
         return "".join(self.parts)
 
+    @property
+    def reasoning(self) -> str:
+        return "".join(self.thoughts)
+
     def feed(self, event: Any) -> str:
-        """Take one event; returns its new reply text ("" when none)."""
+        """Take one event; returns its new answer text ("" when none)."""
+        return "".join(t for r, t in self.feed_parts(event) if not r)
+
+    def feed_parts(self, event: Any) -> list[Part]:
+        """Take one event; returns its new (thinking?, text) parts."""
         if not isinstance(event, dict):
-            return ""
+            return []
         if event.get("error"):
             err = event["error"]
             self.error = err if isinstance(err, dict) else {"message": str(err)[:300]}
-            return ""
+            return []
         usage = event.get("usage")
         if isinstance(usage, dict):
             self.usage = usage
@@ -116,24 +142,96 @@ class ReplyStream:
             self.timings = timings
         choices = event.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return ""
+            return []
         choice = choices[0]
         reason = choice.get("finish_reason")
         if isinstance(reason, str) and reason:
             self.finish_reason = reason[:40]
         delta = choice.get("delta")
-        piece = delta.get("content") if isinstance(delta, dict) else None
-        if not isinstance(piece, str) or not piece or self.full:
-            return ""
-        piece, n, cut = fit_bytes(clean_text(piece), self.size, self.max_bytes)
-        if cut:
-            self.full = True
-        if not piece:
-            return ""
-        self.parts.append(piece)
+        if not isinstance(delta, dict):  # a whole answer where a chunk was expected
+            delta = choice.get("message")
+        if not isinstance(delta, dict) or self.full:
+            return []
+        out: list[Part] = []
+        took = False
+        thought = next((delta[k] for k in _REASONING_KEYS if isinstance(delta.get(k), str)), "")
+        if thought:
+            self._plain = self._plain or self._splitter is None  # the server splits
+            took, parts = self._take(thought, True)
+            out += parts
+        piece = delta.get("content")
+        if isinstance(piece, str) and piece and not self.full:
+            took_content, parts = self._take(piece, False)
+            took, out = took or took_content, out + parts
+        if took:
+            self.deltas += 1
+            inside = self._splitter is not None and self._splitter.inside
+            self.reasoning_deltas += inside or any(r for r, _ in out)
+        return out
+
+    def finish(self) -> list[Part]:
+        """What was held back (a possible marker) once the stream has ended."""
+        pending, self._pending = self._pending, ""
+        parts = self._splitter.flush() if self._splitter is not None else []
+        return self._keep([(False, pending)] if pending else parts)
+
+    def _take(self, piece: str, thinking: bool) -> tuple[bool, list[Part]]:
+        """``piece`` within the byte cap: whether any of it was taken, and its parts."""
+        cut, n, over = fit_bytes(clean_text(piece), self.size, self.max_bytes)
+        self.full = self.full or over
         self.size += n
-        self.deltas += 1
-        return piece
+        if not cut:
+            return False, []
+        return True, self._keep([(True, cut)] if thinking else self._content(cut))
+
+    def _content(self, piece: str) -> list[Part]:
+        if self._splitter is not None:
+            return self._splitter.feed(piece)
+        if self._plain:
+            return [(False, piece)]
+        text = self._pending + piece
+        head = text.lstrip()
+        if INLINE_THINK.open.startswith(head) and head != INLINE_THINK.open:
+            self._pending = text  # blank, or it might still be "<think>"
+            return []
+        self._pending = ""
+        if head.startswith(INLINE_THINK.open):
+            self._splitter = ReasoningSplitter(INLINE_THINK)
+            return self._splitter.feed(head)
+        self._plain = True
+        return [(False, text)]
+
+    def _keep(self, parts: list[Part]) -> list[Part]:
+        parts = [(r, t) for r, t in parts if t]
+        for r, t in parts:
+            (self.thoughts if r else self.parts).append(t)
+        return parts
+
+
+def reasoning_fields(params: SamplingParams, refused: set[str]) -> dict[str, Any]:
+    """``reasoning_effort`` and ``chat_template_kwargs`` for the thinking settings, less
+    the fields the server ``refused``.
+
+    Raises:
+        SettingError: ``params.template_kwargs`` is not a JSON object.
+    """
+    out: dict[str, Any] = {}
+    if params.reasoning_effort != "auto":
+        out["reasoning_effort"] = params.reasoning_effort
+    kwargs = template_variables(params)
+    if params.thinking in ("on", "off"):
+        kwargs["enable_thinking"] = params.thinking == "on"
+    if kwargs:
+        out["chat_template_kwargs"] = kwargs
+    return {k: v for k, v in out.items() if k not in refused}
+
+
+def refused_field(exc: ServerError, fields: Any) -> str:
+    """The one of ``fields`` a 400 (or 422) answer names ("" for none)."""
+    if exc.status not in (400, 422):
+        return ""
+    text = str(exc)
+    return next((f for f in fields if f in text), "")
 
 
 def response_format_for(params: SamplingParams) -> dict[str, Any] | None:
@@ -245,3 +343,16 @@ def first_float(value: Any) -> float:
     if isinstance(value, int) and value > MAX_COUNT:  # float() of a huge int raises
         return 0.0
     return max(0.0, float(value)) if math.isfinite(value) else 0.0
+
+
+def generation_error(exc: ServerError, n_ctx: int) -> LamplightError:
+    """The error a failed request becomes, once nothing more can be tried."""
+    if exc.status in (401, 403):
+        return ApiKeyRefused(key_message(exc))
+    over = overflow_numbers(exc)
+    if over is not None:
+        n_prompt, server_ctx = over
+        return ServerOverflowError(n_prompt, server_ctx or n_ctx)
+    if "response_format" in str(exc) or "json_schema" in str(exc):
+        return SettingError("output_format", f"The server refused the output format: {exc}")
+    return DecodeError(str(exc))
