@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,8 @@ from app.config.params import SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.llama import Engine
 from app.engine.templates import AUTO, ChatMessage, TemplateOverride
-from tests.reasoning_templates import GPT_OSS, QWEN3, R1, THINK_GRAMMAR
+from tests.conftest import TEST_LOAD
+from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1, THINK_GRAMMAR
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +195,35 @@ def test_restored_long_chat_resumes_after_a_reply_the_template_trims(engine: Eng
     m = second.metrics
     assert m.cached_tokens == len(kv.tokens), m.cache_note
     assert m.evaluated_tokens < 12
+
+
+def test_overflow_drops_whole_reasoning_turns(model_path: Path) -> None:
+    """A small context fills with reasoning turns: rolling drops whole older turns, each
+    reply still splits, and the rework after each reply keeps working."""
+    small = Engine()
+    small.load(model_path, replace(TEST_LOAD, n_ctx=256))
+    try:
+        use(small, QWEN3)
+        params = replace(GRAMMAR, overflow="rolling", max_tokens=60)
+        history: list[ChatMessage] = []
+        dropped = 0
+        for i in range(8):
+            history.append(ChatMessage("user", f"Fact {i} about the sea and the sky, please."))
+            _t, done = run(small, history, params)
+            assert done.metrics.stop_reason in ("eos", "max_tokens", "stop_string")
+            assert done.reasoning and "</think>" not in done.text
+            dropped = max(dropped, done.metrics.dropped_count)
+            reply = ChatMessage("assistant", done.text, done.reasoning)
+            small.prewarm(history, reply)
+            history.append(reply)
+        assert dropped > 0
+    finally:
+        small.unload()
+
+
+def test_bracket_markers_on_the_real_engine(reasoning: Engine) -> None:
+    use(reasoning, MAGISTRAL + "{% if add_generation_prompt %}{% endif %}")
+    grammar = 'root ::= "[THINK]" [a-z ]{4,20} "[/THINK]" [a-z ]{2,20}\n'
+    _t, done = run(reasoning, [ChatMessage("user", "Hi.")], replace(GRAMMAR, grammar=grammar))
+    assert done.reasoning and done.text.strip()
+    assert "[" not in done.text and "[" not in done.reasoning
