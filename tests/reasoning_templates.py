@@ -4,6 +4,12 @@ a grammar or by a generation prompt that opens the block."""
 
 from __future__ import annotations
 
+import threading
+
+from app.config.params import SamplingParams
+from app.engine.backend import Backend, Finished, Token
+from app.engine.templates import ChatMessage, TemplateOverride
+
 # Qwen3's shape: chatml, ``<think>`` tags, ``enable_thinking``, past thinking dropped.
 QWEN3 = (
     "{%- set ns = namespace(found=false, last_query_index=messages|length - 1) %}"
@@ -69,3 +75,33 @@ MAGISTRAL = (
 )
 
 THINK_GRAMMAR = 'root ::= "<think>\\n" [a-z ]{8,40} "\\n</think>\\n\\n" [a-z ]{4,30}\n'
+
+
+def use(backend: Backend, source: str) -> None:
+    """Apply ``source`` as the custom template; it must show a reasoning format."""
+    info = backend.set_template(TemplateOverride("custom", source=source))
+    assert info.reasoning is not None, info.notes
+
+
+def run(
+    backend: Backend,
+    messages: list[ChatMessage],
+    params: SamplingParams,
+    end_after: int = 0,
+) -> tuple[list[Token], Finished]:
+    """One reply's tokens and its end; ``end_after`` thinking pieces set Stop thinking.
+    What streamed must add up to what the reply says it was."""
+    end = threading.Event()
+    tokens: list[Token] = []
+    done = None
+    for event in backend.generate(messages, params, end_thinking=end):
+        if isinstance(event, Token):
+            tokens.append(event)
+            if end_after and sum(t.reasoning for t in tokens) >= end_after:
+                end.set()
+        elif isinstance(event, Finished):
+            done = event
+    assert done is not None
+    assert done.text == "".join(t.text for t in tokens if not t.reasoning)
+    assert done.reasoning == "".join(t.text for t in tokens if t.reasoning).strip()
+    return tokens, done

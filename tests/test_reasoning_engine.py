@@ -8,7 +8,6 @@ a grammar (it writes the markers) or by a generation prompt that opens the block
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -16,11 +15,10 @@ from pathlib import Path
 import pytest
 
 from app.config.params import SamplingParams
-from app.engine.backend import Finished, Token
 from app.engine.llama import Engine
-from app.engine.templates import AUTO, ChatMessage, TemplateOverride
+from app.engine.templates import AUTO, ChatMessage
 from tests.conftest import TEST_LOAD
-from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1, THINK_GRAMMAR
+from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1, THINK_GRAMMAR, run, use
 
 pytestmark = pytest.mark.slow
 
@@ -33,31 +31,6 @@ def reasoning(engine: Engine) -> Iterator[Engine]:
     yield engine
     engine.set_template(AUTO)
     engine.reset()
-
-
-def use(engine: Engine, source: str) -> None:
-    info = engine.set_template(TemplateOverride("custom", source=source))
-    assert info.reasoning is not None, info.notes
-
-
-def run(
-    engine: Engine,
-    messages: list[ChatMessage],
-    params: SamplingParams,
-    end_after: int = 0,
-) -> tuple[list[Token], Finished]:
-    end = threading.Event()
-    tokens: list[Token] = []
-    finished = None
-    for event in engine.generate(messages, params, end_thinking=end):
-        if isinstance(event, Token):
-            tokens.append(event)
-            if end_after and sum(t.reasoning for t in tokens) >= end_after:
-                end.set()
-        elif isinstance(event, Finished):
-            finished = event
-    assert finished is not None
-    return tokens, finished
 
 
 def test_thinking_streams_apart_and_the_answer_has_no_markers(reasoning: Engine) -> None:

@@ -17,11 +17,12 @@ from hypothesis import strategies as st
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
-from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.templates import ChatMessage
 from app.remote.connection import Connection
 from app.remote.llama_server import LlamaServerBackend
 from app.remote.openai_compat import OpenAIBackend, ReplyStream
-from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR
+from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR, use
+from tests.reasoning_templates import run as run_server
 from tests.server_fixture import RunningServer
 from tests.test_remote_openai import chunk, json_response, scripted, sse
 
@@ -176,33 +177,6 @@ def server_backend(llama_server: RunningServer) -> Iterator[LlamaServerBackend]:
         yield backend
     finally:
         backend.unload()
-
-
-def use(backend: LlamaServerBackend, source: str) -> None:
-    info = backend.set_template(TemplateOverride("custom", source=source))
-    assert info.reasoning is not None, info.notes
-
-
-def run_server(
-    backend: LlamaServerBackend,
-    messages: list[ChatMessage],
-    params: SamplingParams,
-    end_after: int = 0,
-) -> tuple[list[Token], Finished]:
-    end = threading.Event()
-    tokens: list[Token] = []
-    done = None
-    for event in backend.generate(messages, params, end_thinking=end):
-        if isinstance(event, Token):
-            tokens.append(event)
-            if end_after and sum(t.reasoning for t in tokens) >= end_after:
-                end.set()
-        elif isinstance(event, Finished):
-            done = event
-    assert done is not None
-    assert done.text == "".join(t.text for t in tokens if not t.reasoning)
-    assert done.reasoning == "".join(t.text for t in tokens if t.reasoning).strip()
-    return tokens, done
 
 
 GREEDY = SamplingParams(temperature=0.0, seed=7, max_tokens=40)
