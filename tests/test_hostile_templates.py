@@ -580,7 +580,7 @@ def test_a_template_failing_at_reply_time_is_one_typed_error(
             events.append(event)
     assert events == []
     # An empty render never reaches llama.cpp (an empty batch aborts the process).
-    empty = ChatTemplate("empty", "test", (), lambda _m, _g: "")
+    empty = ChatTemplate("empty", "test", (), lambda _m, _g, _x: "")
     monkeypatch.setattr(engine, "_template", empty)
     with pytest.raises(ChatTemplateError, match="empty prompt"):
         list(engine.generate([ChatMessage("user", "hi")], SamplingParams.greedy(4)))
