@@ -40,14 +40,18 @@ class PerfEngine(Engine):
     perf: ClassVar[list[tuple[int, float]]] = []
 
     def generate(
-        self, messages: Sequence[ChatMessage], params: SamplingParams, stop: Any = None
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        stop: Any = None,
+        end_thinking: Any = None,
     ) -> Iterator[EngineEvent]:
         import llama_cpp
 
         ctx = self.native.ctx
         llama_cpp.llama_perf_context_reset(ctx)
         try:
-            yield from super().generate(messages, params, stop)
+            yield from super().generate(messages, params, stop, end_thinking)
         finally:  # the worker closes the generator once it has the Finished event
             data = llama_cpp.llama_perf_context(ctx)
             PerfEngine.perf.append((int(data.n_eval), float(data.t_eval_ms)))

@@ -280,10 +280,12 @@ def app_child(threads: int, tokens: int, data: Path) -> None:
     class PromptEngine(PerfEngine):
         """Also records the prompt's token ids, so the server is sent exactly these."""
 
-        def generate(self, messages: Any, params: Any, stop: Any = None) -> Any:
+        def generate(
+            self, messages: Any, params: Any, stop: Any = None, end_thinking: Any = None
+        ) -> Any:
             if not prompts:  # on the engine's own thread, before the reply
                 prompts.append(self.prompt_tokens(messages))
-            return super().generate(messages, params, stop)
+            return super().generate(messages, params, stop, end_thinking)
 
     from PySide6.QtWidgets import QApplication
 
