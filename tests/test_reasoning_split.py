@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from app.engine.reasoning import ReasoningSplitter, split_text
 from app.engine.reasoning_format import ReasoningFormat
-from app.engine.templates import jinja_template
+from app.engine.templates import jinja_template, template_for_architecture
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1
 
 THINK = ReasoningFormat("<think>", "</think>", "\n</think>\n\n")
@@ -102,3 +102,13 @@ def test_families_are_recognised_from_their_templates() -> None:
     assert mag is not None and (mag.open, mag.close) == ("[THINK]", "[/THINK]") and mag.keeps_past
     plain = jinja_template("{% for m in messages %}{{ m.content }}{% endfor %}", "", "")
     assert plain.reasoning is None
+
+
+def test_a_built_in_template_thinks_when_the_vocabulary_has_the_markers() -> None:
+    """A Qwen3 GGUF whose own template cannot be used falls back to built-in chatml:
+    its vocabulary's ``<think>`` tokens still make the thinking show apart."""
+    tokens = {"<think>", "</think>", "<|im_start|>", "<|im_end|>"}
+    qwen = template_for_architecture("qwen3", tokens.__contains__)
+    assert qwen.name == "chatml" and qwen.reasoning is not None
+    assert (qwen.reasoning.open, qwen.reasoning.source) == ("<think>", "vocab")
+    assert template_for_architecture("gemma3", lambda _t: False).reasoning is None

@@ -169,7 +169,13 @@ def builtin_template(name: str, reason: str) -> ChatTemplate:
 
 
 def template_for_architecture(arch: str, has_token: Callable[[str], bool]) -> ChatTemplate:
-    """The built-in template for ``arch``; ``has_token`` tells llama 2 from 3 and Mistral."""
+    """The built-in template for ``arch``; ``has_token`` tells llama 2 from 3 and Mistral,
+    and a model whose vocabulary has thinking markers (``<think>``) as tokens thinks."""
+    template = _for_architecture(arch, has_token)
+    return replace(template, reasoning=detect_reasoning(template.render, "", has_token))
+
+
+def _for_architecture(arch: str, has_token: Callable[[str], bool]) -> ChatTemplate:
     if arch == "llama":
         if has_token("<|start_header_id|>"):
             return builtin_template("llama3", "for llama with llama 3 tokens")
@@ -352,6 +358,7 @@ def choose_template(
             reason=f"{fallback.reason}; the model's own template {why}",
             stop_strings=fallback.stop_strings,
             renderer=fallback.renderer,
+            reasoning=fallback.reasoning,
             note=(
                 f"This model's chat template was not used: it {why}. "
                 f"Using the built-in {fallback.name} template instead."
