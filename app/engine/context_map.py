@@ -73,8 +73,8 @@ class ContextMap:
             self.marks.append((len(self.tokens), len(text)))
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the shared prefix of two token lists."""
+def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """Length of the shared prefix of two token lists (or strings)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

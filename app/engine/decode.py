@@ -247,8 +247,8 @@ def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, N
             return "cancelled"
         if len(cmap.tokens) >= n_ctx and not job.make_room():
             return "context_full"
-        if think is not None and think.due(job.metrics.reasoning_tokens):
-            ended = yield from end_thinking(job, sampler, reply)
+        if think is not None and (why := think.due(job.metrics.reasoning_tokens)):
+            ended = yield from end_thinking(job, sampler, reply, why)
             if ended:
                 return ended
         tok = llama_cpp.llama_sampler_sample(sampler, ctx, -1)
@@ -270,9 +270,9 @@ def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, N
 
 
 def end_thinking(
-    job: DecodeJob, sampler: Any, reply: Reply, drafter: Drafter | None = None
+    job: DecodeJob, sampler: Any, reply: Reply, why: str, drafter: Drafter | None = None
 ) -> Generator[Token, None, str]:
-    """Close the thinking block now (the budget is spent, or Stop thinking): evaluate the
+    """Close the thinking block now (``why``: "budget" spent, or "user" Stop thinking): evaluate the
     budget message and the template's closing text, so the model goes on to answer.
     Returns a stop reason when the reply must end instead ("" to go on).
 
@@ -283,7 +283,6 @@ def end_thinking(
 
     think, native, cmap = job.thinking, job.native, job.cmap
     assert think is not None
-    why = think.due(job.metrics.reasoning_tokens)
     shown, text = think.closing(why)
     tokens = job.tokenize(text)
     if len(cmap.tokens) + len(tokens) + 1 >= native.n_ctx():
@@ -331,8 +330,8 @@ def loop_draft(
                 if not job.make_room():
                     return "context_full"
                 drafter.sync(cmap.tokens, stop)
-            if job.thinking is not None and job.thinking.due(metrics.reasoning_tokens):
-                ended = yield from end_thinking(job, sampler, reply, drafter)
+            if job.thinking is not None and (why := job.thinking.due(metrics.reasoning_tokens)):
+                ended = yield from end_thinking(job, sampler, reply, why, drafter)
                 if ended:
                     return ended
                 pending = sample(sampler, ctx, -1)  # the one before the block closed is dropped

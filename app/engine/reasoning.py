@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.engine.reasoning_format import ReasoningFormat
+from app.engine.stopping import partial_suffix
 
 Part = tuple[bool, str]
 """(True for thinking, text)."""
@@ -102,13 +103,7 @@ class ReasoningSplitter:
 
     def _partial(self, text: str) -> int:
         """How many trailing characters of ``text`` could begin a marker (or the lead)."""
-        longest = 0
-        for m in (*self._wanted(), self._lead_left):
-            for k in range(min(len(m) - 1, len(text)), 0, -1):
-                if m.startswith(text[-k:]):
-                    longest = max(longest, k)
-                    break
-        return longest
+        return partial_suffix(text, (*self._wanted(), self._lead_left))
 
     def _marker(self, m: str) -> list[Part]:
         if m == self.fmt.open and not self.inside and not self.thought and not self.answered:

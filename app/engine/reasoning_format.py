@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.chat_message import ChatMessage
+from app.engine.context_map import common_prefix
 from app.engine.template_errors import ChatTemplateError
 
 Render = Callable[[Sequence[ChatMessage], bool, Mapping[str, Any] | None], str]
@@ -92,21 +93,13 @@ def _try(render: Render, messages: Sequence[ChatMessage], gen: bool, extra: Any 
         return ""
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def _diffed(with_r: str, without: str) -> tuple[str, str] | None:
     """(text before the thinking, text after it) where only ``with_r`` has it."""
     i = with_r.find(_THOUGHT)
     if i < 0:
         return None
-    p = min(_common_prefix(with_r, without), i)
-    s = _common_prefix(with_r[::-1], without[::-1])
+    p = min(common_prefix(with_r, without), i)
+    s = common_prefix(with_r[::-1], without[::-1])
     end = max(i + len(_THOUGHT), len(with_r) - s)
     # The shared ends may take a marker's bracket with them ("[/THINK" + "]" shared
     # with "[/INST]"): give a marker back its bracket.

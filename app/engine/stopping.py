@@ -37,10 +37,16 @@ class StopStringFilter:
         return out
 
     def _longest_partial(self, text: str) -> int:
-        best = 0
-        for s in self._stops:
-            for n in range(min(len(s) - 1, len(text)), best, -1):
-                if text.endswith(s[:n]):
-                    best = n
-                    break
-        return best
+        return partial_suffix(text, self._stops)
+
+
+def partial_suffix(text: str, strings: Iterable[str]) -> int:
+    """How many trailing characters of ``text`` could begin one of ``strings`` (the most
+    that must be held back until the next piece decides)."""
+    best = 0
+    for s in strings:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
