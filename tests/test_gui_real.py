@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,11 +20,14 @@ from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
 
 
-@pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
+@contextmanager
+def real_window(
+    qtbot: QtBot, tmp_path: Path, model_path: Path, sampling: SamplingParams
+) -> Iterator[MainWindow]:
+    """The window on the real engine with the default model loaded, closed after."""
     dirs = data_dirs(tmp_path / "data")
     chat_turns(dirs.root, model_path)
-    settings = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(32))
+    settings = AppSettings(load=TEST_LOAD, sampling=sampling)
     store = ConversationStore(dirs.root)
     client = EngineClient(dirs.models, store=store)
     win = MainWindow(client, settings, dirs, store)
@@ -35,6 +39,12 @@ def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindo
     win.close()  # put off while a reply settles (at most 5 s)
     qtbot.waitUntil(lambda: win.closed, timeout=15_000)
     assert not client.engine_thread.isRunning()
+
+
+@pytest.fixture()
+def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
+    with real_window(qtbot, tmp_path, model_path, SamplingParams.greedy(32)) as win:
+        yield win
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:

@@ -12,14 +12,10 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
-from app.config.paths import data_dirs
-from app.config.settings import AppSettings
 from app.engine.templates import TemplateOverride
-from tests.conftest import TEST_LOAD, chat_turns
 from tests.reasoning_templates import R1
-from ui.engine.worker import EngineClient
+from tests.test_gui_real import real_window
 from ui.window.main_window import MainWindow
 
 pytestmark = pytest.mark.slow
@@ -29,21 +25,11 @@ PARAMS = replace(SamplingParams.greedy(40), thinking_budget=10, budget_message="
 
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
-    dirs = data_dirs(tmp_path / "data")
-    chat_turns(dirs.root, model_path)
-    settings = AppSettings(load=TEST_LOAD, sampling=PARAMS)
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, settings, dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
-    with qtbot.waitSignal(client.worker.templateApplied, timeout=30_000):
-        client.set_template(TemplateOverride("custom", source=R1))
-    yield win
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    with real_window(qtbot, tmp_path, model_path, PARAMS) as win:
+        client = win.ctx.client
+        with qtbot.waitSignal(client.worker.templateApplied, timeout=30_000):
+            client.set_template(TemplateOverride("custom", source=R1))
+        yield win
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
