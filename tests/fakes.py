@@ -24,10 +24,12 @@ from app.engine.backend import (
     ProgressFn,
     Token,
 )
+from app.engine.chat_message import ToolCall
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import AUTO, ChatMessage, TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import (
     ContextOverflowError,
@@ -89,6 +91,10 @@ class FakeEngine:
         self.reasoning = ""  # thinking streamed before the reply ("": none)
         self.reasoning_format: ReasoningFormat | None = None  # what a load reports
         self.params: list[SamplingParams] = []  # each request's settings, in order
+        # A request offered tools ends asking for these after its text, unless its last
+        # message is a tool result (then it answers: the round trip ends).
+        self.tool_calls: tuple[ToolCall, ...] = ()
+        self.tools: list[ToolRequest | None] = []  # each request's tools, in order
 
     @property
     def model(self) -> ModelInfo | None:
@@ -186,11 +192,13 @@ class FakeEngine:
         params: SamplingParams,
         stop: threading.Event | None = None,
         end_thinking: threading.Event | None = None,
+        tools: ToolRequest | None = None,
     ) -> Generator[EngineEvent, None, None]:
         if self._model is None:
             raise NoModelLoaded("No model is loaded. Open a model first.")
         self.requests.append(list(messages))
         self.params.append(params)
+        self.tools.append(tools)
         if self.fail_with is not None and self.fail_after <= 0:
             raise self.fail_with
         if params.output_format != "text":  # honours its capabilities: no grammar
@@ -262,6 +270,10 @@ class FakeEngine:
             yield Token(text)
         metrics.stop_reason = "eos"
         self.kv_tokens = prompt + _words("assistant " + "".join(parts))
+        if self.tool_calls and tools and tools.active and messages[-1].role != "tool":
+            metrics.stop_reason = "tool_calls"
+            yield Finished("".join(parts), metrics, thought, self.tool_calls)
+            return
         yield Finished("".join(parts), metrics, thought)
 
     def _think(
@@ -343,7 +355,8 @@ class FakeGateway:
     """A scripted ``EngineGateway`` for fast server tests: one worker thread runs the
     submitted jobs in order, emitting ``tokens`` ``delay`` seconds apart and honouring
     ``job.stop``; ``fail`` ends a job with an ``ApiFailure`` after ``fail_after`` tokens.
-    ``close()`` joins its thread."""
+    ``tool_calls``: a job offered tools ends asking for these (its tokens the text
+    before them), unless its last message is a tool result. ``close()`` joins its thread."""
 
     def __init__(
         self,
@@ -360,6 +373,7 @@ class FakeGateway:
         self.stop_reason = "eos"
         self.cached_tokens = 3
         self.is_loading = False
+        self.tool_calls: tuple[ToolCall, ...] = ()
         self.submitted: list[ApiJob] = []
         self.started: list[ApiJob] = []  # jobs the worker began to run
         self.release = threading.Event()  # cleared: a job waits for it before its first token
@@ -435,6 +449,11 @@ class FakeGateway:
             return
         limited = len(self.tokens) > job.params.max_tokens
         metrics.stop_reason = "max_tokens" if limited else self.stop_reason
+        calling = self.tool_calls and job.tools and job.tools.active
+        if calling and not limited and job.messages[-1].role != "tool":
+            metrics.stop_reason = "tool_calls"
+            job.emit(Finished("".join(parts), metrics, tool_calls=self.tool_calls))
+            return
         job.emit(Finished("".join(parts), metrics))
 
 

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from app.config.params import LoadConfig, SamplingParams
+from app.engine.chat_message import ToolCall
 from app.engine.hardware import HardwareInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
 
@@ -84,6 +86,9 @@ class Capabilities:
     draft_model: bool = False  # set_draft: speculative decoding with a draft model
     # The engine ends a thinking block itself: a thinking budget, and Stop thinking.
     thinking_control: bool = False
+    # Tool calls: ``generate`` takes a ``ToolRequest`` and ``Finished.tool_calls`` has
+    # the calls (this app's parser and grammar in-process; the server's own otherwise).
+    tools: bool = False
     why_not: dict[str, str] = field(default_factory=dict)
 
 
@@ -118,6 +123,9 @@ class ModelInfo:
     # How its replies mark their thinking (None: no sign of it; a server's may still
     # send reasoning apart, as OpenAI-compatible servers do).
     reasoning: ReasoningFormat | None = None
+    # How its replies write tool calls ("hermes", "llama3", ...; "" when not known or a
+    # server parses them), for the UI to show.
+    tool_format: str = ""
 
 
 @dataclass(frozen=True)
@@ -149,11 +157,14 @@ class PrefillProgress:
 @dataclass(frozen=True)
 class Finished:
     """The reply ended; ``metrics.stop_reason`` says why (``cancelled`` for a stop).
-    ``text`` is the answer, ``reasoning`` the thinking before it (markers removed)."""
+    ``text`` is the answer, ``reasoning`` the thinking before it (markers removed).
+    ``tool_calls``: the calls the reply asked for (``stop_reason`` "tool_calls"); the
+    text of the calls is not in ``text``."""
 
     text: str
     metrics: MessageMetrics
     reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 EngineEvent = Token | PrefillProgress | Finished
@@ -210,11 +221,14 @@ class Backend(Protocol):
         params: SamplingParams,
         stop: threading.Event | None = None,
         end_thinking: threading.Event | None = None,
+        tools: ToolRequest | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """Stream the assistant's reply to ``messages``: ``PrefillProgress`` and ``Token``
         events, then one ``Finished``. Setting ``stop`` ends it promptly (``cancelled``);
         setting ``end_thinking`` ends a thinking block at once, and the model answers
         (``capabilities.thinking_control``). Closing the generator abandons the reply.
+        ``tools``: what the model may call (``capabilities.tools``); the calls it makes
+        end the reply, in ``Finished.tool_calls``.
 
         Raises:
             NoModelLoaded, ContextOverflowError, DecodeError, SettingError.

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config.params import SamplingParams
 from app.engine.backend import EngineEvent, Finished, Token
@@ -25,8 +25,13 @@ from app.engine.native import Native
 from app.engine.sampler import build_sampler
 from app.engine.stopping import StopStringFilter
 from app.engine.thinking import ThinkingControl
+from app.engine.tool_spec import TOOL_CALLS
 from app.util.errors import DecodeError
 from app.util.sysinfo import rss_bytes
+
+if TYPE_CHECKING:
+    from app.engine.tool_binding import ToolDecoding
+    from app.engine.tool_parser import ToolCallParser
 
 
 class Reply:
@@ -46,6 +51,7 @@ class Reply:
         metrics: MessageMetrics,
         t0: float,
         thinking: ThinkingControl | None = None,
+        tools: ToolCallParser | None = None,
     ) -> None:
         self._map = cmap
         self._token_bytes = token_bytes
@@ -56,6 +62,7 @@ class Reply:
         self._metrics = metrics
         self._t0 = t0
         self.thinking = thinking
+        self.tools = tools  # answer text goes through it: calls are taken out
         self._parts: list[str] = []
         self._thought: list[str] = []
         self._raw: list[str] = []  # decoded text before stop-string filtering: what the KV holds
@@ -84,6 +91,8 @@ class Reply:
         think = self.thinking
         if think is None:
             text = self._stops.feed(self._piece)
+            if text and self.tools is not None:
+                text = self.tools.feed(text)
             if text:
                 self._parts.append(text)
                 return [Token(text)]
@@ -105,6 +114,8 @@ class Reply:
                     self._thought.append(held)
                     out.append(Token(held, True))
             shown = (self._think_stops if thought else self._stops).feed(text)
+            if shown and not thought and self.tools is not None:
+                shown = self.tools.feed(shown)
             if shown:
                 (self._thought if thought else self._parts).append(shown)
                 out.append(Token(shown, thought))
@@ -151,22 +162,24 @@ class Reply:
             return []
         rest = self._decoder.decode(b"", final=True)
         if self.thinking is None:
-            tail = self._stops.feed(rest) + self._stops.flush()
-            if tail:
-                self._parts.append(tail)
-                return [Token(tail)]
-            return []
+            return self._answer_tail(self._stops.feed(rest) + self._stops.flush())
         splitter = self.thinking.splitter
         out = self._split(splitter.feed(rest) + splitter.flush())
-        for stops, parts, thought in (
-            (self._think_stops, self._thought, True),
-            (self._stops, self._parts, False),
-        ):
-            held = stops.flush()
-            if held:
-                parts.append(held)
-                out.append(Token(held, thought))
-        return out
+        held = self._think_stops.flush()
+        if held:
+            self._thought.append(held)
+            out.append(Token(held, True))
+        return out + self._answer_tail(self._stops.flush())
+
+    def _answer_tail(self, text: str) -> list[Token]:
+        """The answer's last text: what the stop filter held, then what the tool-call
+        parser held (a call that did not parse comes back as text)."""
+        if self.tools is not None:
+            text = (self.tools.feed(text) if text else "") + self.tools.finish()
+        if text:
+            self._parts.append(text)
+            return [Token(text)]
+        return []
 
 
 @dataclass
@@ -198,6 +211,7 @@ class DecodeJob:
     length: DraftLength | None = None
     make_room: Callable[[], bool] = field(default=lambda: False)
     thinking: ThinkingControl | None = None  # a template that marks thinking
+    tools: ToolDecoding | None = None  # the tools the model may call
     tokenize: Callable[[str], list[int]] = field(default=lambda _text: [])  # no BOS
 
 
@@ -206,8 +220,13 @@ def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
     import llama_cpp
 
     native, cmap, params, metrics = job.native, job.cmap, job.params, job.metrics
-    sampler = build_sampler(native.llm, params, job.seed, cmap.tokens)
-    reply = Reply(cmap, job.token_bytes, params, job.template_stops, metrics, job.t0, job.thinking)
+    tools = job.tools
+    grammar = tools.grammar if tools is not None else None
+    sampler = build_sampler(native.llm, params, job.seed, cmap.tokens, tools=grammar)
+    parser = tools.parser if tools is not None else None
+    reply = Reply(
+        cmap, job.token_bytes, params, job.template_stops, metrics, job.t0, job.thinking, parser
+    )
     try:
         if job.drafter is not None:
             length = job.length or DraftLength(params.draft_len, params.adaptive_draft)
@@ -218,10 +237,13 @@ def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
         llama_cpp.llama_sampler_free(sampler)
         reply.close()
     yield from reply.tail()
-    metrics.stop_reason = reason
+    calls = tuple(parser.calls) if parser is not None and reason != "cancelled" else ()
+    if parser is not None:
+        metrics.notes.extend(parser.problems)
+    metrics.stop_reason = TOOL_CALLS if calls else reason
     metrics.kv_tokens = len(cmap.tokens)
     read_perf(native, metrics)
-    yield Finished(reply.text, metrics, reply.reasoning)
+    yield Finished(reply.text, metrics, reply.reasoning, calls)
 
 
 def read_perf(native: Native, metrics: MessageMetrics) -> None:

@@ -50,6 +50,7 @@ from app.engine.hardware import HardwareInfo, detect_hardware
 from app.engine.llama_log import install_log_route
 from app.engine.loader import open_llama
 from app.engine.metrics import MessageMetrics
+from app.engine.model_template import auto_template, head_tokens
 from app.engine.native import Native
 from app.engine.native_guard import NativeGuard, default_guard
 from app.engine.native_libs import load_backends
@@ -72,7 +73,6 @@ from app.engine.templates import (
     TemplateOverride,
     build_template,
     looks_like_base_model,
-    template_for_architecture,
 )
 from app.engine.thinking import (
     ThinkingControl,
@@ -80,8 +80,11 @@ from app.engine.thinking import (
     request_template,
     thinking_control,
 )
+from app.engine.tool_binding import ToolDecoding, bind_tools, tool_decoding
+from app.engine.tool_format import ToolFormat, detect_tool_format
+from app.engine.tool_spec import ToolRequest
 from app.engine.vocab import Vocab
-from app.gguf.info import GgufInfo, read_gguf_info
+from app.gguf.info import read_gguf_info
 from app.util.errors import (
     ContextOverflowError,
     DraftError,
@@ -101,6 +104,7 @@ _CAPABILITIES = Capabilities(
     template_override=True,
     draft_model=True,
     thinking_control=True,
+    tools=True,
     why_not={
         "gpu_offload": "this llama.cpp build runs on the CPU only; Hardware and backends "
         "says how to get a GPU build"
@@ -135,6 +139,7 @@ class Engine(EngineCache):
         # every render for that request, and the next turn's prewarm, use it.
         self._bound: ChatTemplate | None = None
         self._markers: frozenset[int] = frozenset()
+        self._tools: ToolRequest | None = None  # the last request's tools (bound in ``_bound``)
         self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
         # Templates built for the loaded model, by choice: the API server swaps between
         # the window's choice and its own per request, so each is built once per load.
@@ -249,6 +254,7 @@ class Engine(EngineCache):
                 (gguf.name, gguf.path.name), has_template=bool(gguf.chat_template)
             ),
             reasoning=template.reasoning,
+            tool_format=self._tool_format(template).family,
         )
         self._bound = None
         self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
@@ -370,7 +376,11 @@ class Engine(EngineCache):
         for note in self._notes:
             log.warning("%s", note)
         self._info = replace(
-            self._info, template=template.label, notes=self._notes, reasoning=template.reasoning
+            self._info,
+            template=template.label,
+            notes=self._notes,
+            reasoning=template.reasoning,
+            tool_format=self._tool_format(template).family,
         )
 
     # -- tokens ------------------------------------------------------------------
@@ -393,6 +403,7 @@ class Engine(EngineCache):
         params: SamplingParams,
         stop: threading.Event | None = None,
         end_thinking: threading.Event | None = None,
+        tools: ToolRequest | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """Stream the assistant's reply to ``messages``.
 
@@ -400,22 +411,22 @@ class Engine(EngineCache):
         piece of text, and one ``Finished`` last. Setting ``stop`` ends the
         stream promptly with ``stop_reason == "cancelled"``, during prompt
         evaluation too. Thinking streams apart (``Token.reasoning``); setting
-        ``end_thinking`` closes the block at once. The KV cache keeps the
-        conversation, so the next call evaluates only tokens that are new.
+        ``end_thinking`` closes the block at once. ``tools``: what the model may call
+        (see ``tool_binding``; calls end the reply, in ``Finished.tool_calls``). The KV
+        cache keeps the conversation, so the next call evaluates only new tokens.
 
         Raises:
             NoModelLoaded, ContextOverflowError, DecodeError, ChatTemplateError (the
             model's own template failed on ``messages``, or rendered nothing).
         """
-        llm = self._require()
-        stop = stop if stop is not None else threading.Event()
-        t0 = time.perf_counter()
+        llm, stop, t0 = self._require(), stop or threading.Event(), time.perf_counter()
         # A bad grammar fails before any work.
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         self.native.perf_reset()
         lora_note = self._sync_lora() or self._check_head()
         assert self._template is not None
-        self._bound = request_template(self._template, params)
+        self._tools = tools
+        self._bound = self._bind(self._template, params)
         request = PromptRequest(messages, params, llm.n_ctx())
         prompt, overflow, template_note = self._fit(request, stop)
         keep = common_prefix(self._map.tokens, prompt.tokens)
@@ -461,10 +472,19 @@ class Engine(EngineCache):
             record_drops(overflow, metrics)
             return True
 
-        think = thinking_control(
-            self._rendering().reasoning, prompt.text, params, end_thinking, self._markers
-        )
-        yield from self._decode(params, seed, metrics, t0, stop, make_room, think)
+        reasoning = self._rendering().reasoning
+        think = thinking_control(reasoning, prompt.text, params, end_thinking, self._markers)
+        calls = tool_decoding(self._tool_format(self._rendering()), tools, reasoning, prompt.text)
+        yield from self._decode(params, seed, metrics, t0, stop, make_room, think, calls)
+
+    def _bind(self, template: ChatTemplate, params: SamplingParams) -> ChatTemplate:
+        """``template`` with the request's thinking switches and tools bound."""
+        return bind_tools(request_template(template, params), self._tools, self._tool_format)
+
+    def _tool_format(self, template: ChatTemplate) -> ToolFormat:
+        """How ``template``'s model writes tool calls (the generic form when it knows none)."""
+        has = self._vocab.is_special if self._vocab is not None else (lambda _t: False)
+        return detect_tool_format(template.source, has)
 
     def _rendering(self) -> ChatTemplate:
         """The template renders use: the last request's, switches bound."""
@@ -485,7 +505,7 @@ class Engine(EngineCache):
         rendered = render(self._rendering(), request.messages)
         if rendered.fallback is not None:
             self._use_template(rendered.fallback)
-            self._bound = request_template(rendered.fallback, request.params)
+            self._bound = self._bind(rendered.fallback, request.params)
         pipeline = self._pipeline()
         prompt = pipeline.build(request.messages, rendered.text)
         overflow = self._overflow(request.messages, request.params.overflow, stop)
@@ -593,6 +613,7 @@ class Engine(EngineCache):
         stop: threading.Event,
         make_room: Callable[[], bool],
         thinking: ThinkingControl | None = None,
+        tools: ToolDecoding | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
         assert self._template is not None and self._vocab is not None
@@ -616,34 +637,7 @@ class Engine(EngineCache):
             length=length,
             make_room=make_room,
             thinking=thinking,
+            tools=tools,
             tokenize=lambda text: self._tokenize(text, bos=False),
         )
         return decode(job)
-
-
-def auto_template(
-    gguf: GgufInfo, llm: Any, vocab: Vocab
-) -> tuple[TemplateInputs, ChatTemplate, frozenset[int]]:
-    """What a loaded model's templates are made from, its automatic template, and that
-    template's stop tokens that have no text.
-    """
-    inputs = TemplateInputs(
-        embedded=gguf.chat_template or "",
-        arch=gguf.architecture,
-        builtin=template_for_architecture(gguf.architecture, vocab.is_special).name,
-        bos_token=vocab.text(llm.token_bos()),
-        eos_token=vocab.text(llm.token_eos()),
-    )
-    template = build_template(AUTO_TEMPLATE, inputs, vocab.is_special)
-    return inputs, template, vocab.stop_tokens(template.stop_strings)
-
-
-def head_tokens(llm: Any) -> tuple[int, ...]:
-    """The tokens llama.cpp puts before a prompt's text (BOS, when the model wants one)."""
-    probe = b"a"
-    with_head = list(llm.tokenize(probe, add_bos=True, special=True))
-    bare = list(llm.tokenize(probe, add_bos=False, special=True))
-    for i in range(len(with_head) - len(bare) + 1):
-        if with_head[i : i + len(bare)] == bare:
-            return tuple(with_head[:i])
-    return ()

@@ -18,8 +18,9 @@ def protected_head(roles: Sequence[str], policy: str) -> int:
     """How many leading messages a policy never drops.
 
     Both keep the system prompt; ``truncate_middle`` also keeps the first
-    exchange (the first user message and the replies to it), where the task
-    is usually set.
+    exchange (the first user message and the replies to it, with their tool calls
+    and results), where the task is usually set. A drop ends before a user message,
+    so a call and its result always stay or go together.
     """
     head = 0
     while head < len(roles) and roles[head] == "system":
@@ -27,7 +28,7 @@ def protected_head(roles: Sequence[str], policy: str) -> int:
     if policy == "truncate_middle":
         if head < len(roles) and roles[head] == "user":
             head += 1
-        while head < len(roles) and roles[head] == "assistant":
+        while head < len(roles) and roles[head] in ("assistant", "tool"):
             head += 1
     return head
 

@@ -186,7 +186,14 @@ class PromptPipeline:
         Raises:
             ChatTemplateError: the template failed on the conversation with the reply.
         """
-        history = [*messages, reply, ChatMessage("user", SENTINEL)]
+        # After calls, the next turn is the first call's result; else the user's words.
+        first = reply.tool_calls[0] if reply.tool_calls else None
+        nxt = (
+            ChatMessage("tool", SENTINEL, tool_call_id=first.id, name=first.name)
+            if first is not None
+            else ChatMessage("user", SENTINEL)
+        )
+        history = [*messages, reply, nxt]
         rendered = self.template.render(history, False)
         cut = rendered.find(SENTINEL)
         if cut <= 0:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config.params import SamplingParams, SettingError, grammar_for
 from app.engine.llama_log import RECENT_PROBLEMS
 from app.engine.native import Native
+
+if TYPE_CHECKING:
+    from app.engine.tool_grammar import ToolGrammar
+
+log = logging.getLogger(__name__)
 
 
 def build_sampler(
@@ -16,25 +22,36 @@ def build_sampler(
     seed: int,
     context: Sequence[int],
     check_only: bool = False,
+    tools: ToolGrammar | None = None,
 ) -> Any:
     """llama.cpp's native sampler chain for ``params``; caller frees it.
 
     ``llm`` is the loaded ``llama_cpp.Llama``; ``context`` the tokens in the KV
     cache, which the repetition penalties look back over. With ``check_only``,
-    only the grammar is built and freed (None is returned).
+    only the grammar is built and freed (None is returned). ``tools``: the reply's
+    tool-call grammar (lazy: armed when a call begins), in place of an output format.
 
     Raises:
-        SettingError: the grammar (or JSON schema) does not parse.
+        SettingError: the grammar (or JSON schema) does not parse, or tools are asked
+        for together with structured output.
     """
     import llama_cpp
 
+    grammar = grammar_for(params)
+    if grammar and tools is not None:
+        raise SettingError(
+            "output_format", "Tools cannot be offered in a reply with structured output."
+        )
     chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
 
     def add(s: Any) -> None:
         llama_cpp.llama_sampler_chain_add(chain, s)
 
-    grammar = grammar_for(params)
-    if grammar:
+    tool_sampler = _tool_grammar(llm, tools) if tools is not None else None
+    if tool_sampler is not None:
+        add(tool_sampler)
+        grammar = "tools"
+    elif grammar:
         RECENT_PROBLEMS.clear()
         g = llama_cpp.llama_sampler_init_grammar(
             Native(llm).vocab, grammar.encode("utf-8"), b"root"
@@ -73,6 +90,44 @@ def build_sampler(
                 llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
             )
     return chain
+
+
+def _tool_grammar(llm: Any, tools: ToolGrammar) -> Any:
+    """The native sampler for ``tools`` (lazy: its trigger patterns and tokens arm it);
+    None when llama.cpp refuses it (an odd schema): calls are then parsed, not held to
+    their schema, which is what the reply's parser and the chat's error results cover."""
+    import ctypes
+
+    import llama_cpp
+
+    vocab = Native(llm).vocab
+    RECENT_PROBLEMS.clear()
+    if tools.lazy:
+        ids = []
+        for text in tools.tokens:
+            toks = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+            if len(toks) == 1:
+                ids.append(toks[0])
+        patterns = (ctypes.c_char_p * max(1, len(tools.patterns)))(
+            *(p.encode("utf-8") for p in tools.patterns)
+        )
+        tok_arr = (llama_cpp.llama_token * max(1, len(ids)))(*ids)
+        g = llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+            vocab,
+            tools.gbnf.encode("utf-8"),
+            b"root",
+            patterns,
+            len(tools.patterns),
+            tok_arr,
+            len(ids),
+        )
+    else:
+        g = llama_cpp.llama_sampler_init_grammar(vocab, tools.gbnf.encode("utf-8"), b"root")
+    if not g:
+        detail = "; ".join(m for m in RECENT_PROBLEMS if "parse" in m or "error" in m)
+        log.warning("the tools' grammar was refused (%s): calls are not constrained", detail)
+        return None
+    return g
 
 
 def add_choice(add: Callable[[Any], None], n_vocab: int, params: SamplingParams, seed: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 # Re-exported: defined in their own modules, imported from here by the rest of the app.
 from app.engine.chat_message import ChatMessage as ChatMessage
 from app.engine.chat_message import Role as Role
+from app.engine.chat_message import ToolCall as ToolCall
 from app.engine.reasoning_format import ReasoningFormat, detect_reasoning
 from app.engine.template_errors import ChatTemplateError as ChatTemplateError
 
@@ -39,6 +40,7 @@ class ChatTemplate:
     completion: bool = False  # plain text: no turns, the model continues the text
     # How replies mark their thinking (None: this template shows no sign of it).
     reasoning: ReasoningFormat | None = None
+    source: str = ""  # a Jinja template's text ("" for a built-in one): its tool format
 
     def render(
         self,
@@ -239,6 +241,22 @@ def _message(m: ChatMessage) -> dict[str, Any]:
     if m.reasoning:
         # Qwen3, DeepSeek and most others read ``reasoning_content``; gpt-oss ``thinking``.
         out["reasoning_content"] = out["thinking"] = m.reasoning
+    if m.tool_calls:
+        # Templates read the arguments as a mapping (``tool_call.arguments | tojson``,
+        # ``.items()``), as Hugging Face's and llama.cpp's renderers pass them.
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.argument_object()},
+                "name": c.name,
+                "arguments": c.argument_object(),
+            }
+            for c in m.tool_calls
+        ]
+    if m.role == "tool":
+        out["tool_call_id"] = m.tool_call_id
+        out["name"] = m.name
     return out
 
 
@@ -312,7 +330,10 @@ def jinja_template(
 
     def render(messages: Sequence[ChatMessage], gen: bool, extra: Mapping[str, Any]) -> str:
         variables = _variables(messages, gen, bos_token, eos_token, extra)
-        size = sum(len(m.content) + len(m.reasoning) for m in messages)
+        size = sum(
+            len(m.content) + len(m.reasoning) + sum(len(c.arguments) for c in m.tool_calls)
+            for m in messages
+        ) + len(str(extra.get("tools") or ""))
         try:
             text = run_bounded(
                 lambda: compiled.render(**variables), RENDER_BUDGET_S, output_limit(size)
@@ -331,7 +352,9 @@ def jinja_template(
         stop_strings=tuple(s for s in stops if s),
         renderer=render,
     )
-    return replace(template, reasoning=detect_reasoning(template.render, source, has_token))
+    return replace(
+        template, reasoning=detect_reasoning(template.render, source, has_token), source=source
+    )
 
 
 def choose_template(

@@ -20,6 +20,7 @@ from typing import Literal
 from app.config.params import SamplingParams
 from app.engine.backend import Finished, ModelInfo, PrefillProgress, Token
 from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.util.errors import LamplightError
 
 Origin = Literal["gui", "api"]
@@ -92,6 +93,7 @@ class ReplyJob:
     reuse: bool = True
     next_turn: bool = True
     client: str = ""  # who asked: "127.0.0.1:54321", an API request's `user`
+    tools: ToolRequest | None = None  # what the model may call in this reply
 
 
 @dataclass(frozen=True)

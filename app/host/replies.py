@@ -100,7 +100,9 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
             core.pool.stash_live()
             core.engine.reset()
             core.pool.forget_live()
-        events = core.engine.generate(job.messages, job.params, job.stop, job.end_thinking)
+        events = core.engine.generate(
+            job.messages, job.params, job.stop, job.end_thinking, tools=job.tools
+        )
         with contextlib.closing(events) as ev:
             ended = _stream(core, relay, ev)
         if ended is None:
@@ -130,7 +132,7 @@ def _after(core: EngineCore, job: ReplyJob, key: str | None, ended: Finished) ->
     stands whatever happens here."""
     metrics = ended.metrics
     try:
-        reply = ChatMessage("assistant", ended.text, ended.reasoning)
+        reply = ChatMessage("assistant", ended.text, ended.reasoning, ended.tool_calls)
         core.pool.finish(key, job.messages, reply)
         if metrics.stop_reason == "connection_lost":
             core.listener.connection_state("lost", metrics.notes[-1] if metrics.notes else "")
