@@ -128,7 +128,7 @@ def test_completion_prompt() -> None:
 REFUSED_CHAT: list[tuple[dict[str, Any], str]] = [
     ({"n": 2}, "n"),
     ({"n": 0}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"logprobs": True}, "logprobs"),
@@ -168,7 +168,10 @@ REFUSED_CHAT: list[tuple[dict[str, Any], str]] = [
     ({"messages": [{"role": "user", "content": "x"}] * 4097}, "messages"),
     ({"messages": ["hi"]}, "messages[0]"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages[0].role"),
+    (
+        {"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]},
+        "messages[0].tool_call_id",
+    ),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     (
@@ -186,7 +189,7 @@ REFUSED_CHAT: list[tuple[dict[str, Any], str]] = [
     ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0]"),
     (
         {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]}]},
-        "messages[0].tool_calls",
+        "messages[0].tool_calls[0].function",
     ),
 ]
 

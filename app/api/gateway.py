@@ -20,6 +20,7 @@ from typing import Literal, Protocol
 from app.config.params import SamplingParams, SettingError
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates import ChatMessage, ChatTemplateError
+from app.engine.tool_spec import ToolRequest
 from app.host.jobs import HostClosed, ModelGone, NoResult, TemplateUnavailable, model_id
 from app.util.errors import ContextOverflowError, LamplightError, NoModelLoaded
 
@@ -63,6 +64,7 @@ class ApiJob:
     # Thread-safe and never blocking; the worker calls it on its own thread.
     emit: Callable[[ApiEvent], None] = lambda _event: None
     stopped_by: StopCause = ""  # the first ``halt`` reason ("" while nobody stopped it)
+    tools: ToolRequest | None = None  # what the model may call (a chat request's ``tools``)
 
     def halt(self, why: StopCause) -> None:
         """Stop the job for ``why`` (the first reason given is the one kept)."""

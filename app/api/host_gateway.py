@@ -59,4 +59,5 @@ def reply_job(job: ApiJob) -> ReplyJob:
         reuse=job.reuse,
         next_turn=job.kind == "chat",
         client=job.client,
+        tools=job.tools,
     )

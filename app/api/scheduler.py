@@ -58,7 +58,7 @@ class Outcome:
 
     id: str
     client: str
-    finish: str  # "stop" | "length" | "cancelled" | "error"
+    finish: str  # "stop" | "length" | "tool_calls" | "cancelled" | "error"
     tokens: int
     prompt_tokens: int
     cached_tokens: int

@@ -3,7 +3,7 @@
 The body is parsed with the bounded ``parse_json`` and every sampling field goes
 through ``app.config.params.validate_sampling``, so a value the app's own panel
 would refuse is refused here too, as a 400 naming the API field (``param``).
-Fields Lamplight cannot honour (``n > 1``, tools, logprobs, images...) are refused,
+Fields Lamplight cannot honour (``n > 1``, logprobs, images...) are refused,
 never silently ignored; fields it does not know are ignored, as OpenAI's SDKs add
 new ones all the time. Omitted sampling fields take ``SamplingParams()`` defaults
 (not the panel's), with ``overflow="stop"`` and no drafting; an omitted
@@ -14,6 +14,9 @@ off, "minimal" is "low"), ``chat_template_kwargs`` (``enable_thinking`` and
 ``reasoning_effort`` become the thinking settings, the rest more template variables),
 ``thinking_budget_tokens`` / ``reasoning_budget`` (-1: no limit, 0: no thinking), and
 an assistant message's ``reasoning_content`` (or ``reasoning``): its thinking.
+
+Tools (``tools``, ``tool_choice``, ``tool_calls``, ``tool`` messages) are checked in
+``tool_schema``.
 
 ``parse_request`` runs on a worker thread, not the server's event loop. Python's
 ``json`` holds the GIL for a whole parse, and its time grows with the number of values,
@@ -29,8 +32,10 @@ from typing import Any
 
 from app.api.errors import ApiError
 from app.api.gateway import ApiKind
+from app.api.tool_schema import link_results, parse_tools, tool_calls, tool_result
 from app.config.params import SamplingParams, SettingError, short_repr, validate_sampling
 from app.engine.templates import ChatMessage, Role
+from app.engine.tool_spec import ToolRequest
 from app.util.datafiles import DataFileError, parse_json, reason
 
 MAX_DEPTH = 64
@@ -91,6 +96,7 @@ class ApiRequest:
     include_usage: bool = False
     reuse: bool = True  # cache_prompt
     user: str = ""
+    tools: ToolRequest | None = None  # None: the request offers no tools
 
     def params_for(self, n_ctx: int) -> SamplingParams:
         """The sampling settings with the length limit for a context of ``n_ctx``."""
@@ -161,12 +167,6 @@ def parse_chat(body: object) -> ApiRequest:
     """
     data = _object(body)
     _refuse_common(data)
-    for name in ("tools", "functions"):
-        if _given(data.get(name)) and data.get(name) != []:
-            raise unsupported(name, "Tool and function calling")
-    for name in ("tool_choice", "function_call"):
-        if _given(data.get(name)) and data.get(name) != "none":
-            raise unsupported(name, "Tool and function calling")
     if data.get("logprobs") not in (None, False):
         raise unsupported("logprobs", "Token log probabilities")
     if data.get("top_logprobs") not in (None, 0):
@@ -178,8 +178,9 @@ def parse_chat(body: object) -> ApiRequest:
         raise unsupported("modalities", "Output other than text")
     if _given(data.get("prediction")):
         raise unsupported("prediction", "Predicted outputs")
-    messages = _messages(data.get("messages"))
-    return _request("chat", data, messages)
+    tools = parse_tools(data)
+    messages = link_results(_messages(data.get("messages")))
+    return replace(_request("chat", data, messages), tools=tools)
 
 
 def parse_completion(body: object) -> ApiRequest:
@@ -262,17 +263,21 @@ def _message(i: int, value: object) -> ChatMessage:
     if not isinstance(value, dict):
         raise bad(f"{where} must be an object with `role` and `content`.", where)
     role = value.get("role")
-    if role in ("tool", "function"):
-        raise unsupported(f"{where}.role", f"A `{role}` message (tool calling)")
+    if role == "function":
+        raise unsupported(f"{where}.role", "A legacy `function` message (send `tool`)")
+    if role == "tool":
+        return tool_result(where, value, _content(where, role, value.get("content")))
     if not isinstance(role, str) or role not in _ROLES:
         raise bad(
-            f"{where}.role must be system, developer, user or assistant (got {short_repr(role)}).",
+            f"{where}.role must be system, developer, user, assistant or tool "
+            f"(got {short_repr(role)}).",
             f"{where}.role",
         )
-    if value.get("tool_calls") or value.get("function_call"):
-        raise unsupported(f"{where}.tool_calls", "Tool and function calling")
+    calls = tool_calls(where, value) if role == "assistant" else ()
+    if role != "assistant" and (value.get("tool_calls") or value.get("function_call")):
+        raise bad(f"Only an assistant message makes tool calls ({where}).", f"{where}.tool_calls")
     content = _content(where, role, value.get("content"))
-    return ChatMessage(_ROLES[role], content, _reasoning(where, role, value))
+    return ChatMessage(_ROLES[role], content, _reasoning(where, role, value), calls)
 
 
 def _reasoning(where: str, role: str, value: dict[str, Any]) -> str:
@@ -291,7 +296,7 @@ def _reasoning(where: str, role: str, value: dict[str, Any]) -> str:
 def _content(where: str, role: str, content: object) -> str:
     if isinstance(content, str):
         return content
-    if content is None and role == "assistant":
+    if content is None and role in ("assistant", "tool"):
         return ""
     if not isinstance(content, list):
         raise bad(f"{where}.content must be a string or a list of text parts.", f"{where}.content")

@@ -46,6 +46,7 @@ from app.api.scheduler import ApiScheduler, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
 from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.tool_spec import ToolRequest
 
 if TYPE_CHECKING:
     from app.api.config import ApiConfig
@@ -245,6 +246,7 @@ class Handlers:
             params=req.params_for(info.n_ctx),
             reuse=req.reuse,
             client=req.user or address,
+            tools=self.tools_for(req, info),
         )
         queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
         job.emit = make_emit(asyncio.get_running_loop(), queue, job)
@@ -265,6 +267,23 @@ class Handlers:
             headers = {"x-lamplight-cached-tokens": str(last.metrics.cached_tokens)}
             return JSONResponse(reply.body(last), headers=headers)
         return self.stream(job, queue, events, ChunkWriter(reply, req.include_usage))
+
+    def tools_for(self, req: ApiRequest, info: ModelInfo) -> ToolRequest | None:
+        """The request's tools, if the model can take them: tools it may call are
+        refused (400) where the backend has no tool calling; ``tool_choice: "none"``
+        tools are then dropped, as they could not be called anyway."""
+        caps = info.capabilities
+        if req.tools is None or caps.tools:
+            return req.tools
+        if not req.tools.active:
+            return None
+        why = caps.why_not.get("tools") or "this backend has no tool calling"
+        raise ApiError(
+            400,
+            f"Tool calling is not available with this model: {why}.",
+            code="unsupported_parameter",
+            param="tools",
+        )
 
     async def wait(
         self,

@@ -13,6 +13,12 @@ send it: ``message.reasoning_content`` (absent when there was none), streamed as
 ``delta.reasoning_content`` chunks, counted in
 ``usage.completion_tokens_details.reasoning_tokens``. A text completion has no turns,
 so its thinking (if any) is just text.
+
+A reply that ends asking for tool calls (``Finished.tool_calls``) has
+``message.tool_calls``, ``content`` null when it said nothing else, and
+``finish_reason: "tool_calls"``. The engine parses the calls at the end of the reply,
+so a stream sends each call whole in one ``delta.tool_calls`` chunk (``index``, ``id``,
+``name`` and all of ``arguments``: valid, as a client accumulates the pieces).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 from app.api.gateway import ApiKind
 from app.engine.backend import Finished
 from app.engine.metrics import MessageMetrics
+from app.engine.tool_spec import TOOL_CALLS
 
 DONE = b"data: [DONE]\n\n"
 
@@ -36,11 +43,13 @@ FINISH = {
     "stop_string": "stop",
     "max_tokens": "length",
     "context_full": "length",
+    TOOL_CALLS: "tool_calls",
 }
 
 
-def finish_reason(stop_reason: str) -> str:
-    return FINISH.get(stop_reason, "stop")
+def finish_reason(stop_reason: str, calls: bool = False) -> str:
+    """OpenAI's ``finish_reason``; ``calls``: the reply asked for tool calls."""
+    return "tool_calls" if calls else FINISH.get(stop_reason, "stop")
 
 
 def usage(metrics: MessageMetrics) -> dict[str, Any]:
@@ -92,13 +101,16 @@ class Reply:
         m = done.metrics
         choice: dict[str, Any] = {"index": 0, "logprobs": None}
         if self.kind == "chat":
-            message = {"role": "assistant", "content": done.text, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": done.text, "refusal": None}
             if done.reasoning:
                 message["reasoning_content"] = done.reasoning
+            if done.tool_calls:
+                message["content"] = done.text or None
+                message["tool_calls"] = [c.openai() for c in done.tool_calls]
             choice["message"] = message
         else:
             choice["text"] = done.reasoning + done.text
-        choice["finish_reason"] = finish_reason(m.stop_reason)
+        choice["finish_reason"] = finish_reason(m.stop_reason, bool(done.tool_calls))
         return {
             "id": self.id,
             "object": self.object,
@@ -151,6 +163,11 @@ class ChunkWriter:
         head = self._open_thought if reasoning else self._open
         return (head + _dumps(text) + self._close).encode()
 
+    def call_chunk(self, index: int, call: dict[str, Any]) -> dict[str, Any]:
+        """One whole tool call as a ``delta.tool_calls`` chunk."""
+        delta = {"tool_calls": [{"index": index, **call}]}
+        return self.chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}])
+
     def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         data: dict[str, Any] = {
             "id": self.reply.id,
@@ -166,16 +183,19 @@ class ChunkWriter:
         return data
 
     def finish(self, done: Finished) -> bytes:
-        """The finish_reason chunk, the usage chunk when asked for, then ``[DONE]``."""
+        """The tool calls' chunks, the finish_reason chunk, the usage chunk when asked
+        for, then ``[DONE]``."""
         m = done.metrics
+        calls = bool(done.tool_calls) and self.reply.kind == "chat"
+        events = [self.call_chunk(i, c.openai()) for i, c in enumerate(done.tool_calls) if calls]
         choice: dict[str, Any] = {"index": 0}
         if self.reply.kind == "chat":
             choice["delta"] = {}
         else:
             choice["text"] = ""
         choice["logprobs"] = None
-        choice["finish_reason"] = finish_reason(m.stop_reason)
-        events = [self.chunk([choice], timings=timings(m))]
+        choice["finish_reason"] = finish_reason(m.stop_reason, calls)
+        events.append(self.chunk([choice], timings=timings(m)))
         if self.include_usage:
             events.append(self.chunk([], usage=usage(m), timings=timings(m)))
         return b"".join(b"data: " + _dumps(e).encode() + b"\n\n" for e in events) + DONE
