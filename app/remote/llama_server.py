@@ -47,7 +47,6 @@ from app.engine.backend import (
     Finished,
     ModelInfo,
     ProgressFn,
-    Token,
 )
 from app.engine.context_map import ContextMap, common_prefix
 from app.engine.metrics import MessageMetrics
@@ -70,6 +69,7 @@ from app.engine.templates import (
     looks_like_base_model,
 )
 from app.engine.thinking import request_template, thinking_control
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
@@ -92,10 +92,9 @@ from app.remote.http import (
 from app.remote.llama_server_slot import LORA_CHANGED_NOTE as LORA_CHANGED_NOTE
 from app.remote.llama_server_slot import SLOT_FILES as SLOT_FILES
 from app.remote.llama_server_slot import SlotState
-from app.remote.llama_server_think import ServerThinking
-from app.remote.llama_server_wire import (
-    MAX_COUNT as MAX_COUNT,
-)
+from app.remote.llama_server_think import ServerThinking, show_tokens
+from app.remote.llama_server_tools import ServerTools
+from app.remote.llama_server_wire import MAX_COUNT as MAX_COUNT
 from app.remote.llama_server_wire import (
     ReplyText,
     check_props,
@@ -112,14 +111,8 @@ from app.remote.llama_server_wire import (
     token_ids,
     wait_ready,
 )
-from app.remote.llama_server_wire import (
-    sampling_fields as sampling_fields,
-)
-from app.util.errors import (
-    LamplightError,
-    ModelLoadError,
-    ServerOverflowError,
-)
+from app.remote.llama_server_wire import sampling_fields as sampling_fields
+from app.util.errors import LamplightError, ModelLoadError, ServerOverflowError
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +144,7 @@ class LlamaServerBackend(SlotState):
         self._kv_lora: tuple[tuple[str, float], ...] = ()  # the stack the slot's cache used
         self._sent: tuple[list[ChatMessage], list[ChatMessage]] | None = None
         self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
+        self._tools = ServerTools(None, self._has_token)  # the last request's
 
     # -- connection and model ----------------------------------------------------
 
@@ -175,6 +169,7 @@ class LlamaServerBackend(SlotState):
             prewarm=True,
             template_override=True,
             thinking_control=True,
+            tools=True,
             why_not=why,
         )
 
@@ -277,6 +272,7 @@ class LlamaServerBackend(SlotState):
             adapters=tuple(a["path"] for a in self._adapters),
             template_inputs=self._inputs,
             reasoning=template.reasoning,
+            tool_format=self._tools.format(template).family,
             base_model=looks_like_base_model(
                 (text_of(props.get("model_alias"), 1000), name),
                 has_template=bool(self._inputs.embedded),
@@ -300,7 +296,11 @@ class LlamaServerBackend(SlotState):
         self._bound = None
         notes = (template.note,) if template.note else ()
         self._info = replace(
-            self._info, template=template.label, notes=notes, reasoning=template.reasoning
+            self._info,
+            template=template.label,
+            notes=notes,
+            reasoning=template.reasoning,
+            tool_format=self._tools.format(template).family,
         )
 
     def _rendering(self) -> ChatTemplate:
@@ -342,8 +342,10 @@ class LlamaServerBackend(SlotState):
         params: SamplingParams,
         stop: threading.Event | None = None,
         end_thinking: threading.Event | None = None,
+        tools: ToolRequest | None = None,
     ) -> Generator[EngineEvent, None, None]:
-        """Stream the reply from the server (see ``Backend.generate``).
+        """Stream the reply from the server (see ``Backend.generate``); ``tools`` are
+        rendered, constrained and parsed as in-process (``llama_server_tools``).
 
         Once text has come, nothing ends the reply without it: a connection that drops
         (``connection_lost``), a server error (``server_error``), silence or the reply's
@@ -356,10 +358,21 @@ class LlamaServerBackend(SlotState):
             NoModelLoaded, ChatTemplateError, SettingError, ContextOverflowError,
             ApiKeyRefused, DecodeError, ServerUnreachable (also silence before any text).
         """
+        self._tools = ServerTools(tools, self._has_token)
+        yield from self._tools.parse(self._generate(messages, params, stop, end_thinking))
+
+    def _generate(
+        self,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        stop: threading.Event | None,
+        end_thinking: threading.Event | None,
+    ) -> Generator[EngineEvent, None, None]:
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         grammar = grammar_for(params)  # a bad schema fails before any request
         prompt, overflow, metrics, think = self._start(messages, params, end_thinking)
+        self._tools.start(self._rendering(), prompt.text, grammar)
         parts: list[str] = []  # the text streamed, markers and the text this side wrote
         bounds = self._limits.budget(params.max_tokens)
         shown = 0  # bytes of reply text so far
@@ -420,7 +433,7 @@ class LlamaServerBackend(SlotState):
         the template marks none); the template's switches are bound for the request."""
         info = self._require()
         assert self._template is not None
-        self._bound = request_template(self._template, params)
+        self._bound = self._tools.bind(request_template(self._template, params))
         # A chosen template that fails on this conversation gives way to its fallback here.
         rendered = render(self._bound, messages)
         if rendered.fallback is not None and self._template.fallback is not None:
@@ -503,9 +516,7 @@ class LlamaServerBackend(SlotState):
             "stop": [s for s in (*params.stop, *self._stop_strings()) if s],
             "lora": self._lora_body(),
         }
-        if grammar:
-            body["grammar"] = grammar
-        return body
+        return body | self._tools.grammar_fields(grammar)
 
     def _stop_strings(self) -> tuple[str, ...]:
         return self._template.stop_strings if self._template is not None else ()
@@ -557,7 +568,7 @@ class LlamaServerBackend(SlotState):
                 ids = token_ids(event.get("tokens"))
                 text.count(ids, piece)
                 shown = text.add(piece) if isinstance(piece, str) else ""
-                yield from _show(shown, bool(ids), metrics, t0, think)
+                yield from show_tokens(shown, bool(ids), metrics, t0, think)
                 if text.cut or text.n_tokens > text.most:
                     text.cut = text.cut or "max_tokens"
                     break
@@ -631,19 +642,3 @@ class LlamaServerBackend(SlotState):
             self._map.mark_at(n_keep + len(first), split)
         self._map.mark(head)
         return len(extra)
-
-
-def _show(
-    shown: str, sampled: bool, metrics: MessageMetrics, t0: float, think: ServerThinking | None
-) -> Generator[Token, None, None]:
-    """One streamed piece of text as tokens (thinking apart, when the template marks it).
-    While thinking, a token that shows no text yet (a stop string's start held back by
-    the server) counts too: the server counts it against the budget's ``n_predict``."""
-    if not shown and not (sampled and think is not None and think.inside):
-        return
-    metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
-    metrics.generated_tokens += 1
-    if think is None:
-        yield Token(shown)
-    else:
-        yield from think.tokens(shown, 1, metrics)

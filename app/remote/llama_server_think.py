@@ -13,6 +13,8 @@ message and the template's closing text (``cache_prompt`` keeps it cheap).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 from app.engine.backend import Token
@@ -88,3 +90,19 @@ class ServerThinking:
                 (self.thoughts if thought else self.answer).append(text)
                 out.append(Token(text, thought))
         return out
+
+
+def show_tokens(
+    shown: str, sampled: bool, metrics: MessageMetrics, t0: float, think: ServerThinking | None
+) -> Generator[Token, None, None]:
+    """One streamed piece of text as tokens (thinking apart, when the template marks it).
+    While thinking, a token that shows no text yet (a stop string's start held back by
+    the server) counts too: the server counts it against the budget's ``n_predict``."""
+    if not shown and not (sampled and think is not None and think.inside):
+        return
+    metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
+    metrics.generated_tokens += 1
+    if think is None:
+        yield Token(shown)
+    else:
+        yield from think.tokens(shown, 1, metrics)

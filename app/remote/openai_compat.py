@@ -34,7 +34,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,11 +51,11 @@ from app.engine.backend import (
     LoadCancelled,
     ModelInfo,
     ProgressFn,
-    Token,
 )
 from app.engine.metrics import MessageMetrics
 from app.engine.overflow import plan_drop, reply_budget
 from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
@@ -74,9 +73,16 @@ from app.remote.http import (
     end_lost,
     make_client,
     sentence,
-    too_large,
     unfinished,
     where,
+)
+from app.remote.openai_reply import (
+    Request,
+    drop_note,
+    size_note,
+    stop_reason,
+    tokens,
+    tool_calls_of,
 )
 from app.remote.openai_wire import EXTRA_FIELDS as EXTRA_FIELDS
 from app.remote.openai_wire import MAX_COUNT as MAX_COUNT
@@ -97,6 +103,15 @@ from app.remote.openai_wire import (
 )
 from app.remote.openai_wire import parse_models as parse_models
 from app.remote.server_backend import ServerBackend
+from app.remote.tool_wire import (
+    TOOL_FIELDS,
+    message_chars,
+    refuses_tools,
+    tool_fields,
+    tools_chars,
+    tools_refused,
+    wire_message,
+)
 from app.util.errors import (
     ApiKeyRefused,
     LamplightError,
@@ -126,7 +141,7 @@ WHY_NOT = {
     "thinking_control": "an OpenAI-compatible server ends thinking on its own: no budget or "
     "Stop thinking here",
 }
-CAPABILITIES = Capabilities(why_not=dict(WHY_NOT))
+CAPABILITIES = Capabilities(tools=True, why_not=dict(WHY_NOT))
 
 
 def api_prefix(url: str) -> str:
@@ -168,17 +183,6 @@ def _fetch_models(client: Any, url: str, timeout: float = 30.0) -> list[ServerMo
     return models
 
 
-@dataclass
-class _Request:
-    """One reply's requests: what is sent, and what was dropped to make it fit."""
-
-    messages: list[ChatMessage]
-    max_tokens: int
-    dropped_from: int = 0
-    dropped_count: int = 0
-    dropped_tokens: int = 0
-
-
 class OpenAIBackend(ServerBackend):
     """A ``Backend`` that streams ``/v1/chat/completions`` from one model of a server."""
 
@@ -193,6 +197,7 @@ class OpenAIBackend(ServerBackend):
         self._extras_ok = True  # the server takes EXTRA_FIELDS
         self._refused: set[str] = set()  # reasoning fields the server refused
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        self._tools: ToolRequest | None = None  # the reply's, while it is asked for
 
     # -- connection and model ----------------------------------------------------
 
@@ -359,9 +364,12 @@ class OpenAIBackend(ServerBackend):
         params: SamplingParams,
         stop: threading.Event | None = None,
         end_thinking: threading.Event | None = None,
+        tools: ToolRequest | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """Stream the reply (see ``Backend.generate``); the server ends thinking itself
         (``end_thinking`` is not honoured: ``capabilities.thinking_control`` is False).
+        ``tools`` go to the server, which parses the calls (``tool_wire``); a reply
+        that asks for calls ends with them (``stop_reason`` "tool_calls").
 
         Once text has come, nothing ends the reply without it: a connection that drops
         (``connection_lost``), a server error (``server_error``), silence or the reply's
@@ -371,15 +379,17 @@ class OpenAIBackend(ServerBackend):
         Raises:
             NoModelLoaded, SettingError (a GBNF grammar, a bad JSON schema),
             ContextOverflowError, ApiKeyRefused, DecodeError, ServerUnreachable
-            (silence before any text).
+            (silence before any text), ToolsRefused (the server cannot use tools).
         """
         info = self._require()
         response_format = response_format_for(params)  # refused before any request
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
-        req = _Request(list(messages), params.max_tokens)
+        req = Request(list(messages), params.max_tokens)
+        self._tools = tools
+        n_ctx = info.n_ctx - int(tools_chars(tools) / self._chars_per_token)
         if info.n_ctx > 0 and params.overflow != "stop":
-            self._fit(req, params, info.n_ctx)
+            self._fit(req, params, max(1, n_ctx))
         notes = unsent_notes(params)
         bounds = self._limits.budget(params.max_tokens)
         last: ServerError | None = None
@@ -391,6 +401,8 @@ class OpenAIBackend(ServerBackend):
                 last = exc
                 if self._recover(exc, req, params, info.n_ctx):
                     continue
+                if tools is not None and refuses_tools(exc) and overflow_numbers(exc) is None:
+                    raise tools_refused(exc, where(self.connection.url)) from None
                 raise generation_error(exc, info.n_ctx) from None
             finished.metrics.notes[:0] = notes
             refused = (*(EXTRA_FIELDS if not self._extras_ok else ()), *sorted(self._refused))
@@ -404,11 +416,11 @@ class OpenAIBackend(ServerBackend):
         raise generation_error(last, info.n_ctx)
 
     def _body(
-        self, req: _Request, params: SamplingParams, response_format: dict[str, Any] | None
+        self, req: Request, params: SamplingParams, response_format: dict[str, Any] | None
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self._model_id,
-            "messages": [{"role": m.role, "content": m.content} for m in req.messages],
+            "messages": [wire_message(m) for m in req.messages],
             "stream": True,
             "stream_options": {"include_usage": True},
             "max_tokens": max(1, req.max_tokens),
@@ -425,6 +437,7 @@ class OpenAIBackend(ServerBackend):
         if response_format is not None:
             body["response_format"] = response_format
         body.update(reasoning_fields(params, self._refused))
+        body.update(tool_fields(self._tools, self._refused))
         if self._extras_ok:
             body["top_k"] = params.top_k
             body["min_p"] = params.min_p
@@ -435,7 +448,7 @@ class OpenAIBackend(ServerBackend):
     def _stream(
         self,
         body: dict[str, Any],
-        req: _Request,
+        req: Request,
         params: SamplingParams,
         t0: float,
         stop: threading.Event,
@@ -466,10 +479,10 @@ class OpenAIBackend(ServerBackend):
                         # Replaced by the server's own timer when it sends one.
                         metrics.prefill_ms = (now - t_request) * 1000
                     metrics.token_times_ms.append((now - t0) * 1000)
-                    yield from _tokens(parts, metrics, (now - t0) * 1000)
-                if reply.full:
+                    yield from tokens(parts, metrics, (now - t0) * 1000)
+                if reply.full or reply.tools.over:
                     break
-                if reply.deltas > req.max_tokens + TOKEN_SLACK:
+                if reply.deltas + reply.tools.deltas > req.max_tokens + TOKEN_SLACK:
                     cut_off = True
                     break
         except ServerError as exc:
@@ -480,7 +493,7 @@ class OpenAIBackend(ServerBackend):
             lost = str(exc)
         finally:
             stream.close()
-        yield from _tokens(reply.finish(), metrics, (time.perf_counter() - t0) * 1000)
+        yield from tokens(reply.finish(), metrics, (time.perf_counter() - t0) * 1000)
         if stream.timed_out and not reply.deltas and not stream.stopped:
             raise ServerSilent(stream.timed_out)  # nothing to keep: the reply failed
         self._finish_metrics(metrics, reply, req)
@@ -492,8 +505,8 @@ class OpenAIBackend(ServerBackend):
             metrics.stop_reason = "cancelled"
         elif stream.timed_out:
             end_early(metrics, TIME_LIMIT, stream.timed_out)
-        elif reply.full:
-            end_early(metrics, SIZE_LIMIT, too_large(bounds.max_bytes))
+        elif reply.full or reply.tools.over:
+            end_early(metrics, SIZE_LIMIT, size_note(reply, bounds.max_bytes))
         elif cut_off:
             metrics.stop_reason = "max_tokens"
             metrics.notes.append(
@@ -503,14 +516,15 @@ class OpenAIBackend(ServerBackend):
         elif not reply.finish_reason:
             end_lost(metrics, unfinished(self.connection.url))
         else:
-            metrics.stop_reason = _stop_reason(reply, metrics, req)
+            metrics.stop_reason = stop_reason(reply, metrics, req)
             if reply.finish_reason == "content_filter":
                 metrics.notes.append("the server's content filter ended the reply")
         if reply.usage.get("prompt_tokens"):
             self._calibrate(req.messages, first_int(reply.usage.get("prompt_tokens")))
-        return Finished(reply.text, metrics, reply.reasoning.strip())
+        calls = tool_calls_of(reply, metrics, self._tools)
+        return Finished(reply.text, metrics, reply.reasoning.strip(), calls)
 
-    def _new_metrics(self, req: _Request, params: SamplingParams) -> MessageMetrics:
+    def _new_metrics(self, req: Request, params: SamplingParams) -> MessageMetrics:
         """A reply's metrics before any text: the context, the seed, what was dropped."""
         metrics = MessageMetrics(
             n_ctx=self._require().n_ctx,
@@ -520,13 +534,15 @@ class OpenAIBackend(ServerBackend):
             dropped_tokens=req.dropped_tokens,
         )
         if req.dropped_count:
-            metrics.notes.append(_drop_note(req))
+            metrics.notes.append(drop_note(req))
         return metrics
 
-    def _finish_metrics(self, metrics: MessageMetrics, reply: ReplyStream, req: _Request) -> None:
+    def _finish_metrics(self, metrics: MessageMetrics, reply: ReplyStream, req: Request) -> None:
         """Token counts and rates: the server's where it gives them, else this client's."""
         usage, timings = reply.usage, reply.timings
-        metrics.generated_tokens = first_int(usage.get("completion_tokens")) or reply.deltas
+        metrics.generated_tokens = first_int(usage.get("completion_tokens")) or (
+            reply.deltas + reply.tools.deltas
+        )
         details = usage.get("completion_tokens_details")
         thought = details.get("reasoning_tokens") if isinstance(details, dict) else None
         metrics.reasoning_tokens = first_int(thought) or reply.reasoning_deltas
@@ -547,19 +563,19 @@ class OpenAIBackend(ServerBackend):
     # -- context overflow --------------------------------------------------------
 
     def _estimate_one(self, message: ChatMessage) -> int:
-        return int(len(message.content) / self._chars_per_token) + MESSAGE_OVERHEAD
+        return int(message_chars(message) / self._chars_per_token) + MESSAGE_OVERHEAD
 
     def _estimate(self, messages: Sequence[ChatMessage]) -> int:
         return sum(self._estimate_one(m) for m in messages)
 
     def _calibrate(self, messages: Sequence[ChatMessage], n_tokens: int) -> None:
         """Correct the characters-per-token ratio from the server's count of ``messages``."""
-        chars = sum(len(m.content) for m in messages)
+        chars = sum(message_chars(m) for m in messages) + tools_chars(self._tools)
         text_tokens = n_tokens - MESSAGE_OVERHEAD * len(messages)
         if chars > 0 and text_tokens > 0:
             self._chars_per_token = min(8.0, max(0.5, chars / text_tokens))
 
-    def _fit(self, req: _Request, params: SamplingParams, n_ctx: int) -> bool:
+    def _fit(self, req: Request, params: SamplingParams, n_ctx: int) -> bool:
         """Drop whole older turns until the estimate plus a reply budget fits ``n_ctx``;
         True when something was dropped."""
         sizes = [self._estimate_one(m) for m in req.messages]
@@ -575,7 +591,7 @@ class OpenAIBackend(ServerBackend):
         req.messages = [*req.messages[:a], *req.messages[b:]]
         return True
 
-    def _recover(self, exc: ServerError, req: _Request, params: SamplingParams, n_ctx: int) -> bool:
+    def _recover(self, exc: ServerError, req: Request, params: SamplingParams, n_ctx: int) -> bool:
         """Change the request so that the server may take it; False when nothing helps.
 
         Raises:
@@ -586,7 +602,8 @@ class OpenAIBackend(ServerBackend):
         if self._extras_ok and refuses_extras(exc):
             self._extras_ok = False
             return True
-        field = refused_field(exc, reasoning_fields(params, self._refused))
+        optional = [*reasoning_fields(params, self._refused), *TOOL_FIELDS[2:]]
+        field = refused_field(exc, [f for f in optional if f not in self._refused])
         if field:
             self._refused.add(field)
             return True
@@ -609,36 +626,6 @@ class OpenAIBackend(ServerBackend):
             req.max_tokens = room
             return True
         return False
-
-
-def _tokens(
-    parts: Sequence[tuple[bool, str]], metrics: MessageMetrics, now_ms: float
-) -> Generator[Token, None, None]:
-    """``parts`` as tokens; the first answer text's time goes into ``metrics``."""
-    for thought, text in parts:
-        if not thought and not metrics.first_answer_ms:
-            metrics.first_answer_ms = now_ms
-        yield Token(text, thought)
-
-
-def _stop_reason(reply: ReplyStream, metrics: MessageMetrics, req: _Request) -> str:
-    if reply.finish_reason != "length":
-        return "eos"  # "stop" (end of turn or a stop string), "tool_calls", "content_filter"
-    completion = first_int(reply.usage.get("completion_tokens"))
-    if 0 < completion < req.max_tokens:
-        return "context_full"  # the server ended it before the length asked for
-    if metrics.n_ctx > 0 and metrics.prompt_tokens + metrics.generated_tokens >= metrics.n_ctx:
-        return "context_full"
-    return "max_tokens"
-
-
-def _drop_note(req: _Request) -> str:
-    n = req.dropped_count
-    return (
-        f"the context was full: {n} older message{'s' if n != 1 else ''} (about "
-        f"{req.dropped_tokens} tokens) left the model's memory; the server reads the "
-        "kept text again. They stay in the transcript"
-    )
 
 
 def as_backend(backend: OpenAIBackend) -> Backend:

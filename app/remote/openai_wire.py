@@ -18,6 +18,7 @@ from app.engine.reasoning import Part, ReasoningSplitter
 from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import clean_text
 from app.remote.http import JSON_DEPTH, ServerError, sentence
+from app.remote.tool_wire import ToolCallStream
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import ApiKeyRefused, DecodeError, LamplightError, ServerOverflowError
 
@@ -97,6 +98,7 @@ class ReplyStream:
     server that does not split it leaves ``<think>...</think>`` at the start of the
     content, which is split here (``INLINE_THINK``). ``deltas`` counts the deltas that
     brought text of either kind, ``reasoning_deltas`` those that brought thinking.
+    ``tools`` puts together the calls of ``delta.tool_calls`` (``message.tool_calls``).
     """
 
     max_bytes: int = MAX_REPLY_BYTES
@@ -108,6 +110,7 @@ class ReplyStream:
     usage: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, Any] = field(default_factory=dict)
     error: dict[str, Any] | None = None
+    tools: ToolCallStream = field(default_factory=ToolCallStream)
     parts: list[str] = field(default_factory=list, repr=False)
     thoughts: list[str] = field(default_factory=list, repr=False)
     _pending: str = field(default="", repr=False)  # content before it is known to think
@@ -152,6 +155,7 @@ class ReplyStream:
             delta = choice.get("message")
         if not isinstance(delta, dict) or self.full:
             return []
+        self.tools.feed(delta.get("tool_calls"))
         out: list[Part] = []
         took = False
         thought = next((delta[k] for k in _REASONING_KEYS if isinstance(delta.get(k), str)), "")
