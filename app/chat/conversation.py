@@ -8,15 +8,27 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeGuard
 
+from app.chat.tool_records import (
+    CLOSED_TEXT,
+    RESULT_CHARS,
+    calls_markdown,
+    cut_result,
+    read_calls,
+    read_result_fields,
+    result_markdown,
+)
 from app.config.params import short_repr
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
+from app.engine.templates import ChatMessage, ToolCall
 from app.util.errors import LamplightError
 
 # 2: ``alternatives`` (earlier versions kept by regenerate and edit). An assistant
 # message may also carry ``reasoning`` (its thinking; absent when empty): not a new
 # format, since readers ignore fields they do not know. An older Lamplight shows such a
-# file's answers, and a save it makes of that conversation drops the thinking.
+# file's answers, and a save it makes of that conversation drops the thinking. Tool
+# calls (``tool_calls`` on an assistant message) and their results (``tool`` messages)
+# are likewise absent when there are none (see ``app.chat.tool_records``); a file with
+# them is refused by an older Lamplight (it knows no ``tool`` role), which is right.
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MAX_BRANCHES = 100_000  # the file's size limit bounds them first
@@ -26,7 +38,7 @@ NAME_MAX = 1000
 PATH_MAX = 4096
 ID_CHARS = 128
 LATEST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: later dates fail in time.localtime
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 THINKING_CUTS = ("", "budget", "user")  # MessageMetrics.thinking_cut: who ended the thinking
 
 
@@ -50,7 +62,10 @@ def new_id() -> str:
 @dataclass
 class Message:
     """One message. ``token_offset`` is where its turn starts in the model's context;
-    ``reasoning``: an assistant reply's thinking, apart from its answer (``content``)."""
+    ``reasoning``: an assistant reply's thinking, apart from its answer (``content``);
+    ``tool_calls``: the calls an assistant reply asked for (``app.chat.tool_records``).
+    A ``tool`` message is the result of call ``tool_call_id`` to tool ``name``: its
+    full text (``content``; the model reads at most ``tool_result_chars`` of it)."""
 
     role: str
     content: str
@@ -60,9 +75,18 @@ class Message:
     metrics: dict[str, Any] | None = None
     forgotten: bool = False  # dropped from the model's memory when the context was full
     reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+    is_error: bool = False
 
-    def chat(self) -> ChatMessage:
-        return ChatMessage(self.role, self.content, self.reasoning)  # type: ignore[arg-type]
+    def chat(self, result_chars: int = 16_000) -> ChatMessage:
+        """The turn as a template sees it (a result cut to ``result_chars``, noted)."""
+        if self.role == "tool":
+            text = cut_result(self.content, result_chars)
+            return ChatMessage("tool", text, tool_call_id=self.tool_call_id, name=self.name)
+        calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in self.tool_calls)
+        return ChatMessage(self.role, self.content, self.reasoning, tool_calls=calls)  # type: ignore[arg-type]
 
     def message_metrics(self) -> MessageMetrics | None:
         return metrics_from_dict(self.metrics) if self.metrics else None
@@ -105,9 +129,10 @@ class Conversation:
     # path is ``messages``. Flat, so a file's nesting depth does not grow with edits.
     alternatives: list[Branch] = field(default_factory=list)
 
-    def chat(self) -> list[ChatMessage]:
-        """The messages the model sees, system prompt first (not the forgotten ones)."""
-        return [m.chat() if m else self.system_message() for m in self.sent()]
+    def chat(self, result_chars: int = 16_000) -> list[ChatMessage]:
+        """The messages the model sees, system prompt first (not the forgotten ones);
+        tool results cut to ``result_chars``."""
+        return [m.chat(result_chars) if m else self.system_message() for m in self.sent()]
 
     def sent(self) -> list[Message | None]:
         """The messages ``chat`` sends, with None for the system prompt."""
@@ -234,8 +259,9 @@ class Conversation:
         data = {"format": FORMAT_VERSION, **asdict(self)}
         # No thinking, no field: a file without reasoning is as it always was.
         for m in [*data["messages"], *(m for b in data["alternatives"] for m in b["messages"])]:
-            if not m["reasoning"]:
-                del m["reasoning"]
+            for key in ("reasoning", "tool_calls", "tool_call_id", "name", "is_error"):
+                if not m[key]:
+                    del m[key]
         return data
 
     @classmethod
@@ -267,7 +293,9 @@ class Conversation:
         created = _when(
             data.get("created"), time.time() if fallback_time is None else fallback_time
         )
-        messages = [_message(m, i, where, created) for i, m in enumerate(raw_messages)]
+        messages = settle_calls(
+            [_message(m, i, where, created) for i, m in enumerate(raw_messages)]
+        )
         alternatives = _branches(data.get("alternatives"), where, created)
         _unique_ids(messages, alternatives)
         conv_id = data.get("id")
@@ -311,6 +339,7 @@ def _branches(raw: Any, where: str, created: float) -> list[Branch]:
             _message(m, i, f"{where}: alternative {n + 1}", created)
             for i, m in enumerate(b["messages"])
         ]
+        msgs = settle_calls(msgs)
         after = b.get("after")
         if msgs:
             out.append(Branch(after if is_valid_id(after) else "", msgs))
@@ -335,6 +364,8 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
     offset = m.get("token_offset")
     metrics = m.get("metrics")
     reasoning = m.get("reasoning")
+    role = m["role"]
+    call_id, name, is_error = read_result_fields(m) if role == "tool" else ("", "", False)
     return Message(
         role=m["role"],
         content=m["content"],
@@ -345,6 +376,39 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
         forgotten=m.get("forgotten") is True,
         # Only a reply thinks: thinking on another role would reach the template as such.
         reasoning=reasoning if isinstance(reasoning, str) and m["role"] == "assistant" else "",
+        tool_calls=read_calls(m.get("tool_calls")) if role == "assistant" else [],
+        tool_call_id=call_id,
+        name=name,
+        is_error=is_error,
+    )
+
+
+def settle_calls(messages: list[Message]) -> list[Message]:
+    """``messages`` with a result after every call: a call the app closed on (no
+    result) gets a "cancelled" one, so that the model never sees a call unanswered."""
+    out: list[Message] = []
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        out.append(m)
+        i += 1
+        if m.role != "assistant" or not m.tool_calls:
+            continue
+        answered: set[str] = set()
+        while i < len(messages) and messages[i].role == "tool":
+            answered.add(messages[i].tool_call_id)
+            out.append(messages[i])
+            i += 1
+        for c in m.tool_calls:
+            if c["id"] not in answered:
+                c["state"] = "cancelled" if c["state"] in ("ask", "running") else c["state"]
+                out.append(_closed(m, c))
+    return out
+
+
+def _closed(m: Message, call: dict[str, Any]) -> Message:
+    return Message(
+        "tool", CLOSED_TEXT, m.created, tool_call_id=call["id"], name=call["name"], is_error=True
     )
 
 
@@ -449,7 +513,7 @@ def to_markdown(conv: Conversation) -> str:
         lines += [f"*Model: {conv.model_name}*", ""]
     if conv.system_prompt.strip():
         lines += ["**System**", "", conv.system_prompt.strip(), ""]
-    names = {"user": "You", "assistant": "Assistant", "system": "System"}
+    names = {"user": "You", "assistant": "Assistant", "system": "System", "tool": "Tool"}
     for i, m in enumerate(conv.messages):
         position, count = conv.version_of(i)
         version = f" *(version {position} of {count})*" if count > 1 else ""
@@ -476,9 +540,12 @@ _SECTION_TAGS = re.compile(
 def _body(m: Message) -> list[str]:
     """A message's Markdown lines: its thinking (if any) as a collapsed section, then
     its text. Tags in the thinking cannot close the section or open another one."""
+    if m.role == "tool":
+        return result_markdown(m.name, m.content[:RESULT_CHARS], m.is_error)
+    calls = calls_markdown(m.tool_calls)
     thinking = m.reasoning.strip()
     if not thinking:
-        return [m.content.strip(), ""]
+        return [m.content.strip(), "", *calls]
     safe = _closed_fence(_SECTION_TAGS.sub(r"&lt;\1", thinking))
     return [
         "<details><summary>Thinking</summary>",
@@ -489,6 +556,7 @@ def _body(m: Message) -> list[str]:
         "",
         m.content.strip(),
         "",
+        *calls,
     ]
 
 

@@ -23,6 +23,9 @@ Rules it keeps, whatever order clicks arrive in:
   still recorded (empty).
 - A transcript that cannot be written stays open and marked unsaved; the app
   does not switch away from it, and the next action tries again.
+- A reply that calls tools is one reply over several rounds (``app.chat.tool_session``):
+  regenerate, edit, versions and forgetting take its chain (calls, results, answer)
+  whole; every call gets a result (a denial, a timeout, a Stop: an error result).
 
 The snapshot (KV cache) of a conversation is written by the engine worker right
 after each reply, on its own thread; deleting one goes through the worker too,
@@ -35,87 +38,36 @@ import json
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Any
 
 from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
+from app.chat.session_link import (
+    EngineLink,
+    Kind,
+    ReplyRequest,
+    SessionView,
+    fit_reasoning,
+    shown_reply,
+)
 from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
+from app.chat.tool_round import (
+    Approvals,
+    Post,
+    ToolLoop,
+    chain_start,
+    forget_together,
+)
+from app.chat.tool_session import REPLY_ROOM, ToolRounds
 from app.config.params import SamplingParams, sampling_to_dict
-from app.engine.backend import MAX_REPLY_BYTES, ModelInfo, cut_to_bytes
+from app.engine.backend import ModelInfo
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
+from app.engine.templates import ToolCall
+from app.mcp.tool_host import ToolHost
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["send", "regenerate", "edit", "answer"]
-# Room kept in a transcript for the next reply: every backend caps a reply's text at
-# MAX_REPLY_BYTES, and JSON's escapes can make that up to four times as long on disk.
-REPLY_ROOM = 4 * MAX_REPLY_BYTES
 
-
-class EngineLink(Protocol):
-    """What a session asks of the engine worker (``ui.engine.worker.EngineClient``)."""
-
-    def generate(
-        self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
-    ) -> int:
-        """Queue a reply; the worker saves ``conv_id``'s snapshot after it. Returns its id."""
-
-    def stop(self) -> None:
-        """Ask the running reply to stop (its terminal event follows)."""
-
-    def reset(self) -> None:
-        """Empty the engine's cache (queued after running work)."""
-
-    def restore_snapshot(self, conv_id: str) -> None:
-        """Load ``conv_id``'s saved cache (queued after running work)."""
-
-    def drop_snapshot(self, conv_id: str) -> None:
-        """Delete ``conv_id``'s saved cache (queued after any write of it)."""
-
-
-class SessionView(Protocol):
-    """What the window shows for a session. Every call comes on the session's thread."""
-
-    def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
-        """Render the whole conversation. ``opened``: another one was just opened;
-        ``restoring``: its saved cache is being loaded (the engine reports when)."""
-
-    def reply_begun(self, shown: Sequence[Message], added_user: bool) -> None:
-        """A reply starts after ``shown``; ``added_user``: only its last message is new."""
-
-    def reply_ended(self, text: str, metrics: MessageMetrics | None, error: str) -> None:
-        """The streamed reply ended: kept with ``metrics``, or failed with ``error``."""
-
-    def open_failed(self, message: str) -> None:
-        """A conversation could not be opened (the open one stays)."""
-
-    def notice(self, text: str) -> None:
-        """A one-line note for the user."""
-
-    def row_saved(self, conv_id: str) -> None:
-        """``conv_id``'s transcript was written (its sidebar row may change)."""
-
-    def row_removed(self, conv_id: str) -> None:
-        """``conv_id`` was deleted."""
-
-
-@dataclass
-class _Request:
-    """The reply in flight and what to restore if it does not get going."""
-
-    id: int
-    kind: Kind
-    before: list[Message]  # the messages before the operation
-    prompt: list[Message]  # the branch the reply answers
-    edit_index: int | None = None
-    started: bool = False
-    sent: list[Message | None] = field(default_factory=list)  # what the engine was given
-    parts: list[str] = field(default_factory=list)  # streamed text, for a quit that cannot wait
-    thinking: list[str] = field(default_factory=list)  # streamed thinking, likewise
-
-
-class ChatSession:
+class ChatSession(ToolRounds):
     """Owns the open conversation; see the module docstring for the rules."""
 
     def __init__(
@@ -124,7 +76,16 @@ class ChatSession:
         link: EngineLink,
         view: SessionView,
         system_prompt: str = "",
+        *,
+        tool_host: ToolHost | None = None,
+        approvals: Approvals | None = None,
+        post: Post | None = None,
     ) -> None:
+        """``tool_host``: the MCP host whose enabled tools replies may call (None: no
+        tools); ``approvals``: the "always allow" rules (None: every call asks);
+        ``post``: runs a callable on this session's (GUI) thread, from any thread: tool
+        lists and calls run on threads of their own and report back through it (None:
+        called inline, for a session used from one thread only, as in tests)."""
         self.store = store
         self._link = link
         self._view = view
@@ -136,11 +97,12 @@ class ChatSession:
         self.conversation = self._fresh()
         self.edit_index: int | None = None
         self.unsaved = False  # the last write failed; retried at the next action
-        self._request: _Request | None = None
+        self._request: ReplyRequest | None = None
         self._queue: deque[Callable[[], None]] = deque()
         self._deleted: set[str] = set()
         self.on_idle: Callable[[], None] | None = None  # after a reply and queued actions ran
         self._saved_bytes = 0  # the open transcript's size when last written (room_for)
+        self._tools = ToolLoop(tool_host, approvals, post, self._calls_changed, self._calls_done)
 
     # -- state ---------------------------------------------------------------------------
 
@@ -175,7 +137,7 @@ class ChatSession:
         """
         if self.busy:
             self._queue.append(action)
-            self._link.stop()
+            self.stop()
             return True
         action()
         return False
@@ -246,6 +208,7 @@ class ChatSession:
         last = max((i for i, m in enumerate(msgs) if m.role == "assistant"), default=-1)
         if self.busy or last < 0 or not self.room_for(""):
             return False
+        last = chain_start(msgs, last)  # a reply with tool rounds is replaced whole
         self._start("regenerate", list(msgs[:last]), params)
         return True
 
@@ -261,7 +224,16 @@ class ChatSession:
         self.edit_index = None
 
     def stop(self) -> None:
-        if self.busy:
+        """Stop the reply: the streaming round, or the calls between rounds (running ones
+        are cancelled, unanswered ones marked "cancelled"; no further round)."""
+        req = self._request
+        if req is None:
+            return
+        if req.id < 0:  # the tools are still being listed: the engine has nothing yet
+            self._cancelled(req, "", None, "")
+        elif self._tools.active:
+            self._stop_calls()
+        else:
             self._link.stop()
 
     def set_system_prompt(self, text: str, save: bool = True) -> bool:
@@ -365,15 +337,30 @@ class ChatSession:
             self._commit_branch(req)
 
     def on_finished(
-        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+        self,
+        request: int,
+        text: str,
+        metrics: MessageMetrics,
+        reasoning: str = "",
+        tool_calls: Sequence[ToolCall] = (),
     ) -> None:
-        """The reply ended: ``text`` its answer, ``reasoning`` its thinking."""
+        """The reply ended: ``text`` its answer, ``reasoning`` its thinking, ``tool_calls``
+        the calls it asked for (``Finished.tool_calls``): they are recorded with the
+        reply, run or put to the user (``SessionView.tool_calls_changed``), and their
+        results answered by the next round of the same reply."""
         req = self._request
         if req is None or req.id != request:
             return
-        text, reasoning = _shown(req, text, reasoning)
+        text, reasoning = shown_reply(req, text, reasoning)
         self._commit_branch(req)
         self._forget(req, metrics)
+        if tool_calls and req.rounds < req.params.tool_rounds:
+            # Past the last round (calls were switched off) a reply's calls are ignored.
+            message = self._record(text, metrics, reasoning, self._tools.prepare(tool_calls))
+            self._view.reply_ended(text, metrics, "")
+            self._view.tool_calls_changed(message)
+            self._tools.begin(message, req.params)
+            return
         self._record(text, metrics, reasoning)
         self._end(text, metrics, "")
 
@@ -384,7 +371,12 @@ class ChatSession:
         req = self._request
         if req is None or req.id != request:
             return
-        text, reasoning = _shown(req, text, reasoning)
+        self._cancelled(req, text, metrics, reasoning)
+
+    def _cancelled(
+        self, req: ReplyRequest, text: str, metrics: MessageMetrics | None, reasoning: str
+    ) -> None:
+        text, reasoning = shown_reply(req, text, reasoning)
         if req.started or text or reasoning or req.kind in ("send", "edit"):
             # A stopped reply stays as the user saw it; an empty one keeps roles alternating.
             self._commit_branch(req)
@@ -399,13 +391,14 @@ class ChatSession:
         req = self._request
         if req is None or req.id != request:
             return
-        text, reasoning = _shown(req, "", "")
+        text, reasoning = shown_reply(req, "", "")
         if text or reasoning:
             # It failed part way: the text shown so far stays, with the error beside it.
             self._commit_branch(req)
             self._record(text, None, reasoning)
-        elif req.kind == "edit":
-            # The edited message stays, unanswered; the version it replaced is kept.
+        elif req.kind == "edit" or req.rounds:
+            # The edited message stays, unanswered; the version it replaced is kept (or:
+            # the reply's earlier rounds stay, saved already).
             self._commit_branch(req)
         elif req.kind == "send":
             # The message stays, unanswered (it was saved before the reply was asked for).
@@ -457,20 +450,24 @@ class ChatSession:
         conv.draft_path = self.draft_path if params.draft_model else ""
         if persist:
             self._persist()
-        shown = Conversation(system_prompt=conv.system_prompt, messages=prompt)
-        request = self._link.generate(conv.id, shown.chat(), params)
-        self._request = _Request(
-            id=request,
+        req = ReplyRequest(
+            id=-1,
             kind=kind,
             before=list(before if before is not None else conv.messages),
             prompt=prompt,
             edit_index=edit_index,
-            sent=shown.sent(),
+            params=params,
         )
+        if self._tools.wanted(params):
+            self._request = req  # busy while the tools are listed (off this thread)
+            self._tools.fetch(lambda tools: self._offered(req, tools))
+        else:
+            self._ask(req)
+            self._request = req
         self.edit_index = None
         self._view.reply_begun(prompt, added_user=kind == "send")
 
-    def _commit_branch(self, req: _Request) -> None:
+    def _commit_branch(self, req: ReplyRequest) -> None:
         """The reply has started: its branch replaces what it was asked to replace."""
         if req.started:
             return
@@ -483,14 +480,14 @@ class ChatSession:
             conv.messages = list(req.prompt)
             self._persist()
 
-    def _restore(self, req: _Request) -> None:
+    def _restore(self, req: ReplyRequest) -> None:
         """The reply did not get going: exactly what was there before comes back."""
         changed = self.conversation.messages != req.before
         self.conversation.messages = list(req.before)
         if changed:
             self._persist()
 
-    def _forget(self, req: _Request, metrics: MessageMetrics | None) -> None:
+    def _forget(self, req: ReplyRequest, metrics: MessageMetrics | None) -> None:
         """Mark the messages the engine dropped to make room (they stay in the transcript)."""
         if metrics is None or metrics.dropped_count <= 0:
             return
@@ -498,23 +495,31 @@ class ChatSession:
         for m in req.sent[start : start + metrics.dropped_count]:
             if m is not None:
                 m.forgotten = True
+        forget_together(self.conversation.messages)
 
-    def _record(self, text: str, metrics: MessageMetrics | None, reasoning: str = "") -> None:
+    def _record(
+        self,
+        text: str,
+        metrics: MessageMetrics | None,
+        reasoning: str = "",
+        calls: list[dict[str, Any]] | None = None,
+    ) -> Message:
         msgs = self.conversation.messages
-        if metrics is not None and msgs and msgs[-1].role == "user":
+        if metrics is not None and msgs and msgs[-1].role in ("user", "tool"):
             msgs[-1].token_offset = metrics.turn_offset
-        msgs.append(
-            Message(
-                "assistant",
-                text,
-                token_offset=metrics.prompt_tokens if metrics else None,
-                metrics=metrics_to_dict(metrics) if metrics else None,
-                reasoning=_fit_reasoning(reasoning, text),
-            )
+        message = Message(
+            "assistant",
+            text,
+            token_offset=metrics.prompt_tokens if metrics else None,
+            metrics=metrics_to_dict(metrics) if metrics else None,
+            reasoning=fit_reasoning(reasoning, text),
+            tool_calls=calls or [],
         )
+        msgs.append(message)
         if metrics is not None:
             self.conversation.n_tokens = metrics.context_used
         self._persist()
+        return message
 
     def _end(
         self, text: str, metrics: MessageMetrics | None, error: str, kept: bool = True
@@ -603,23 +608,3 @@ class ChatSession:
         self._view.row_saved(copy.id)
         # No restore: the engine's cache holds the shared prefix already.
         self._open(copy.id, restore=False)
-
-
-def _shown(req: _Request, text: str, reasoning: str) -> tuple[str, str]:
-    """The reply's answer and thinking: the backend's, or what was streamed when that is
-    longer (a backend that ends a stopped or failed reply without its text)."""
-    streamed, thought = "".join(req.parts), "".join(req.thinking)
-    return (
-        text if len(text) >= len(streamed) else streamed,
-        reasoning if len(reasoning) >= len(thought) else thought,
-    )
-
-
-def _fit_reasoning(reasoning: str, answer: str) -> str:
-    """``reasoning`` cut so that a reply, thinking and answer together, stays within
-    ``MAX_REPLY_BYTES`` (what ``REPLY_ROOM`` keeps in the transcript for it), whatever
-    a backend sent."""
-    if len(reasoning) + len(answer) <= MAX_REPLY_BYTES // 4:  # fits whatever the characters
-        return reasoning
-    room = MAX_REPLY_BYTES - len(answer.encode("utf-8", "replace"))
-    return cut_to_bytes(reasoning, max(0, room))

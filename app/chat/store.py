@@ -289,9 +289,12 @@ class ConversationStore:
 
     @_locked
     def fork(self, conv: Conversation, upto: int) -> Conversation:
-        """A new conversation with messages ``0..upto`` of ``conv``; saved."""
+        """A new conversation with messages ``0..upto`` of ``conv`` (and the results of
+        calls at ``upto``); saved."""
         if not 0 <= upto < len(conv.messages):
             raise ConversationError(f"cannot fork at message {upto + 1}")
+        while upto + 1 < len(conv.messages) and conv.messages[upto + 1].role == "tool":
+            upto += 1  # a call's results go with it
         fork = copy.deepcopy(conv)
         fork.id = new_id()
         fork.alternatives = fork.prefix_alternatives(upto)

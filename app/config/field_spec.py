@@ -14,7 +14,7 @@ from typing import Any
 from app.config.setting_records import ApiSettings, LoadConfig, SamplingParams
 from app.util.errors import LamplightError
 
-GROUPS = ("basic", "advanced", "reasoning", "structured", "speculative", "model")
+GROUPS = ("basic", "advanced", "reasoning", "tools", "structured", "speculative", "model")
 TEXT_CHARS = 100_000  # the longest schema or grammar a text field takes
 
 

@@ -72,6 +72,14 @@ class SamplingParams:
     thinking_budget: int = 0
     budget_message: str = "Time is up, so I will answer now."
     template_kwargs: str = ""
+    # Tools (MCP): "auto" offers the host's enabled tools when it has some, "required"
+    # also makes the first round of each reply a call, "off" offers none;
+    # at most ``tool_rounds`` rounds of calls per reply; a call's time limit; the longest
+    # result the model reads (the transcript keeps it whole).
+    tools: str = "auto"
+    tool_rounds: int = 8
+    tool_timeout_s: int = 60
+    tool_result_chars: int = 16_000
 
     @classmethod
     def greedy(cls, max_tokens: int = 64) -> SamplingParams:
