@@ -24,6 +24,7 @@ from app.chat.conversation import Message
 from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
 from app.engine.metrics import MessageMetrics
 from ui.chat import thinking_block
+from ui.chat.tool_card import ToolCards
 from ui.common.draft_stats import reply_footer
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
@@ -105,6 +106,8 @@ class TranscriptView(QTextBrowser):
     Every finished message offers Copy, and each of its code blocks a Copy link of
     its own; both copy the message's source text, not what the view draws.
 
+    A reply's tool calls show under it as cards (``ui.chat.tool_card``), with the results.
+
     A reply's thinking shows above its answer (``ui.chat.thinking_block``): open and
     live while it streams, folded once the answer starts (a click opens it), open with
     a note when there is no answer. It has its own Copy thinking link.
@@ -150,6 +153,7 @@ class TranscriptView(QTextBrowser):
         self._think_live = False  # the streaming reply is in its thinking
         self._thought_notes: dict[int, str] = {}  # message index -> why it has no answer
         self.thinking_budget = 0  # the streaming reply's thinking budget (for its summary)
+        self.cards = ToolCards(self, f"{ACTION_SCHEME}://{self._key}", self._dark, self.copied.emit)
         self._show_placeholder()
 
     # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
@@ -184,6 +188,7 @@ class TranscriptView(QTextBrowser):
         self._thought_notes = {}
         self._think_cursor = None
         self._think_live = False
+        self.cards.clear()
         self._show_placeholder()
 
     def show_messages(
@@ -215,6 +220,9 @@ class TranscriptView(QTextBrowser):
                 self._texts[i] = m.content
                 self._keep_thinking(i, m.reasoning, metrics, m.content)
                 self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
+                self.show_tool_calls(i, m, messages)
+            elif m.role == "tool" and self._frames:
+                self._frames.append(self._frames[-1])  # a result: its call's card shows it
         self._set_last_reply(last_reply)
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
@@ -245,7 +253,7 @@ class TranscriptView(QTextBrowser):
         return frame
 
     def _set_header(self, index: int, role: str, actions: tuple[str, ...], note: str = "") -> None:
-        if not 0 <= index < len(self._frames):
+        if role == "tool" or not 0 <= index < len(self._frames):  # a result has no frame
             return
         cursor = self._frames[index].firstCursorPosition()
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
@@ -507,6 +515,11 @@ class TranscriptView(QTextBrowser):
         self.copied.emit("thinking")
         return True
 
+    def show_tool_calls(self, index: int, message: Message, messages: Sequence[Message]) -> None:
+        """Draw (or redraw) message ``index``'s call cards, with results from ``messages``."""
+        if 0 <= index < len(self._frames):
+            self.cards.show_message(index, self._frames[index], message, messages)
+
     def _code_link(self, index: int) -> Callable[[int], str] | None:
         if index < 0:
             return None
@@ -625,6 +638,8 @@ class TranscriptView(QTextBrowser):
                 self.copy_thinking(numbers[0])
             elif action == "thinking" and len(numbers) == 1:
                 self.toggle_thinking(numbers[0])
+            elif action.startswith("tool-") and len(numbers) == 2:
+                self.cards.activate(action[5:], numbers[0], numbers[1])
             elif action == "copy-code" and len(numbers) == 2:
                 self.copy_message(numbers[0], numbers[1])
             elif action in ACTIONS and len(numbers) == 1:

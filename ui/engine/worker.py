@@ -23,6 +23,7 @@ from app.engine.backend import Backend, DraftInfo, Finished, ModelInfo, PrefillP
 from app.engine.crash_steps import EngineSteps
 from app.engine.kv_pool import DEFAULT_POOL_MB
 from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.host.core import DEFAULT_MODEL
 from app.host.host import THREAD_NAME, EngineHost, guarded_engine
@@ -56,8 +57,8 @@ def register_thread(thread: QThread) -> None:
 
 @dataclass(frozen=True)
 class GenerateJob:
-    """One window reply: its id, the conversation whose cache it extends, a stop flag
-    and a Stop-thinking flag."""
+    """One window reply: its id, the conversation whose cache it extends, a stop flag,
+    a Stop-thinking flag and the tools the model may call (None: none)."""
 
     request: int
     conv_id: str
@@ -65,6 +66,7 @@ class GenerateJob:
     params: SamplingParams
     stop: threading.Event
     end_thinking: threading.Event = field(default_factory=threading.Event)
+    tools: ToolRequest | None = None
 
 
 class EngineWorker(QObject):
@@ -79,9 +81,11 @@ class EngineWorker(QObject):
         prefillProgress(int, int, int): request id, prompt tokens done, total.
         tokens(int, str): request id and reply text (the answer).
         thoughts(int, str): request id and thinking text (before the answer).
-        finished(int, str, object, str): request id, the answer, ``MessageMetrics`` and
-            the thinking (markers removed; "" for none).
-        cancelled(int, str, object): as finished, for a reply stopped by the user.
+        finished(int, str, object, str, object): request id, the answer,
+            ``MessageMetrics``, the thinking (markers removed; "" for none) and the
+            tool calls the reply ended with (a tuple of ``ToolCall``; () for none).
+        cancelled(int, str, object, str, object): as finished, for a reply stopped by
+            the user.
         failed(int, str): request id and a message for the user.
         snapshotSaved(str, int, object): conversation id, bytes written, ids pruned.
         snapshotFailed(str, str): conversation id and why the cache was not saved.
@@ -112,8 +116,8 @@ class EngineWorker(QObject):
     prefillProgress = Signal(int, int, int)
     tokens = Signal(int, str)
     thoughts = Signal(int, str)
-    finished = Signal(int, str, object, str)
-    cancelled = Signal(int, str, object, str)
+    finished = Signal(int, str, object, str, object)
+    cancelled = Signal(int, str, object, str, object)
     failed = Signal(int, str)
     snapshotSaved = Signal(str, int, object)
     snapshotFailed = Signal(str, str)
@@ -157,7 +161,7 @@ class EngineWorker(QObject):
             elif isinstance(event, Finished):
                 stopped = event.metrics.stop_reason == "cancelled"
                 (self.cancelled if stopped else self.finished).emit(
-                    request, event.text, event.metrics, event.reasoning
+                    request, event.text, event.metrics, event.reasoning, tuple(event.tool_calls)
                 )
             else:
                 self.failed.emit(request, event.message)
@@ -176,6 +180,7 @@ class EngineWorker(QObject):
             end_thinking=job.end_thinking,
             conv_id=job.conv_id,
             next_turn=bool(job.conv_id),
+            tools=job.tools,
         )
 
     def generate(self, job: GenerateJob) -> None:
@@ -299,9 +304,14 @@ class EngineClient(QObject):
         self._cancel_load.set()
 
     def generate(
-        self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
+        self,
+        conv_id: str,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
     ) -> int:
         """Queue a reply; its snapshot is saved as ``conv_id``'s after it ('' for none).
+        ``tools``: what the model may call (its calls come with ``finished``).
 
         Returns the request id.
         """
@@ -309,7 +319,13 @@ class EngineClient(QObject):
         self._stop = threading.Event()
         self._end_thinking = threading.Event()
         job = GenerateJob(
-            self._next_request, conv_id, list(messages), params, self._stop, self._end_thinking
+            self._next_request,
+            conv_id,
+            list(messages),
+            params,
+            self._stop,
+            self._end_thinking,
+            tools,
         )
         self.host.submit(self.worker.reply_job(job))
         return self._next_request

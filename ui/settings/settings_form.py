@@ -37,6 +37,7 @@ GROUP_TITLES = {
     "basic": "Basic",
     "advanced": "Advanced",
     "reasoning": "Reasoning",
+    "tools": "Tools",
     "structured": "Structured output",
     "speculative": "Speculative decoding",
     "model": "Model (applied on reload)",

@@ -52,6 +52,8 @@ from ui.remote.remote_control import RemoteControl
 from ui.settings.draft_control import DraftControl
 from ui.settings.lora_panel import LoraPanel
 from ui.settings.sampling_panel import SamplingPanel
+from ui.tools.mcp_control import McpControl
+from ui.tools.mcp_window import McpWindow
 from ui.window import capabilities, docks, reply_events, window_actions, window_state
 from ui.window.restyle import TranscriptRestyle
 from ui.window.session_view import WindowView
@@ -124,7 +126,7 @@ class MainWindow(QMainWindow):
         self._close_timer.timeout.connect(self._close_without_waiting)
         self._layout_restored = False
         self.session_view = WindowView(self, self)
-        self.session = ChatSession(self.store, client, self.session_view, settings.system_prompt)
+        self.session = self._make_session(settings.system_prompt)
         self.ctx = Context(
             client=client,
             settings=self.settings_store,
@@ -154,6 +156,7 @@ class MainWindow(QMainWindow):
         )
         self.draft_control = DraftControl(self.ctx, self.sampling_panel)
         self.thinking = ThinkingControls(self)  # the Think button, Stop thinking
+        self.mcp = McpWindow(self.ctx, self.tools)  # its page, consent notes, status
         listeners = self.session_view.conversation_listeners
         listeners.append(self.prompt_controls.on_conversation_shown)
         listeners.append(self.draft_control.on_conversation)
@@ -170,6 +173,19 @@ class MainWindow(QMainWindow):
         )
 
     # -- construction ----------------------------------------------------------------
+
+    def _make_session(self, system_prompt: str) -> ChatSession:
+        """The window's chat, with the MCP host (made when first needed) for its tools."""
+        self.tools = t = McpControl(self.dirs.root, self)
+        return ChatSession(
+            self.store,
+            self.client,
+            self.session_view,
+            system_prompt,
+            tool_host=t.proxy,
+            approvals=t.approvals,
+            post=t.post,
+        )
 
     def _build_widgets(self) -> None:
         self.chat = ChatPane(self)
@@ -255,6 +271,7 @@ class MainWindow(QMainWindow):
             window_actions.share_shortcuts(self)
             accessibility.name_controls(self)
             self.model_drop.watch(self)
+            self.tools.start()  # reads mcp.json off the GUI thread, if there is one
         super().setVisible(visible)
 
     def _connect_engine(self) -> None:
@@ -595,6 +612,7 @@ class MainWindow(QMainWindow):
         self.chat.end_stream()
         self.perf_panel.stop_timers()
         self.remote.shutdown()
+        self.tools.close()  # the servers' process trees end with the app
         self.session.save()
         changes: dict[str, object] = {}
         if self.conversation.messages:

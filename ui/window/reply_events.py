@@ -8,11 +8,13 @@ Only the reply the session waits for counts; a stale request's events are droppe
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from PySide6.QtCore import QObject, SignalInstance
 from PySide6.QtWidgets import QLabel
 
+from app.engine.chat_message import ToolCall
 from app.engine.metrics import MessageMetrics
 from ui.chat.chat_pane import ChatPane
 from ui.common.context import Context
@@ -82,14 +84,24 @@ class ReplyEvents(QObject):
         self._win.status_speed.setText(f"thinking… {n_tokens} tokens{speed}")
 
     def _on_finished(
-        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+        self,
+        request: int,
+        text: str,
+        metrics: MessageMetrics,
+        reasoning: str = "",
+        tool_calls: Sequence[ToolCall] = (),
     ) -> None:
         if self._current(request):
-            self._win.ctx.session.on_finished(request, text, metrics, reasoning)
+            self._win.ctx.session.on_finished(request, text, metrics, reasoning, tool_calls)
             self._win.replyEnded.emit("finished")
 
     def _on_cancelled(
-        self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
+        self,
+        request: int,
+        text: str,
+        metrics: MessageMetrics,
+        reasoning: str = "",
+        _tool_calls: Sequence[ToolCall] = (),  # a stopped reply's calls are not run
     ) -> None:
         if self._current(request):
             self._win.ctx.session.on_cancelled(request, text, metrics, reasoning)

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from PySide6.QtGui import QAccessible, QAccessibleEvent
 from PySide6.QtWidgets import QLabel, QMessageBox, QStatusBar, QWidget
 
 from app.chat.conversation import Conversation, Message
@@ -21,6 +22,8 @@ from app.util.sysinfo import size_text
 from ui.chat.chat_pane import ChatInput, ChatPane
 from ui.chat.conversation_list import ConversationList
 from ui.chat.thinking_block import CUT_NOTES
+from ui.chat.tool_args_dialog import ToolArgsDialog
+from ui.chat.tool_card import DECISIONS, accessible_text
 from ui.chat.transcript import TranscriptView
 from ui.common.draft_stats import reply_footer, tokens_per_pass
 from ui.perf.perf_panel import PerfPanel
@@ -28,6 +31,8 @@ from ui.settings.lora_panel import LoraPanel
 from ui.settings.sampling_panel import SamplingPanel
 
 log = logging.getLogger(__name__)
+
+TRANSCRIPT_DESCRIPTION = "The messages of the open chat"
 
 
 class ViewHost(Protocol):
@@ -64,6 +69,7 @@ class ViewHost(Protocol):
 
     def refresh_sidebar(self) -> None: ...
     def update_buttons(self) -> None: ...
+    def stop(self) -> None: ...
     def conversation_opened(self, result: RestoreResult) -> None: ...
     def statusBar(self) -> QStatusBar: ...
 
@@ -92,6 +98,8 @@ class WindowView:
         self.reply_started = 0.0  # perf_counter() when the reply in progress was asked for
         # Called with each conversation shown (opened, new, or re-rendered after a failure).
         self.conversation_listeners: list[Callable[[Conversation], None]] = []
+        self._cards_connected = False
+        self.args_dialog: ToolArgsDialog | None = None  # the open Edit arguments… dialog
 
     def show_conversation(self, conv: Conversation, opened: bool, restoring: bool) -> None:
         w = self._win
@@ -115,6 +123,7 @@ class WindowView:
             w.status_speed.setText("")
         w.perf_panel.set_history(w.reply_metrics)
         w.refresh_sidebar()
+        self._cards_changed()
         w.update_buttons()
         for listener in self.conversation_listeners:
             listener(conv)
@@ -174,6 +183,88 @@ class WindowView:
                     "Drop older messages and continue",
                 )
         w.update_buttons()
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def tool_calls_changed(self, message: Message) -> None:
+        """Redraw the cards of ``message``'s calls (the session changed their state)."""
+        w = self._win
+        msgs = w.conversation.messages
+        index = next((i for i, m in enumerate(msgs) if m is message), None)
+        if index is None:
+            index = next((i for i, m in enumerate(msgs) if m.id == message.id), None)
+        if index is None:
+            return
+        w.transcript.show_tool_calls(index, message, msgs)
+        self._cards_changed()
+        w.update_buttons()
+
+    def _cards_changed(self) -> None:
+        """Listen to the cards' links (once), and say on the transcript what waits."""
+        transcript = self._win.transcript
+        if not self._cards_connected:
+            transcript.cards.requested.connect(self._on_card)
+            self._cards_connected = True
+        waiting = transcript.cards.waiting()
+        text = TRANSCRIPT_DESCRIPTION
+        if waiting:
+            text += f". {len(waiting)} tool call(s) wait for your approval: " + " ".join(
+                accessible_text(c) for c in waiting
+            )
+        if transcript.accessibleDescription() != text:
+            transcript.setAccessibleDescription(text)
+            event = QAccessibleEvent(transcript, QAccessible.Event.DescriptionChanged)
+            QAccessible.updateAccessibility(event)
+
+    def _on_card(self, verb: str, call_id: str) -> None:
+        session = self._win.session
+        decision = DECISIONS.get(verb)
+        if decision is not None:
+            why = session.decide(call_id, decision)
+            if why:
+                self.notice(why)
+        elif verb == "edit":
+            self.edit_arguments(call_id)
+        elif verb == "stop":
+            self._win.stop()  # the whole reply: its running calls are cancelled
+
+    def decide_waiting(self, decision: str) -> bool:
+        """Answer the first call waiting for approval (a menu action's: a ``DECISIONS``
+        choice, or "edit"); False if none waits."""
+        waiting = self._win.transcript.cards.waiting()
+        if not waiting or decision not in (*DECISIONS, "edit"):
+            return False
+        if decision == "edit":
+            self.edit_arguments(waiting[0].id)
+        else:
+            self._on_card(decision, waiting[0].id)
+        return True
+
+    def edit_arguments(self, call_id: str) -> None:
+        """Open the Edit arguments… dialog of call ``call_id``; its Run answers ``decide``."""
+        cards = self._win.transcript.cards
+        where = cards.call_at(call_id)
+        if where is None:
+            return
+        call = cards.calls(where[0])[where[1]]
+        if call.state != "ask":
+            return
+        session = self._win.session
+
+        def submit(text: str) -> str:
+            return session.decide(call_id, "once", arguments=text)
+
+        if self.args_dialog is not None:
+            self.args_dialog.close()
+        dialog = ToolArgsDialog(call.name, call.server, call.arguments, submit, self._parent)
+        dialog.finished.connect(self._on_args_closed)
+        self.args_dialog = dialog
+        dialog.open()
+
+    def _on_args_closed(self, _result: int) -> None:
+        if self.args_dialog is not None:
+            self.args_dialog.deleteLater()
+            self.args_dialog = None
 
     def restored(self, result: RestoreResult) -> None:
         """The worker restored (or could not restore) an opened conversation's cache."""

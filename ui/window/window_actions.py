@@ -29,6 +29,7 @@ from ui.models.model_manager import ModelManager
 from ui.models.recent_models import RecentModels
 from ui.perf.backend_page import BackendPage, system_info
 from ui.remote.remote_control import RemoteControl
+from ui.tools.mcp_window import McpWindow
 
 if TYPE_CHECKING:
     from ui.api.api_dialog import ApiDialog
@@ -44,6 +45,7 @@ MENUS: dict[str, list[str | None]] = {
     "&Chat": ["regenerate"],
     "&View": [],  # the panels' toggles and Appearance (``build``)
     "&Model": ["manager", "open_model", RECENT, "connect", "api", "compact_cache"],
+    "&Tools": ["mcp"],
     "&Help": ["backend_page"],
 }
 TOOLBAR = ["new_chat", "manager", "open_model", "regenerate"]
@@ -75,6 +77,8 @@ class ActionHost(ApiHost, Protocol):
     def show_model_manager(self) -> object: ...
     def show_backend_page(self) -> None: ...
     def toggle_compact_cache(self) -> None: ...
+    @property
+    def mcp(self) -> McpWindow: ...
     def activateWindow(self) -> None: ...
     def raise_(self) -> None: ...
 
@@ -166,6 +170,12 @@ def specs(host: ActionHost, compact_cache: bool) -> list[ActionSpec]:
             tip="Let other programs use the loaded model through an OpenAI-compatible API",
         ),
         ActionSpec("backend_page", "Hardware and backends…", host.show_backend_page),
+        ActionSpec(
+            "mcp",
+            "Tools (MCP servers)…",
+            lambda: host.mcp.show_page(),  # made after the actions
+            tip="The tool servers the model may call, their tools, and what they cost",
+        ),
     ]
 
 
