@@ -436,6 +436,8 @@ def test_the_menu_answer_and_a_chat_left_mid_call_reopens_cancelled(
     qtbot.waitUntil(lambda: "Cancelled" in window.transcript.toPlainText(), timeout=5000)
     assert "Allow once" not in links(window.transcript) and host.calls == []
     ask(qtbot, window, "Try again")
-    assert window.session_view.decide_waiting("once")
+    allow = window.actions_by_name["allow_tool"]  # Chat → Allow tool call
+    assert allow.shortcut().toString() == "Ctrl+Shift+A"
+    allow.trigger()
     settled(qtbot, window)
     assert host.calls == [("add", {"a": 2, "b": 3})]

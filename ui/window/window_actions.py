@@ -30,6 +30,7 @@ from ui.models.recent_models import RecentModels
 from ui.perf.backend_page import BackendPage, system_info
 from ui.remote.remote_control import RemoteControl
 from ui.tools.mcp_window import McpWindow
+from ui.window.session_view import WindowView
 
 if TYPE_CHECKING:
     from ui.api.api_dialog import ApiDialog
@@ -42,7 +43,7 @@ DOCK_KEYS = ("Ctrl+Shift+S", "Ctrl+Shift+P", "Ctrl+Shift+L")  # sampling, charts
 # Menu title -> action names in order (None: a separator).
 MENUS: dict[str, list[str | None]] = {
     "&File": ["new_chat", "open_model", None, "import", "export_json", "export_md", None, "quit"],
-    "&Chat": ["regenerate"],
+    "&Chat": ["regenerate", None, "allow_tool", "deny_tool", "edit_tool"],
     "&View": [],  # the panels' toggles and Appearance (``build``)
     "&Model": ["manager", "open_model", RECENT, "connect", "api", "compact_cache"],
     "&Tools": ["mcp"],
@@ -79,6 +80,8 @@ class ActionHost(ApiHost, Protocol):
     def toggle_compact_cache(self) -> None: ...
     @property
     def mcp(self) -> McpWindow: ...
+    @property
+    def session_view(self) -> WindowView: ...
     def activateWindow(self) -> None: ...
     def raise_(self) -> None: ...
 
@@ -170,6 +173,25 @@ def specs(host: ActionHost, compact_cache: bool) -> list[ActionSpec]:
             tip="Let other programs use the loaded model through an OpenAI-compatible API",
         ),
         ActionSpec("backend_page", "Hardware and backends…", host.show_backend_page),
+        ActionSpec(
+            "allow_tool",
+            "Allow tool call",
+            lambda: host.session_view.decide_waiting("once"),
+            "Ctrl+Shift+A",
+            "Run the tool call waiting for approval, once",
+        ),
+        ActionSpec(
+            "deny_tool",
+            "Deny tool call",
+            lambda: host.session_view.decide_waiting("deny"),
+            "Ctrl+Shift+D",
+            "Refuse the tool call waiting for approval (the model reads an error)",
+        ),
+        ActionSpec(
+            "edit_tool",
+            "Edit tool call arguments…",
+            lambda: host.session_view.decide_waiting("edit"),
+        ),
         ActionSpec(
             "mcp",
             "Tools (MCP servers)…",
