@@ -132,6 +132,18 @@ def test_forced_grammar_refuses_a_bad_call(vocab_llm: Any) -> None:
     s.close()
 
 
+def test_parallel_calls_stop_at_the_cap(vocab_llm: Any) -> None:
+    from app.engine.tool_grammar import MAX_PARALLEL
+
+    g = tool_grammar(FAMILIES["hermes"], ToolRequest(TOOLS, "get_weather", parallel=True))
+    assert g is not None
+    s = _Sampler(vocab_llm, g)
+    call = GOOD["hermes"].strip() + "\n"
+    assert s.feed(call * MAX_PARALLEL) and s.may_end()
+    assert not s.feed("<tool_call>")  # one more is refused: the model must end its turn
+    s.close()
+
+
 def test_auto_grammar_waits_for_the_marker_then_constrains(vocab_llm: Any) -> None:
     g = tool_grammar(FAMILIES["hermes"], ToolRequest(TOOLS))
     assert g is not None and g.lazy

@@ -153,9 +153,20 @@ def test_limits_give_problems() -> None:
     huge = '<tool_call>{"name": "a", "arguments": {"x": "' + "y" * 300_000 + '"}}</tool_call>'
     text, calls, problems = parse_calls(FAMILIES["hermes"], huge, NAMES)
     assert calls == [] and "KiB" in problems[0] and text == huge
-    many = '<tool_call>{"name": "a", "arguments": {}}</tool_call>' * (MAX_CALLS + 3)
+    many = "".join(
+        f'<tool_call>{{"name": "a", "arguments": {{"i": {i}}}}}</tool_call>'
+        for i in range(MAX_CALLS + 3)
+    )
     _, calls, problems = parse_calls(FAMILIES["hermes"], many, NAMES)
     assert len(calls) == MAX_CALLS and str(MAX_CALLS) in problems[0]
+
+
+def test_a_repeated_call_runs_once() -> None:
+    same = '<tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>'
+    other = '<tool_call>{"name": "a", "arguments": {"x": 2}}</tool_call>'
+    text, calls, problems = parse_calls(FAMILIES["hermes"], same * 3 + other + same, NAMES)
+    assert [c.arguments for c in calls] == ['{"x": 1}', '{"x": 2}']
+    assert text == "" and "repeated" in problems[0]
 
 
 def test_streaming_holds_back_marker_and_hides_call() -> None:

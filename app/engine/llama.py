@@ -474,8 +474,15 @@ class Engine(EngineCache):
 
         reasoning = self._rendering().reasoning
         think = thinking_control(reasoning, prompt.text, params, end_thinking, self._markers)
-        calls = tool_decoding(self._tool_format(self._rendering()), tools, reasoning, prompt.text)
+        calls = self._calls(tools, prompt.text)
         yield from self._decode(params, seed, metrics, t0, stop, make_room, think, calls)
+
+    def _calls(self, tools: ToolRequest | None, prompt: str) -> ToolDecoding | None:
+        """The reply's tool parser and grammar (none when continuing text: no tools shown)."""
+        template = self._rendering()
+        if template.completion:
+            return None
+        return tool_decoding(self._tool_format(template), tools, template.reasoning, prompt)
 
     def _bind(self, template: ChatTemplate, params: SamplingParams) -> ChatTemplate:
         """``template`` with the request's thinking switches and tools bound."""

@@ -145,7 +145,9 @@ class MessageMetrics:
             parts.append(f"drafts {self.acceptance:.0%} accepted")
         if self.seed is not None:
             parts.append(f"seed {self.seed}")
-        if self.stop_reason and self.stop_reason != "eos":
+        if self.stop_reason == "tool_calls":
+            parts.append("asked for tool calls")
+        elif self.stop_reason and self.stop_reason != "eos":
             parts.append(f"stopped: {self.stop_reason.replace('_', ' ')}")
         return " · ".join(parts)
 

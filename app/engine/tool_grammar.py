@@ -61,6 +61,9 @@ class ToolGrammar:
     lazy: bool
 
 
+MAX_PARALLEL = 8  # calls in one turn, when parallel calls are allowed
+
+
 def tool_grammar(
     fmt: ToolFormat,
     request: ToolRequest,
@@ -97,18 +100,20 @@ def tool_grammar(
 
 
 def _body(fmt: ToolFormat, parallel: bool) -> str:
-    """The root's shape around single calls (``tool-one``)."""
+    """The root's shape around single calls (``tool-one``): at most ``MAX_PARALLEL`` of
+    them, since a small model may otherwise repeat a call until its token limit."""
     many = parallel and fmt.family != "gpt_oss"  # gpt-oss ends its turn at each call
+    more = f"{{0,{MAX_PARALLEL - 1}}}"
     if fmt.family == "mistral" and "[ARGS]" not in fmt.marker_tokens:
-        more = f' ("," {_WS} tool-one)*' if many else ""
-        return f'"[TOOL_CALLS]" "[" tool-one{more} "]"'
+        tail = f' ("," {_WS} tool-one){more}' if many else ""
+        return f'"[TOOL_CALLS]" "[" tool-one{tail} "]"'
     if fmt.family == "deepseek":
-        inner = f"tool-one ({_WS} tool-one)*" if many else "tool-one"
+        inner = f"tool-one ({_WS} tool-one){more}" if many else "tool-one"
         return f"{_lit(DS_CALLS_BEGIN)} {inner} {_lit(DS_CALLS_END)}"
     if fmt.family == "llama3":
-        inner = f'tool-one ({_WS} ";"? {_WS} tool-one)*' if many else "tool-one"
+        inner = f'tool-one ({_WS} ";"? {_WS} tool-one){more}' if many else "tool-one"
         return f'"<|python_tag|>"? {inner}'
-    return f"tool-one ({_WS} tool-one)* {_WS}" if many else f"tool-one {_WS}"
+    return f"tool-one ({_WS} tool-one){more} {_WS}" if many else f"tool-one {_WS}"
 
 
 def _call_rule(fmt: ToolFormat, converter: SchemaConverter, i: int, tool: ToolSpec) -> str:

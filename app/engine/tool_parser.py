@@ -173,17 +173,24 @@ class ToolCallParser:
     def _add(self, name: str, args: Any, own_id: str, raw: str, pieces: list[str]) -> None:
         if len(self.calls) >= MAX_CALLS:
             note = (
-                f"The model wrote more than {MAX_CALLS} calls in one reply; the rest were not run."
+                f"The model wrote more than {MAX_CALLS} calls in one reply; the rest were not run"
             )
             if note not in self.problems:
                 self.problems.append(note)
             pieces.append(raw)
             return
+        arguments = _arguments(name, args)
+        if any(c.name == name and c.arguments == arguments for c in self.calls):
+            # A small model may repeat itself call after call: one run answers them all.
+            note = f"The model repeated a call to '{name}' with the same arguments; it runs once"
+            if note not in self.problems:
+                self.problems.append(note)
+            return
         call_id = own_id if own_id and own_id not in self._ids else ""
         while not call_id or call_id in self._ids:
             call_id = f"{self._id_prefix}{self._new_id()}"
         self._ids.add(call_id)
-        self.calls.append(ToolCall(call_id, name, _arguments(name, args)))
+        self.calls.append(ToolCall(call_id, name, arguments))
 
 
 def parse_calls(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import threading
 from functools import partial
 
 import shiboken6
@@ -225,7 +226,16 @@ class McpPage(QDialog):
 
     def showEvent(self, event: QShowEvent) -> None:
         self.refresh()
+        self.start_servers()
         super().showEvent(event)
+
+    def start_servers(self) -> None:
+        """Start the servers not started yet, so the page lists their tools: opening it
+        is the user asking to see them (the chat starts them too, when it needs them).
+        Off the GUI thread; the host's status reports redraw the page."""
+        host = self.host
+        if host is not None:
+            threading.Thread(target=host.tools, args=(0.0,), name="mcp-start", daemon=True).start()
 
     def refresh(self) -> None:
         """Redraw from the host's statuses and the approval rules."""
@@ -301,6 +311,7 @@ class McpPage(QDialog):
         host = self._with_host()
         if host is not None:
             host.consent(name)
+            self.start_servers()
 
     def restart(self, name: str) -> None:
         host = self._with_host()

@@ -333,7 +333,9 @@ class MainWindow(QMainWindow):
 
     def _on_prefill_progress(self, request: int, done: int, total: int) -> None:
         if request == self.session.request_id and total > 0:
-            self.status_speed.setText(f"reading prompt {done}/{total}")
+            # Once read, "writing…" until tokens show (a tool call is written unseen).
+            text = "writing the reply…" if done >= total else f"reading prompt {done}/{total}"
+            self.status_speed.setText(text)
 
     def _on_snapshot_saved(self, conv_id: str, _size: int, dropped: list[str]) -> None:
         self.session_view.snapshot_saved(conv_id, dropped)

@@ -173,6 +173,13 @@ def specs(host: ActionHost, compact_cache: bool) -> list[ActionSpec]:
             tip="Let other programs use the loaded model through an OpenAI-compatible API",
         ),
         ActionSpec("backend_page", "Hardware and backends…", host.show_backend_page),
+        *_tool_specs(host),
+    ]
+
+
+def _tool_specs(host: ActionHost) -> list[ActionSpec]:
+    """The tool calls' actions: answer the call waiting for approval; the MCP page."""
+    return [
         ActionSpec(
             "allow_tool",
             "Allow tool call",
