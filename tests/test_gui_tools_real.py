@@ -71,3 +71,16 @@ def test_the_model_calls_an_mcp_tool_from_the_chat(
         # Only the result (and the template text around it) was read for the answer.
         assert metrics.evaluated_tokens <= 40, metrics
         assert metrics.cached_tokens > 200
+
+        # Reopened, the chat with its call and result resumes from its snapshot: the
+        # next message reads only its own words.
+        conv_id = session.conversation.id
+        qtbot.waitUntil(lambda: win.store.snapshot_bytes(conv_id) > 0, timeout=30_000)
+        win.new_chat()
+        with qtbot.waitSignal(win.conversationOpened, timeout=30_000) as opened:
+            win.open_conversation(conv_id)
+        assert opened.args[0].restored
+        with qtbot.waitSignal(win.replyEnded, timeout=120_000):
+            send(qtbot, win, "Thanks.")
+        follow = win.session.conversation.messages[-1].message_metrics()
+        assert follow is not None and follow.evaluated_tokens <= 20, follow

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from PySide6.QtCore import QObject, Qt, Signal
 
 from app.mcp.approvals import ApprovalStore
-from app.mcp.tool_host import McpTool, ServerStatus, ToolResult
+from app.mcp.tool_host import McpTool, ServerStatus, ToolHost, ToolResult
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +31,12 @@ CONFIG_NAME = "mcp.json"
 APPROVALS_NAME = "mcp_approvals.json"
 
 
-class Host(Protocol):
-    """The MCP host as the page drives it (``app.mcp.host.McpHost``)."""
+class Host(ToolHost, Protocol):
+    """The MCP host as the page drives it (``app.mcp.host.McpHost``): the chat's
+    ``ToolHost``, and the page's switches."""
 
     config_path: Path
 
-    def statuses(self) -> list[ServerStatus]: ...
-    def tools(self, wait_s: float = 10.0) -> list[McpTool]: ...
-    def call(
-        self,
-        qualified: str,
-        arguments: Mapping[str, Any],
-        timeout_s: float,
-        cancel: threading.Event | None = None,
-    ) -> ToolResult: ...
-    def subscribe(self, fn: Callable[[], None]) -> None: ...
     def set_server_enabled(self, name: str, on: bool) -> None: ...
     def set_tool_enabled(self, server: str, tool: str, on: bool) -> None: ...
     def consent(self, name: str) -> None: ...
