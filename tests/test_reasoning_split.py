@@ -112,3 +112,26 @@ def test_a_built_in_template_thinks_when_the_vocabulary_has_the_markers() -> Non
     assert qwen.name == "chatml" and qwen.reasoning is not None
     assert (qwen.reasoning.open, qwen.reasoning.source) == ("<think>", "vocab")
     assert template_for_architecture("gemma3", lambda _t: False).reasoning is None
+
+
+def test_a_header_that_is_not_the_answer_lead_is_kept() -> None:
+    """gpt-oss: after the thinking, a call's header starts like the final answer's lead
+    (``<|start|>assistant<|channel|>``) and then names the commentary channel: the
+    pieces held while it looked like the lead are answer text, not lost."""
+    fmt = jinja_template(GPT_OSS, "", "").reasoning
+    assert fmt is not None
+    pieces = [
+        "<|channel|>analysis<|message|>",
+        "Need weather.",
+        "<|end|>",
+        "<|start|>",
+        "assistant",
+        "<|channel|>",
+        "commentary to=functions.get_weather <|constrain|>json<|message|>",
+        '{"city": "Paris"}',
+    ]
+    splitter = ReasoningSplitter(fmt)
+    parts = [p for piece in pieces for p in splitter.feed(piece)] + splitter.flush()
+    answer = "".join(t for thought, t in parts if not thought)
+    assert answer.startswith("<|start|>assistant<|channel|>commentary to=functions.get_weather")
+    assert answer.endswith('{"city": "Paris"}')

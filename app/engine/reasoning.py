@@ -41,6 +41,7 @@ class ReasoningSplitter:
     answered: bool = False  # answer text other than whitespace has been given out
     _held: str = ""
     _lead_left: str = field(default="", init=False)
+    _lead_seen: str = field(default="", init=False)  # the lead's start, held until it is whole
 
     def __post_init__(self) -> None:
         if self.inside:
@@ -71,7 +72,11 @@ class ReasoningSplitter:
     def flush(self) -> list[Part]:
         """The held-back text, once the reply has ended."""
         held, self._held = self._held, ""
-        return self._text(held)
+        out = self._text(held)
+        if self._lead_seen:  # the reply ended inside what looked like the answer's lead
+            out.append((False, self._lead_seen))
+            self._lead_left = self._lead_seen = ""
+        return _merge(out)
 
     def end_thinking(self) -> list[Part]:
         """The engine closed the block itself (a budget, Stop thinking), writing the
@@ -111,7 +116,7 @@ class ReasoningSplitter:
             return []
         if m == self.fmt.close and self.inside:
             self.inside, self.closed = False, True
-            self._lead_left = self.fmt.answer_lead
+            self._lead_left, self._lead_seen = self.fmt.answer_lead, ""
             return []
         if m != self.fmt.close:
             return self._text(m)  # an open marker once the answer began: the model's words
@@ -128,10 +133,14 @@ class ReasoningSplitter:
             lead = self._lead_left
             if lead.startswith(stripped):
                 self._lead_left = lead[len(stripped) :]
+                self._lead_seen = self._lead_seen + stripped if self._lead_left else ""
                 return []
             if stripped.startswith(lead):
                 text = stripped[len(lead) :]
-            self._lead_left = ""
+            elif self._lead_seen:
+                # Not the lead after all (gpt-oss's header of a call, say): keep what it held.
+                text = self._lead_seen + stripped
+            self._lead_left = self._lead_seen = ""
         if not self.answered:
             text = text.lstrip() if self.thought else text
             if not text:
