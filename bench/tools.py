@@ -11,6 +11,8 @@ Prints one JSON object:
 - ``evaluated_per_result_ratio``: tokens evaluated for the follow-up (rework plus
   prompt) ÷ the result's tokens: what the follow-up's prompt adds to what the cache
   held when the call ended (the result and the template text around it); goal 1.0;
+- ``call_decode_tok_s`` / ``answer_decode_tok_s``: decode speed while a call is written
+  under the grammar, and of the free answer after it (the grammar's own cost);
 - ``tool_definition_tokens``: the prompt tokens the tool definitions add (two tools,
   Qwen 2.5's template), and ``generic_definition_tokens`` the same in the generic form
   (a template with no tool support).
@@ -56,8 +58,9 @@ def call(engine: Engine, messages: list[ChatMessage]) -> Finished:
 
 def follow_up(
     engine: Engine, messages: list[ChatMessage], done: Finished, reread: bool
-) -> tuple[float, int, int]:
-    """(ms from the call's end to the first token, tokens evaluated, result tokens)."""
+) -> tuple[float, int, int, float]:
+    """(ms from the call's end to the first token, tokens evaluated, result tokens, the
+    answer's decode tok/s)."""
     first = done.tool_calls[0]
     reply = ChatMessage("assistant", done.text, done.reasoning, done.tool_calls)
     result = ChatMessage("tool", RESULT, tool_call_id=first.id, name=first.name)
@@ -76,7 +79,8 @@ def follow_up(
             ms = (time.perf_counter() - t0) * 1000
         if isinstance(event, Finished):
             ms = ms or (time.perf_counter() - t0) * 1000
-            return ms, reworked + event.metrics.evaluated_tokens, result_tokens
+            m = event.metrics
+            return ms, reworked + m.evaluated_tokens, result_tokens, m.decode_tok_s
     raise AssertionError("no reply")
 
 
@@ -102,13 +106,16 @@ def main() -> None:
         native = definition_tokens(engine)
         times: dict[bool, list[float]] = {False: [], True: []}
         evaluated = result = 0
+        speeds: dict[str, list[float]] = {"call": [], "answer": []}
         for i in range(args.rounds):
             for reread in (False, True):
                 engine.reset()
                 messages = [ChatMessage("user", f"Weather in city number {i}?")]
                 done = call(engine, messages)
-                ms, n_eval, n_result = follow_up(engine, messages, done, reread)
+                ms, n_eval, n_result, tok_s = follow_up(engine, messages, done, reread)
                 times[reread].append(ms)
+                speeds["call"].append(done.metrics.decode_tok_s)
+                speeds["answer"].append(tok_s)
                 if not reread:
                     evaluated += n_eval
                     result += n_result
@@ -118,6 +125,8 @@ def main() -> None:
             "round_trip_ms": round(statistics.median(times[False]), 1),
             "reread_round_trip_ms": round(statistics.median(times[True]), 1),
             "evaluated_per_result_ratio": round(evaluated / max(1, result), 3),
+            "call_decode_tok_s": round(statistics.median(speeds["call"]), 1),
+            "answer_decode_tok_s": round(statistics.median(speeds["answer"]), 1),
             "tool_definition_tokens": native,
             "generic_definition_tokens": generic,
         }

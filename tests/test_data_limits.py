@@ -303,7 +303,13 @@ def test_fuzz_no_setting_is_changed_without_a_note(tmp_path: Path, data: st.Data
         if path[-1] in STRUCTURED:
             names.add("output format")
         assert any(n in note for note in notes for n in names), (path, value, after, notes)
-    if notes:
+    # A file from a newer Lamplight is said but never repaired: a newer one may read it.
+    newer = (
+        path == ("version",)
+        and type(value) is int
+        and value > json.loads(AppSettings().to_json())["version"]
+    )
+    if notes and not newer:
         assert notes[-1] == REPAIRED, notes
         assert (tmp_path / "settings.json.bad").read_text() == text
         assert AppSettings.load_with_notes(tmp_path / "settings.json") == (loaded, [])
