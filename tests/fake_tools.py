@@ -38,6 +38,7 @@ class FakeToolHost:
         self.hold = False
         self.release = threading.Event()
         self.started = threading.Event()  # a call began
+        self.listing: threading.Event | None = None  # set: ``tools`` waits for it
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.cancelled = 0
         self.tool_list = [ADD]
@@ -50,6 +51,8 @@ class FakeToolHost:
         ]
 
     def tools(self, wait_s: float = 10.0) -> list[McpTool]:
+        if self.listing is not None:  # a server that takes its time to start
+            self.listing.wait(wait_s)
         return [t for t in self.tool_list if t.enabled]
 
     def call(

@@ -72,7 +72,10 @@ def test_chat_streams_and_second_turn_reuses_the_cache(qtbot: QtBot, window: Mai
 def test_stop_and_new_chat_on_the_real_engine(qtbot: QtBot, window: MainWindow) -> None:
     window.settings.sampling = replace(window.settings.sampling, max_tokens=2000)
     send(qtbot, window, "Count from one to a thousand.")
-    qtbot.waitUntil(lambda: len(window.transcript.toPlainText()) > 60, timeout=30_000)
+    qtbot.waitUntil(  # streaming: the reply's own text is on screen
+        lambda: window.session.reply_started and len(window.transcript.toPlainText()) > 100,
+        timeout=30_000,
+    )
     assert window.busy
     with qtbot.waitSignal(window.replyEnded, timeout=2000) as blocker:
         qtbot.mouseClick(window.stop_button, Qt.MouseButton.LeftButton)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -441,3 +442,19 @@ def test_the_menu_answer_and_a_chat_left_mid_call_reopens_cancelled(
     allow.trigger()
     settled(qtbot, window)
     assert host.calls == [("add", {"a": 2, "b": 3})]
+
+
+def test_stop_while_the_tools_are_listed_ends_the_reply_at_once(
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+) -> None:
+    host.listing = threading.Event()  # the servers are still starting
+    qtbot.keyClicks(window.chat_input, "What is 2 + 3?")
+    qtbot.keyClick(window.chat_input, Qt.Key.Key_Return)
+    assert window.busy
+    with qtbot.waitSignal(window.replyEnded, timeout=1000) as ended:
+        window.stop()
+    assert ended.args == ["cancelled"] and not window.busy
+    host.listing.set()  # the late list changes nothing
+    qtbot.wait(100)
+    assert fake.requests == [] and not window.busy
+    assert [m.role for m in window.conversation.messages] == ["user", "assistant"]

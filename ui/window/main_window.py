@@ -389,7 +389,10 @@ class MainWindow(QMainWindow):
     def stop(self) -> None:
         if self.busy:
             self.session.stop()
-            self.status_speed.setText("stopping…")
+            if self.session.busy:
+                self.status_speed.setText("stopping…")
+            else:  # ended at once: it was still listing the tools, the engine had nothing
+                self.replyEnded.emit("cancelled")
         elif self.session.edit_index is not None:
             self.session.cancel_edit()
             self.chat.show_edit(None)
