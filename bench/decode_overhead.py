@@ -45,13 +45,14 @@ class PerfEngine(Engine):
         params: SamplingParams,
         stop: Any = None,
         end_thinking: Any = None,
+        tools: Any = None,
     ) -> Iterator[EngineEvent]:
         import llama_cpp
 
         ctx = self.native.ctx
         llama_cpp.llama_perf_context_reset(ctx)
         try:
-            yield from super().generate(messages, params, stop, end_thinking)
+            yield from super().generate(messages, params, stop, end_thinking, tools)
         finally:  # the worker closes the generator once it has the Finished event
             data = llama_cpp.llama_perf_context(ctx)
             PerfEngine.perf.append((int(data.n_eval), float(data.t_eval_ms)))

@@ -281,11 +281,16 @@ def app_child(threads: int, tokens: int, data: Path) -> None:
         """Also records the prompt's token ids, so the server is sent exactly these."""
 
         def generate(
-            self, messages: Any, params: Any, stop: Any = None, end_thinking: Any = None
+            self,
+            messages: Any,
+            params: Any,
+            stop: Any = None,
+            end_thinking: Any = None,
+            tools: Any = None,
         ) -> Any:
             if not prompts:  # on the engine's own thread, before the reply
                 prompts.append(self.prompt_tokens(messages))
-            return super().generate(messages, params, stop, end_thinking)
+            return super().generate(messages, params, stop, end_thinking, tools)
 
     from PySide6.QtWidgets import QApplication
 
