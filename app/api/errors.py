@@ -92,6 +92,21 @@ class ApiError(LamplightError):
         return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
 
 
+def bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
+    """A 400 for a request field ``param`` whose value cannot be used."""
+    return ApiError(400, message, code=code, param=param)
+
+
+def unsupported(param: str, what: str) -> ApiError:
+    """A 400 for a field asking for something Lamplight's server does not do."""
+    return ApiError(
+        400,
+        f"{what} is not supported by Lamplight's server.",
+        code="unsupported_parameter",
+        param=param,
+    )
+
+
 def error_body(message: str, type: str, code: str | None, param: str | None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.api.errors import ApiError
+from app.api.errors import ApiError, bad, unsupported
 from app.api.gateway import ApiKind
 from app.api.tool_schema import link_results, parse_tools, tool_calls, tool_result
 from app.config.params import SamplingParams, SettingError, short_repr, validate_sampling
@@ -103,19 +103,6 @@ class ApiRequest:
         if self.max_tokens is not None:
             return self.params
         return replace(self.params, max_tokens=max(1, n_ctx))
-
-
-def bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, code=code, param=param)
-
-
-def unsupported(param: str, what: str) -> ApiError:
-    return ApiError(
-        400,
-        f"{what} is not supported by Lamplight's server.",
-        code="unsupported_parameter",
-        param=param,
-    )
 
 
 def load_body(raw: bytes) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any
 
-from app.api.errors import ApiError
+from app.api.errors import bad, unsupported
 from app.config.params import short_repr
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.tool_spec import AUTO, CHOICES, NONE, ToolRequest, ToolSpec
@@ -28,19 +28,6 @@ MAX_ID_CHARS = 256  # a call's id (OpenAI's are ~30)
 MAX_CALL_NAME_CHARS = 256  # a name sent back in history (models do invent odd ones)
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-def _bad(message: str, param: str | None, code: str = "invalid_value") -> ApiError:
-    return ApiError(400, message, code=code, param=param)
-
-
-def _unsupported(param: str, what: str) -> ApiError:
-    return ApiError(
-        400,
-        f"{what} is not supported by Lamplight's server.",
-        code="unsupported_parameter",
-        param=param,
-    )
 
 
 def deeper_than(value: object, limit: int) -> bool:
@@ -71,10 +58,10 @@ def parse_tools(data: dict[str, Any]) -> ToolRequest | None:
     for name in ("functions", "function_call"):
         value = data.get(name)
         if value is not None and value not in ([], "none"):
-            raise _unsupported(name, f"The legacy `{name}` field (send `tools` / `tool_choice`)")
+            raise unsupported(name, f"The legacy `{name}` field (send `tools` / `tool_choice`)")
     parallel = data.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
-        raise _bad(
+        raise bad(
             f"`parallel_tool_calls` must be true or false (got {short_repr(parallel)}).",
             "parallel_tool_calls",
         )
@@ -89,14 +76,14 @@ def _tools(value: object) -> tuple[ToolSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise _bad("`tools` must be a list of function tools.", "tools")
+        raise bad("`tools` must be a list of function tools.", "tools")
     if len(value) > MAX_TOOLS:
-        raise _bad(f"`tools` holds {len(value)} tools; at most {MAX_TOOLS} are accepted.", "tools")
+        raise bad(f"`tools` holds {len(value)} tools; at most {MAX_TOOLS} are accepted.", "tools")
     if deeper_than(value, MAX_TOOLS_DEPTH):
-        raise _bad(f"`tools` is nested more than {MAX_TOOLS_DEPTH} levels deep.", "tools")
+        raise bad(f"`tools` is nested more than {MAX_TOOLS_DEPTH} levels deep.", "tools")
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
     if size > MAX_TOOLS_BYTES:
-        raise _bad(
+        raise bad(
             f"`tools` is {size:,} bytes of JSON; at most {MAX_TOOLS_BYTES:,} are accepted "
             "(every tool goes into every prompt).",
             "tools",
@@ -105,7 +92,7 @@ def _tools(value: object) -> tuple[ToolSpec, ...]:
     seen: set[str] = set()
     for i, spec in enumerate(specs):
         if spec.name in seen:
-            raise _bad(f"Two tools are named {spec.name!r}.", f"tools[{i}].function.name")
+            raise bad(f"Two tools are named {spec.name!r}.", f"tools[{i}].function.name")
         seen.add(spec.name)
     return specs
 
@@ -113,16 +100,16 @@ def _tools(value: object) -> tuple[ToolSpec, ...]:
 def _tool(i: int, value: object) -> ToolSpec:
     where = f"tools[{i}]"
     if not isinstance(value, dict):
-        raise _bad(f'{where} must be {{"type": "function", "function": {{...}}}}.', where)
+        raise bad(f'{where} must be {{"type": "function", "function": {{...}}}}.', where)
     kind = value.get("type", "function")
     if kind != "function":
-        raise _unsupported(f"{where}.type", f"A {short_repr(kind)} tool (only functions)")
+        raise unsupported(f"{where}.type", f"A {short_repr(kind)} tool (only functions)")
     fn = value.get("function")
     if not isinstance(fn, dict):
-        raise _bad(f"{where}.function must be an object with a `name`.", f"{where}.function")
+        raise bad(f"{where}.function must be an object with a `name`.", f"{where}.function")
     name = fn.get("name")
     if not isinstance(name, str) or not NAME.fullmatch(name):
-        raise _bad(
+        raise bad(
             f"{where}.function.name must be 1 to 64 letters, digits, _ or - "
             f"(got {short_repr(name)}).",
             f"{where}.function.name",
@@ -131,22 +118,22 @@ def _tool(i: int, value: object) -> ToolSpec:
     if description is None:
         description = ""
     if not isinstance(description, str):
-        raise _bad(f"{where}.function.description must be a string.", f"{where}.function")
+        raise bad(f"{where}.function.description must be a string.", f"{where}.function")
     parameters = fn.get("parameters")
     if parameters is None:
         parameters = _NO_PARAMETERS
     at = f"{where}.function.parameters"
     if not isinstance(parameters, dict):
-        raise _bad(f"{at} must be a JSON Schema object.", at)
+        raise bad(f"{at} must be a JSON Schema object.", at)
     if parameters.get("type", "object") != "object":
-        raise _bad(
+        raise bad(
             f"{at} must describe an object (the arguments), not "
             f"{short_repr(parameters.get('type'))}.",
             at,
         )
     strict = fn.get("strict")
     if strict is not None and not isinstance(strict, bool):
-        raise _bad(f"{where}.function.strict must be true or false.", f"{where}.function")
+        raise bad(f"{where}.function.strict must be true or false.", f"{where}.function")
     return ToolSpec(name, description, parameters)
 
 
@@ -161,23 +148,23 @@ def _choice(value: object, names: set[str]) -> str:
             fn.get("name") if value.get("type") == "function" and isinstance(fn, dict) else None
         )
         if not isinstance(choice, str) or choice in CHOICES:
-            raise _bad(
+            raise bad(
                 '`tool_choice` must be "auto", "none", "required" or '
                 '{"type": "function", "function": {"name": ...}} (got '
                 f"{short_repr(value)}).",
                 "tool_choice",
             )
     elif not isinstance(value, str) or value not in CHOICES:
-        raise _bad(
+        raise bad(
             '`tool_choice` must be "auto", "none", "required" or a named function '
             f"(got {short_repr(value)}).",
             "tool_choice",
         )
     assert isinstance(choice, str)
     if not names and choice != NONE:
-        raise _bad("`tool_choice` needs `tools`: this request offers none.", "tool_choice")
+        raise bad("`tool_choice` needs `tools`: this request offers none.", "tool_choice")
     if choice not in CHOICES and choice not in names:
-        raise _bad(
+        raise bad(
             f"`tool_choice` names {short_repr(choice)}, which is not among `tools`.",
             "tool_choice",
         )
@@ -191,32 +178,30 @@ def tool_calls(where: str, message: dict[str, Any]) -> tuple[ToolCall, ...]:
         ApiError: 400 naming the field.
     """
     if message.get("function_call") is not None:
-        raise _unsupported(
-            f"{where}.function_call", "The legacy `function_call` (use `tool_calls`)"
-        )
+        raise unsupported(f"{where}.function_call", "The legacy `function_call` (use `tool_calls`)")
     value = message.get("tool_calls")
     if value is None or value == []:
         return ()
     at = f"{where}.tool_calls"
     if not isinstance(value, list):
-        raise _bad(f"{at} must be a list of calls.", at)
+        raise bad(f"{at} must be a list of calls.", at)
     if len(value) > MAX_CALLS:
-        raise _bad(f"{at} holds {len(value)} calls; at most {MAX_CALLS} are accepted.", at)
+        raise bad(f"{at} holds {len(value)} calls; at most {MAX_CALLS} are accepted.", at)
     return tuple(_call(f"{at}[{j}]", c) for j, c in enumerate(value))
 
 
 def _call(at: str, value: object) -> ToolCall:
     shape = '{"id": ..., "type": "function", "function": {"name": ..., "arguments": "..."}}'
     if not isinstance(value, dict) or value.get("type", "function") != "function":
-        raise _bad(f"{at} must be {shape}.", at)
+        raise bad(f"{at} must be {shape}.", at)
     call_id, fn = value.get("id"), value.get("function")
     if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_ID_CHARS:
-        raise _bad(f"{at}.id must be a string of 1 to {MAX_ID_CHARS} characters.", f"{at}.id")
+        raise bad(f"{at}.id must be a string of 1 to {MAX_ID_CHARS} characters.", f"{at}.id")
     if not isinstance(fn, dict):
-        raise _bad(f"{at} must be {shape}.", f"{at}.function")
+        raise bad(f"{at} must be {shape}.", f"{at}.function")
     name, arguments = fn.get("name"), fn.get("arguments")
     if not isinstance(name, str) or not 0 < len(name) <= MAX_CALL_NAME_CHARS:
-        raise _bad(
+        raise bad(
             f"{at}.function.name must be a string of 1 to {MAX_CALL_NAME_CHARS} characters.",
             f"{at}.function.name",
         )
@@ -225,7 +210,7 @@ def _call(at: str, value: object) -> ToolCall:
     elif arguments is None or arguments == "":
         arguments = "{}"
     if not isinstance(arguments, str):
-        raise _bad(f"{at}.function.arguments must be a JSON object as a string.", f"{at}.function")
+        raise bad(f"{at}.function.arguments must be a JSON object as a string.", f"{at}.function")
     return ToolCall(call_id, name, arguments)
 
 
@@ -237,7 +222,7 @@ def tool_result(where: str, message: dict[str, Any], content: str) -> ChatMessag
     """
     call_id = message.get("tool_call_id")
     if not isinstance(call_id, str) or not 0 < len(call_id) <= MAX_ID_CHARS:
-        raise _bad(
+        raise bad(
             f"{where}.tool_call_id must name the call this is the result of "
             f"(a string of 1 to {MAX_ID_CHARS} characters).",
             f"{where}.tool_call_id",
@@ -245,7 +230,7 @@ def tool_result(where: str, message: dict[str, Any], content: str) -> ChatMessag
         )
     name = message.get("name")
     if name is not None and (not isinstance(name, str) or len(name) > MAX_CALL_NAME_CHARS):
-        raise _bad(f"{where}.name must be the tool's name.", f"{where}.name")
+        raise bad(f"{where}.name must be the tool's name.", f"{where}.name")
     return ChatMessage("tool", content, tool_call_id=call_id, name=name or "")
 
 
@@ -262,7 +247,7 @@ def link_results(messages: list[ChatMessage]) -> list[ChatMessage]:
         if m.role == "tool":
             name = called.get(m.tool_call_id)
             if name is None:
-                raise _bad(
+                raise bad(
                     f"messages[{i}] is the result of call {m.tool_call_id!r}, but no earlier "
                     "assistant message made a call with that id.",
                     f"messages[{i}].tool_call_id",
