@@ -194,9 +194,7 @@ def test_llama3_triggers() -> None:
 @pytest.mark.slow
 def test_real_model_named_call_parses(loaded_engine: Any) -> None:
     """Sampling the real model under the forced grammar yields a call the parser reads."""
-    llm = loaded_engine._llm if hasattr(loaded_engine, "_llm") else None
-    if llm is None:
-        pytest.skip("engine internals differ")
+    llm = loaded_engine.llama
     fmt = FAMILIES["generic"]
     g = tool_grammar(fmt, ToolRequest((WEATHER,), "get_weather"))
     assert g is not None
