@@ -68,10 +68,12 @@ class LockedKeyring(MemoryKeyring):
 
 
 @contextlib.contextmanager
-def _use_keyring(backend: KeyringBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``backend`` as the keyring (and no session keys) for the block; the previous one after."""
+def use_keyring(backend: KeyringBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``backend`` as the keyring (no session keys, no failures noted yet) for the block;
+    the previous one after."""
     before = keyring.get_keyring()
     monkeypatch.setattr(keys, "_memory", {})
+    monkeypatch.setattr(keys, "_failed", [])
     keyring.set_keyring(backend)
     try:
         yield
@@ -82,13 +84,13 @@ def _use_keyring(backend: KeyringBackend, monkeypatch: pytest.MonkeyPatch) -> It
 @pytest.fixture()
 def memory_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryKeyring]:
     backend = MemoryKeyring()
-    with _use_keyring(backend, monkeypatch):
+    with use_keyring(backend, monkeypatch):
         yield backend
 
 
 @pytest.fixture()
 def no_keyring(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    with _use_keyring(fail.Keyring(), monkeypatch):
+    with use_keyring(fail.Keyring(), monkeypatch):
         yield
 
 
@@ -197,7 +199,7 @@ def test_without_a_keyring_keys_live_in_memory_only(tmp_path: Path, no_keyring: 
 
 def test_a_keyring_that_refuses_falls_back_to_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     backend = LockedKeyring()
-    with _use_keyring(backend, monkeypatch):
+    with use_keyring(backend, monkeypatch):
         assert keys.keyring_problem() == ""
         keys.set_key("abc", SECRET)
         assert keys.get_key("abc") == SECRET and backend.values == {}

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import keyring
-import keyring.errors
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keyring.backend import KeyringBackend
 from keyring.backends import fail
 from mcp import types
 
@@ -31,42 +27,10 @@ from app.mcp.results import (
 )
 from app.mcp.state import McpState
 from app.mcp.tool_host import McpTool
-from app.remote import keys
+from tests.test_connections import MemoryKeyring, use_keyring
 
 pytestmark = pytest.mark.timeout(60)
 VALID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class MemoryKeyring(KeyringBackend):
-    """A keyring in a dict, for tests."""
-
-    priority = 1  # type: ignore[assignment]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.values.get((service, username))
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        self.values[(service, username)] = password
-
-    def delete_password(self, service: str, username: str) -> None:
-        if self.values.pop((service, username), None) is None:
-            raise keyring.errors.PasswordDeleteError("no such password")
-
-
-@contextlib.contextmanager
-def use_keyring(backend: KeyringBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    before = keyring.get_keyring()
-    monkeypatch.setattr(keys, "_memory", {})
-    monkeypatch.setattr(keys, "_failed", [])
-    keyring.set_keyring(backend)
-    try:
-        yield
-    finally:
-        keyring.set_keyring(before)
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ import pytest
 from app.mcp.connection import Limits
 from app.mcp.host import McpHost
 from tests.server_fixture import free_port
-from tests.test_mcp_config import MemoryKeyring, use_keyring
+from tests.test_connections import MemoryKeyring, use_keyring
 
 pytestmark = pytest.mark.timeout(90)
 SERVER = str(Path(__file__).with_name("mcp_server.py"))
