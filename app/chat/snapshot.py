@@ -42,6 +42,7 @@ from typing import Any, TypeGuard
 
 from app.config.params import short_repr
 from app.engine.backend import DraftInfo, KvState
+from app.engine.image_part import IMAGE_ID_MIN
 from app.util.atomic import atomic_write_bytes
 from app.util.datafiles import DataFileError, open_regular, os_reason, parse_json
 from app.util.errors import LamplightError
@@ -269,7 +270,7 @@ def read_snapshot(path: Path, expected: SnapshotHeader, max_bytes: int | None = 
     pairs = list(zip(marks[0::2], marks[1::2], strict=True))
     if (
         len(tokens) != header.n_tokens
-        or (tokens and min(tokens) < 0)
+        or (tokens and min(tokens) < IMAGE_ID_MIN)
         or any(not (0 <= n <= len(tokens) and 0 <= c <= len(text)) for n, c in pairs)
     ):
         raise SnapshotError("the saved cache file is inconsistent (token count)")

@@ -29,6 +29,8 @@ class LoadConfig:
     # ~20% faster prompt evaluation on CPU here, and needed for a q8_0 V cache; but its
     # batched kernels round differently, so prompt-lookup drafting is off with it.
     flash_attn: bool = False
+    # A vision projector (mmproj GGUF) loaded with the model: it then sees images.
+    mmproj: str = ""
 
     def threads(self) -> int:
         return self.n_threads if self.n_threads > 0 else default_threads()

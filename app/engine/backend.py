@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.chat_message import ToolCall
 from app.engine.hardware import HardwareInfo
+from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride
@@ -89,6 +90,9 @@ class Capabilities:
     # Tool calls: ``generate`` takes a ``ToolRequest`` and ``Finished.tool_calls`` has
     # the calls (this app's parser and grammar in-process; the server's own otherwise).
     tools: bool = False
+    # Images in user turns (``ChatMessage.images``): a projector is loaded, or a server
+    # says it takes them.
+    vision: bool = False
     why_not: dict[str, str] = field(default_factory=dict)
 
 
@@ -126,6 +130,7 @@ class ModelInfo:
     # How its replies write tool calls ("hermes", "llama3", ...; "" when not known or a
     # server parses them), for the UI to show.
     tool_format: str = ""
+    projector: str = ""  # the vision projector's file name ("" when it sees no images)
 
 
 @dataclass(frozen=True)
@@ -238,6 +243,13 @@ class Backend(Protocol):
         """Make the cache hold the history as the template renders it with ``reply``
         (the assistant's turn that just ended), and the next turn's opening; returns
         the tokens evaluated."""
+
+    def image_tokens(self, image: ImagePart) -> int:
+        """Context tokens ``image`` takes in a prompt (0 when the backend cannot tell).
+
+        Raises:
+            ImageError: the model sees no images, or the image cannot be read.
+        """
 
     def set_template(self, override: TemplateOverride) -> ModelInfo:
         """Use ``override`` as the chat template from the next message on (no reload).

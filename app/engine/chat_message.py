@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from app.engine.image_part import ImagePart
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -52,3 +55,4 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str = ""
     name: str = ""
+    images: tuple[ImagePart, ...] = ()

@@ -11,13 +11,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from app.config.params import SamplingParams
-from app.engine.backend import DraftInfo
+from app.config.params import LoadConfig, SamplingParams
+from app.engine.backend import DraftInfo, LoadCancelled, ProgressFn
 from app.engine.draft_length import DraftCosts, DraftLength
 from app.engine.drafting import Drafter, ModelDrafter, NgramDrafter
 from app.engine.metrics import MessageMetrics
 from app.engine.native import Native
 from app.engine.threadpool import SharedThreadPool, ThreadPoolUnavailable
+from app.util.errors import DraftError, ModelFileError, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -115,3 +116,34 @@ def share_threads(n_threads: int, contexts: tuple[Any, ...]) -> SharedThreadPool
     for ctx in contexts:
         pool.attach(ctx)
     return pool
+
+
+def open_draft(
+    target: Path, path: Path, config: LoadConfig, progress: ProgressFn | None, extra_bufts: bool
+) -> tuple[Any, DraftInfo]:
+    """A draft model for ``target``: its vocabulary compared before llama.cpp sees it.
+
+    Raises:
+        DraftError: it cannot draft for ``target``, cannot be loaded, or its load was
+            cancelled.
+    """
+    from app.engine.loader import open_llama
+    from app.gguf.info import read_gguf_info
+    from app.gguf.vocab_compat import draft_problem
+
+    problem = draft_problem(target, path)
+    if problem:
+        raise DraftError(problem)
+    try:
+        gguf = read_gguf_info(path)
+        if progress is not None and not progress(0.0):  # asked before llama.cpp starts
+            raise LoadCancelled("cancelled")
+        draft_llm = open_llama(gguf, config, progress, extra_bufts)
+    except LoadCancelled as exc:
+        raise DraftError("Loading the draft model was cancelled.") from exc
+    except (ModelFileError, ModelLoadError) as exc:
+        raise DraftError(f"The draft model was not loaded: {exc}") from exc
+    info = DraftInfo(
+        path=gguf.path, name=gguf.display_name, n_params=gguf.n_params, n_ctx=draft_llm.n_ctx()
+    )
+    return draft_llm, info

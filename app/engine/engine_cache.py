@@ -11,16 +11,20 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config.params import LoadConfig
 from app.engine.adapters import AdapterSet
 from app.engine.backend import KvState, PrefillProgress
 from app.engine.context_map import ContextMap
+from app.engine.image_part import ImagePart, has_markers, is_image_token, split_markers
 from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.native import Native
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
-from app.util.errors import DecodeError, LamplightError, NoModelLoaded
+from app.util.errors import DecodeError, ImageError, LamplightError, NoModelLoaded
+
+if TYPE_CHECKING:
+    from app.engine.vision import ImageSeq, Projector
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,10 @@ class EngineCache:
         # computed under (it goes stale when the two differ).
         self._adapters = AdapterSet()
         self._kv_lora_sig: list[dict[str, Any]] = []
+        # A vision projector loaded with the model, and the images of the request being
+        # rendered (by digest): what the image markers in its prompt text stand for.
+        self._projector: Projector | None = None
+        self._images: dict[str, ImagePart] = {}
 
     @property
     def native(self) -> Native:
@@ -217,10 +225,97 @@ class EngineCache:
         self._kv_lora_sig = self._adapters.signature
 
     def _tokenize(self, text: str, bos: bool) -> list[int]:
+        """Token ids for prompt text; each image marker becomes its image's tokens.
+
+        Raises:
+            ImageError: an image cannot be read, or is not among the request's images.
+        """
         if not text:
             return []
-        data = text.encode("utf-8", "replace")
-        return list(self._llm.tokenize(data, add_bos=bos, special=True))
+        if self._projector is None or not has_markers(text):
+            data = text.encode("utf-8", "replace")
+            return list(self._llm.tokenize(data, add_bos=bos, special=True))
+        out: list[int] = []
+        for is_image, part in split_markers(text):
+            if is_image:
+                image = self._images.get(part)
+                if image is None:
+                    raise ImageError("An image in this conversation is no longer available.")
+                out += ([*self._head] if bos and not out else []) + self.image_seq(image).tokens
+            else:
+                data = part.encode("utf-8", "replace")
+                out += list(self._llm.tokenize(data, add_bos=bos and not out, special=True))
+        return out
+
+    def use_images(self, images: Sequence[ImagePart]) -> None:
+        """The images the next renders may show (a request's, by digest).
+
+        Raises:
+            ImageError: there are images and this model sees none.
+        """
+        if images and self._projector is None:
+            raise ImageError(
+                "This model does not see images: load it with its vision projector "
+                "(an mmproj file) to send pictures."
+            )
+        self._images = {i.digest: i for i in images}
+
+    def image_seq(self, image: ImagePart) -> ImageSeq:
+        """``image`` tokenized by the projector (cached).
+
+        Raises:
+            ImageError.
+        """
+        if self._projector is None:
+            raise ImageError("This model does not see images (no vision projector is loaded).")
+        return self._projector.sequence(image)
+
+    def image_tokens(self, image: ImagePart) -> int:
+        """Context tokens ``image`` takes (its embeddings and the tokens around them)."""
+        self._require()
+        return len(self.image_seq(image).tokens)
+
+    def _segments(
+        self, tokens: Sequence[int], n_batch: int
+    ) -> Iterator[tuple[int, int, ImageSeq | None]]:
+        """``tokens`` cut into text batches and whole images: ``(start, end, image)``."""
+        at = 0
+        while at < len(tokens):
+            if not is_image_token(tokens[at]):
+                end = at
+                while end < len(tokens) and end - at < n_batch and not is_image_token(tokens[end]):
+                    end += 1
+                yield at, end, None
+                at = end
+                continue
+            seq = self._projector.known(tokens[at]) if self._projector is not None else None
+            if seq is None or tokens[at : at + seq.n_tokens] != [seq.token_id] * seq.n_tokens:
+                raise DecodeError("An image in the prompt could not be read again.")
+            yield at, at + seq.n_tokens, seq
+            at += seq.n_tokens
+
+    def _pos(self, n: int) -> int:
+        """The KV position after the first ``n`` cached tokens (fewer with M-RoPE images)."""
+        if self._projector is None or not self._projector.mrope:
+            return n
+        tokens, pos, at = self._map.tokens, n, 0
+        while at < min(n, len(tokens)):
+            seq = self._projector.known(tokens[at]) if is_image_token(tokens[at]) else None
+            if seq is None:
+                at += 1
+                continue
+            if at + seq.n_tokens <= n:
+                pos -= seq.n_tokens - seq.n_pos
+            at += seq.n_tokens
+        return pos
+
+    def _image_start(self, n: int) -> int:
+        """``n`` moved back to the start of the image it falls inside (an image is kept or
+        read again whole)."""
+        tokens = self._map.tokens
+        while 0 < n < len(tokens) and is_image_token(tokens[n]) and tokens[n - 1] == tokens[n]:
+            n -= 1
+        return n
 
     def _prefill(self, tokens: Sequence[int], stop: threading.Event) -> Iterator[PrefillProgress]:
         """Evaluate ``tokens`` in batches with the abort callback armed."""
@@ -234,11 +329,16 @@ class EngineCache:
             self._kv_lora_sig = self._adapters.signature
         native.arm_abort(self._abort_cb)
         try:
-            for start in range(0, len(tokens), n_batch):
+            for start, end, image in self._segments(tokens, n_batch):
                 if stop.is_set():
                     return
-                chunk = tokens[start : start + n_batch]
-                rc = native.decode(chunk)
+                chunk = tokens[start:end]
+                if image is None:
+                    rc = native.decode(chunk)
+                else:
+                    assert self._projector is not None
+                    at = self._pos(len(self._map.tokens))
+                    rc = self._projector.evaluate(native.ctx, image, at, n_batch)
                 if rc == 2 or (rc != 0 and stop.is_set()):
                     # Aborted: some ubatches may be in memory; drop what we cannot vouch for.
                     self._rewind(len(self._map.tokens))
@@ -266,6 +366,7 @@ class EngineCache:
         """
         native = self.native
         note = ""
+        n = self._image_start(n)
         # Checked before the removal: afterwards the window's cells may all be gone.
         pos_min = native.seq_pos_min()
         if n > 0 and self._n_swa > 0 and pos_min > max(0, n - self._n_swa):
@@ -273,7 +374,7 @@ class EngineCache:
                 f"the sliding-window cache starts at token {pos_min}, "
                 f"too late to continue from token {n}"
             )
-        elif n < len(self._map.tokens) and not native.seq_rm(n):
+        elif n < len(self._map.tokens) and not native.seq_rm(self._pos(n)):
             note = "llama.cpp could not rewind the cache"
         if note:
             log.info("cache rebuilt: %s", note)

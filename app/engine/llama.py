@@ -36,13 +36,12 @@ from app.engine.backend import (
     DraftInfo,
     EngineEvent,
     Finished,
-    LoadCancelled,
     ModelInfo,
     ProgressFn,
 )
 from app.engine.context_map import common_prefix
 from app.engine.decode import DecodeJob, decode
-from app.engine.draft_slot import DraftSlot
+from app.engine.draft_slot import DraftSlot, open_draft
 from app.engine.engine_cache import HEAD_LOST_NOTE as HEAD_LOST_NOTE
 from app.engine.engine_cache import LORA_CHANGED_NOTE as LORA_CHANGED_NOTE
 from app.engine.engine_cache import EngineCache
@@ -83,13 +82,11 @@ from app.engine.thinking import (
 from app.engine.tool_binding import ToolDecoding, bind_tools, tool_decoding
 from app.engine.tool_format import ToolFormat, detect_tool_format
 from app.engine.tool_spec import ToolRequest
+from app.engine.vision import open_projector
 from app.engine.vocab import Vocab
 from app.gguf.info import read_gguf_info
 from app.util.errors import (
     ContextOverflowError,
-    DraftError,
-    ModelFileError,
-    ModelLoadError,
 )
 
 log = logging.getLogger(__name__)
@@ -170,7 +167,8 @@ class Engine(EngineCache):
 
     @property
     def capabilities(self) -> Capabilities:
-        return _CAPABILITIES_GPU if self.hardware().gpu_offload else _CAPABILITIES
+        caps = _CAPABILITIES_GPU if self.hardware().gpu_offload else _CAPABILITIES
+        return replace(caps, vision=True) if self._projector is not None else caps
 
     def ping(self) -> str:
         return ""
@@ -211,10 +209,12 @@ class Engine(EngineCache):
         vocab = Vocab(llm)
         try:
             inputs, template, stop_ids = auto_template(gguf, llm, vocab)
+            projector = open_projector(config, gguf, llm)
         except BaseException:
             llm.close()
             raise
         self.unload()  # the old model, its adapters and its cache: only now
+        self._projector = projector
         self.load_count += 1
         self._built = {AUTO_TEMPLATE: (template, stop_ids)}
         self._llm = llm
@@ -255,6 +255,7 @@ class Engine(EngineCache):
             ),
             reasoning=template.reasoning,
             tool_format=self._tool_format(template).family,
+            projector=projector.path.name if projector is not None else "",
         )
         self._bound = None
         self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
@@ -269,6 +270,9 @@ class Engine(EngineCache):
         self._kv_lora_sig = []
         self._draft.drop()
         self._draft.costs = {}
+        if self._projector is not None:  # before its model
+            self._projector.close()
+            self._projector = None
         if self._llm is not None:
             self._llm.close()
         self._llm = None
@@ -315,27 +319,13 @@ class Engine(EngineCache):
         if path is None:
             self._draft.drop()
             return None
-        from app.gguf.vocab_compat import draft_problem
-
         assert self._info is not None and self._config is not None
-        problem = draft_problem(self._info.path, Path(path))
-        if problem:
-            raise DraftError(problem)
         size = n_ctx if n_ctx > 0 else min(llm.n_ctx(), 4096)
         config = replace(self._config, n_ctx=size)
-        try:
-            gguf = read_gguf_info(path)
-            if progress is not None and not progress(0.0):  # asked before llama.cpp starts
-                raise LoadCancelled("cancelled")
-            draft_llm = open_llama(gguf, config, progress, self._extra_bufts)
-        except LoadCancelled as exc:
-            raise DraftError("Loading the draft model was cancelled.") from exc
-        except (ModelFileError, ModelLoadError) as exc:
-            raise DraftError(f"The draft model was not loaded: {exc}") from exc
-        info = DraftInfo(
-            path=gguf.path, name=gguf.display_name, n_params=gguf.n_params, n_ctx=draft_llm.n_ctx()
+        draft_llm, info = open_draft(
+            self._info.path, Path(path), config, progress, self._extra_bufts
         )
-        self._draft.attach(draft_llm, gguf.path, info, self.native, config.threads())
+        self._draft.attach(draft_llm, info.path, info, self.native, config.threads())
         return info
 
     # -- chat template -------------------------------------------------------------------
@@ -393,7 +383,8 @@ class Engine(EngineCache):
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The conversation rendered by the chat template and tokenized."""
         assert self._template is not None
-        return self.tokenize(self._template.render(messages, True))
+        self.use_images([i for m in messages for i in m.images])
+        return self._tokenize(self._template.render(messages, True), bos=True)
 
     # -- generation ----------------------------------------------------------------
 
@@ -420,6 +411,7 @@ class Engine(EngineCache):
             model's own template failed on ``messages``, or rendered nothing).
         """
         llm, stop, t0 = self._require(), stop or threading.Event(), time.perf_counter()
+        self.use_images([i for m in messages for i in m.images])
         # A bad grammar fails before any work.
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         self.native.perf_reset()
@@ -588,6 +580,7 @@ class Engine(EngineCache):
         if self.lora_stale or template.completion:
             # Continue-the-text mode opens no turn: the next text may follow with no space.
             return 0  # the cache belongs to the previous stack; generate will rebuild it
+        self.use_images([i for m in messages for i in m.images])
         if self._sent is not None and self._sent[0] == list(messages):
             messages = self._sent[1].messages  # what the model still sees after an overflow
         turn = self._pipeline().next_turn(messages, reply)
@@ -628,6 +621,11 @@ class Engine(EngineCache):
             self._config.flash_attn or self._config.kv_type != "f16"
         )
         drafter, length = self._draft.choose(params, flash, metrics)
+        # A draft model reads no images; drafts at explicit positions miss M-RoPE's.
+        mrope = self._projector is not None and self._projector.mrope
+        if drafter is not None and self._images and (drafter.kind == "model" or mrope):
+            metrics.notes.append("drafting is off in a conversation with images")
+            drafter = length = None
         job = DecodeJob(
             native=self.native,
             cmap=self._map,

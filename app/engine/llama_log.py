@@ -33,4 +33,11 @@ def install_log_route() -> None:
 
     cb = llama_cpp.llama_log_callback(route)
     llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))
+    try:  # libmtmd (vision projectors) logs on its own, to stderr unless told otherwise
+        from llama_cpp import mtmd_cpp
+
+        mtmd_cpp.mtmd_log_set(cb, ctypes.c_void_p(0))
+        mtmd_cpp.mtmd_helper_log_set(cb, ctypes.c_void_p(0))
+    except (ImportError, OSError, AttributeError):
+        pass
     install_log_route.callback = cb  # type: ignore[attr-defined]  # keep it alive

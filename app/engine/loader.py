@@ -43,7 +43,8 @@ def open_llama(
         LoadCancelled: ``progress`` returned False.
     """
     try:
-        validate_load(dataclasses.asdict(config))
+        # The projector is a file, checked by app.gguf.projector, not a setting.
+        validate_load({k: v for k, v in dataclasses.asdict(config).items() if k != "mmproj"})
     except SettingError as exc:
         raise ModelLoadError(f"{gguf.path.name} was not loaded: {exc}") from exc
     import llama_cpp

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 NGRAM_SIZES = (4, 3, 2)
@@ -37,5 +38,7 @@ class NgramIndex:
                 continue
             at = self._next.get(tuple(h[-n:]))
             if at is not None:
-                return h[at : at + min(k, SHORT_MATCH_TOKENS.get(n, k))]
+                draft = h[at : at + min(k, SHORT_MATCH_TOKENS.get(n, k))]
+                # An image's pseudo-tokens are no text to propose: the draft ends there.
+                return list(itertools.takewhile(lambda t: t >= 0, draft))
         return []

@@ -86,6 +86,8 @@ def build_sampler(
         # The penalties look back over the context; the grammar must not see the prompt.
         window = params.repeat_last_n if params.repeat_last_n > 0 else len(context)
         for tok in context[-window:]:
+            if tok < 0:
+                continue  # an image's pseudo-token: nothing the sampler can count
             llama_cpp.llama_sampler_accept(
                 llama_cpp.llama_sampler_chain_get(chain, 1 if grammar else 0), tok
             )

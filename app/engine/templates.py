@@ -18,6 +18,7 @@ from typing import Any, Literal
 from app.engine.chat_message import ChatMessage as ChatMessage
 from app.engine.chat_message import Role as Role
 from app.engine.chat_message import ToolCall as ToolCall
+from app.engine.image_part import with_markers
 from app.engine.reasoning_format import ReasoningFormat, detect_reasoning
 from app.engine.template_errors import ChatTemplateError as ChatTemplateError
 
@@ -54,7 +55,8 @@ class ChatTemplate:
         Raises:
             ChatTemplateError: the model's own template failed on these messages.
         """
-        return clean_text(self.renderer(messages, add_generation_prompt, extra or {}))
+        shown = with_markers(messages)  # images become markers; look-alikes in text escaped
+        return clean_text(self.renderer(shown, add_generation_prompt, extra or {}))
 
     @property
     def label(self) -> str:

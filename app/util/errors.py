@@ -63,3 +63,13 @@ class ServerOverflowError(ContextOverflowError):
 
 class ApiKeyRefused(LamplightError):
     """The server refused the API key (401/403)."""
+
+
+class ImageError(LamplightError):
+    """An image that cannot be shown to the model: not an image, damaged, too large, or
+    a model that does not see images. The message says which, for the user."""
+
+
+class ProjectorError(ModelFileError):
+    """A vision projector (``mmproj``) file refused before llama.cpp reads it: the reason
+    (not a projector, damaged, made for another model) is the message."""

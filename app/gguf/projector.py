@@ -1,0 +1,212 @@
+"""Vision projector (``mmproj``) files: read their header, and check they fit a model
+before llama.cpp's loader sees them (its checks abort the process on some bad files).
+
+Only the header is read, with the bounded walk of ``app.gguf.header`` and the tensor
+table rules of ``app.gguf.info`` (a truncated file is refused here, not by a crash).
+The width a projector writes is what llama.cpp's ``clip_n_mmproj_embd`` reads: the
+shape of the family's last projection tensor, else ``clip.vision.projection_dim``
+(which the converter sets to the text model's width).
+"""
+
+from __future__ import annotations
+
+import errno
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.gguf.header import (
+    Empty,
+    Header,
+    Malformed,
+    NotGguf,
+    NotRegular,
+    int_value,
+    is_text,
+    mapped_file,
+    shown,
+    walk_header,
+)
+from app.gguf.info import _check_tensors
+from app.util.errors import ModelFileError, ProjectorError
+
+# Projector types this build of libmtmd knows (clip-impl.h PROJECTOR_TYPE_NAMES).
+KNOWN_TYPES = frozenset(
+    [
+        "mlp",
+        "mlp_norm",
+        "ldp",
+        "ldpv2",
+        "resampler",
+        "adapter",
+        "qwen2vl_merger",
+        "qwen2.5vl_merger",
+        "qwen3vl_merger",
+        "gemma3",
+        "gemma3nv",
+        "idefics3",
+        "pixtral",
+        "internvl",
+        "llama4",
+        "lfm2",
+        "kimivl",
+        "cogvlm",
+        "janus_pro",
+        "glm4v",
+        "phi4",
+        "paddleocr",
+        "lightonocr",
+        "dots_ocr",
+        "deepseekocr",
+        "youtuvl",
+        "hunyuanvl",
+        "minicpmv4_6",
+        "step3vl",
+        "gemma4v",
+    ]
+)
+# Per type: the tensor whose shape gives the output width, and which dimension
+# (ggml order: a weight's ne[1] is its output size; gemma3's is used transposed).
+_OUT_TENSORS = {
+    "gemma3": ("mm.input_projection.weight", 0),
+    "mlp": ("mm.2.weight", 1),
+    "mlp_norm": ("mm.2.weight", 1),
+    "pixtral": ("mm.2.weight", 1),
+    "lfm2": ("mm.2.weight", 1),
+    "kimivl": ("mm.2.weight", 1),
+    "qwen2vl_merger": ("mm.2.weight", 1),
+    "qwen2.5vl_merger": ("mm.2.weight", 1),
+    "idefics3": ("mm.model.fc.weight", 1),
+    "llama4": ("mm.model.fc.weight", 1),
+    "internvl": ("mm.3.weight", 1),
+}
+# Projector types made for one text architecture only (others are not checked).
+_ARCHITECTURES = {
+    "gemma3": ("gemma3",),
+    "qwen2vl_merger": ("qwen2vl",),
+    "qwen2.5vl_merger": ("qwen2vl",),
+    "qwen3vl_merger": ("qwen3vl", "qwen3vlmoe"),
+    "llama4": ("llama4",),
+}
+MAX_SIDE = 1 << 16  # image_size / patch_size larger than this are nonsense
+
+
+@dataclass(frozen=True)
+class ProjectorInfo:
+    path: Path
+    projector_type: str
+    n_embd_out: int  # the width of the embeddings it writes (0: unknown)
+    image_size: int
+    patch_size: int
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def read_projector(path: str | Path) -> ProjectorInfo:
+    """Read a projector's header.
+
+    Raises:
+        ProjectorError: not a readable GGUF file, or not a vision projector llama.cpp knows.
+    """
+    p = Path(path)
+    name = shown(p.name)
+    try:
+        with mapped_file(p) as buf:
+            header = walk_header(buf)
+            _check_tensors(name, header)
+    except ProjectorError:
+        raise
+    except ModelFileError as exc:
+        raise ProjectorError(str(exc)) from exc
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise ProjectorError(f"Projector file not found: {shown(str(p))}") from exc
+    except PermissionError as exc:
+        raise ProjectorError(f"{name} cannot be read: permission denied.") from exc
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            raise ProjectorError(f"The path of {name} is too long for the file system.") from exc
+        raise ProjectorError(f"{name} cannot be read: {shown(exc.strerror or str(exc))}.") from exc
+    except NotRegular as exc:
+        raise ProjectorError(f"Not a file: {shown(str(p))} is {exc}.") from exc
+    except Empty as exc:
+        raise ProjectorError(f"{name} is empty (0 bytes); an interrupted download?") from exc
+    except NotGguf as exc:
+        raise ProjectorError(
+            f"{name} is not a GGUF file (it starts with {exc.magic!r}, not b'GGUF')."
+        ) from exc
+    except Malformed as exc:
+        raise ProjectorError(f"{name} is a damaged GGUF file: {exc}.") from exc
+    except (ValueError, OverflowError, MemoryError, struct.error) as exc:
+        raise ProjectorError(
+            f"{name} is a damaged GGUF file (unexpected {type(exc).__name__})."
+        ) from exc
+    return _info(p, name, header)
+
+
+def _info(p: Path, name: str, header: Header) -> ProjectorInfo:
+    meta = header.meta
+    arch = meta.get("general.architecture") if is_text(header, "general.architecture") else None
+    if arch != "clip":
+        what = f"a model ({shown(str(arch))})" if arch else "a GGUF file without an architecture"
+        raise ProjectorError(
+            f"{name} is {what}, not a vision projector; choose the mmproj file published "
+            "with the model."
+        )
+    if meta.get("clip.has_vision_encoder") is not True:
+        raise ProjectorError(f"{name} has no vision encoder (an audio-only projector?).")
+    kind = ""
+    for key in ("clip.vision.projector_type", "clip.projector_type"):
+        if is_text(header, key):
+            kind = str(meta[key])
+            break
+    if kind not in KNOWN_TYPES:
+        shown_kind = repr(shown(kind, 40)) if kind else "no"
+        raise ProjectorError(
+            f"{name} names {shown_kind} projector type, which this version of llama.cpp "
+            "does not know."
+        )
+    size = int_value(meta.get("clip.vision.image_size")) or 0
+    patch = int_value(meta.get("clip.vision.patch_size")) or 0
+    if not 0 <= size <= MAX_SIDE or not 0 <= patch <= MAX_SIDE or (size and not patch):
+        raise ProjectorError(
+            f"{name} cannot be used: its image size {size} and patch size {patch} make no sense."
+        )
+    return ProjectorInfo(p, kind, _width(header, kind), size, patch)
+
+
+def _width(header: Header, kind: str) -> int:
+    """The width of the embeddings a projector of type ``kind`` writes (0: unknown)."""
+    if kind in _OUT_TENSORS:
+        tensor, dim = _OUT_TENSORS[kind]
+        for tname, dims, _type, _offset in header.tensors:
+            if tname == tensor and len(dims) > dim:
+                return int(dims[dim])
+    width = int_value(header.meta.get("clip.vision.projection_dim")) or 0
+    return width if 0 < width <= 1 << 20 else 0
+
+
+def check_fits(
+    info: ProjectorInfo, n_embd: int | None, architecture: str = "", model: str = "this model"
+) -> None:
+    """Refuse a projector whose embeddings ``model`` cannot read.
+
+    Raises:
+        ProjectorError: its width differs from ``n_embd``, or it is made for another
+            architecture (checked only for projector types made for one).
+    """
+    arch = architecture.lower()
+    allowed = _ARCHITECTURES.get(info.projector_type)
+    if arch and allowed is not None and arch not in allowed:
+        raise ProjectorError(
+            f"{shown(info.name)} does not fit {model}: it is a {info.projector_type} projector, "
+            f"made for {' or '.join(allowed)} models, and the model is {shown(arch)}. Use the "
+            "mmproj file published with this model."
+        )
+    if info.n_embd_out and n_embd and info.n_embd_out != n_embd:
+        raise ProjectorError(
+            f"{shown(info.name)} does not fit {model}: it makes {info.n_embd_out}-wide "
+            f"embeddings; this model reads {n_embd}-wide ones. Use the mmproj file published "
+            "with this model."
+        )

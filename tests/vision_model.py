@@ -1,0 +1,118 @@
+"""A tiny random vision projector (``mmproj``) for the default model, built with ``gguf``.
+
+No vision model is small enough to ship with the tests, so :func:`build_projector`
+writes a Gemma 3 projector (``clip.projector_type = gemma3``: a SigLIP-style ViT,
+average pooling, RMS norm and the input projection into the text model's width) with
+random weights and a small geometry: 64×64 pixels, 4-pixel patches pooled 2×2, so an
+image is :data:`IMAGE_TOKENS` tokens. It exercises the real libmtmd path (tokenize,
+encode, non-causal decode of the embeddings) without testing answers, the way
+llama.cpp tests its own mtmd code with tiny random models.
+
+:func:`projector_path` builds it once per checkout into ``.cache/test-models/``,
+atomically; ``width`` other than the default model's (640) writes one that does not fit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_CACHE = ROOT / ".cache" / "test-models"
+TEXT_WIDTH = 640  # the default model's n_embd
+IMAGE_SIZE = 64
+PATCH = 4
+MERGE = 2
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH // MERGE) ** 2
+BUILDER_VERSION = 1
+
+
+def build_projector(out: Path, width: int = TEXT_WIDTH, *, seed: int = 7) -> Path:
+    """Write a random Gemma 3 projector whose output width is ``width`` to ``out``."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n_embd, n_ff, n_head = 32, 64, 2
+    n_patches = (IMAGE_SIZE // PATCH) ** 2
+
+    def rand(*shape: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    writer = gguf.GGUFWriter(str(tmp), "clip")
+    writer.add_string("general.name", "lamplight test projector")
+    writer.add_string("clip.projector_type", "gemma3")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.use_gelu", True)
+    writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
+    writer.add_uint32("clip.vision.patch_size", PATCH)
+    writer.add_uint32("clip.vision.embedding_length", n_embd)
+    writer.add_uint32("clip.vision.feed_forward_length", n_ff)
+    writer.add_uint32("clip.vision.block_count", 1)
+    writer.add_uint32("clip.vision.projection_dim", width)
+    writer.add_uint32("clip.vision.attention.head_count", n_head)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    writer.add_uint32("clip.vision.projector.scale_factor", MERGE)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    tensors = {
+        "v.patch_embd.weight": rand(n_embd, 3, PATCH, PATCH),
+        "v.patch_embd.bias": rand(n_embd),
+        "v.position_embd.weight": rand(n_patches, n_embd),
+        "v.post_ln.weight": np.ones(n_embd, np.float32),
+        "v.post_ln.bias": np.zeros(n_embd, np.float32),
+        "mm.soft_emb_norm.weight": np.ones(n_embd, np.float32),
+        "mm.input_projection.weight": rand(n_embd, width),
+    }
+    for name, shape in {
+        "attn_q": (n_embd, n_embd),
+        "attn_k": (n_embd, n_embd),
+        "attn_v": (n_embd, n_embd),
+        "attn_out": (n_embd, n_embd),
+        "ffn_up": (n_ff, n_embd),
+        "ffn_down": (n_embd, n_ff),
+    }.items():
+        tensors[f"v.blk.0.{name}.weight"] = rand(*shape)
+        tensors[f"v.blk.0.{name}.bias"] = rand(shape[0])
+    for name in ("ln1", "ln2"):
+        tensors[f"v.blk.0.{name}.weight"] = np.ones(n_embd, np.float32)
+        tensors[f"v.blk.0.{name}.bias"] = np.zeros(n_embd, np.float32)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(tmp, out)
+    return out
+
+
+def projector_path(width: int = TEXT_WIDTH) -> Path:
+    """The test projector for the default model (built on first use)."""
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    out = MODEL_CACHE / f"mmproj-test-v{BUILDER_VERSION}-{width}.gguf"
+    if not out.exists():
+        build_projector(out, width)
+    return out
+
+
+def image_bytes(
+    color: tuple[int, int, int] = (200, 30, 30), size: tuple[int, int] = (120, 80), fmt: str = "PNG"
+) -> bytes:
+    """A small one-colour picture encoded as ``fmt`` (PNG, JPEG, WEBP, GIF, BMP)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, fmt)
+    return buf.getvalue()
+
+
+def image_part(color: tuple[int, int, int] = (200, 30, 30), name: str = "picture.png") -> Any:
+    """An ``ImagePart`` of a small PNG of ``color``."""
+    from app.engine.image_part import ImagePart
+
+    return ImagePart.from_bytes(image_bytes(color), "image/png", 120, 80, name)
