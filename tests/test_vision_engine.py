@@ -150,3 +150,54 @@ def test_a_projector_for_another_width_is_refused_before_llama_cpp(
     assert vision.model == before  # the loaded model stays
     with pytest.raises(ProjectorError):
         vision.load(model_path, replace(TEST_LOAD, mmproj=str(model_path)))  # a model file
+
+
+@pytest.fixture(scope="module")
+def small(model_path: Path) -> Iterator[Engine]:
+    """The projector with a 512-token context, for the overflow policies."""
+    engine = Engine()
+    engine.load(model_path, replace(TEST_LOAD, n_ctx=512, mmproj=str(projector_path())))
+    yield engine
+    engine.unload()
+
+
+def long_chat(first_images: tuple[ImagePart, ...]) -> list[ChatMessage]:
+    words = " ".join(f"word{i}" for i in range(40))
+    msgs = [ChatMessage("user", "Look at this.", images=first_images)]
+    for i in range(8):
+        msgs += [ChatMessage("assistant", f"Reply {i}: {words}"), ChatMessage("user", f"Turn {i}.")]
+    return msgs
+
+
+@pytest.mark.parametrize("policy", ["truncate_middle", "rolling"])
+def test_overflow_keeps_or_drops_an_image_turn_whole(small: Engine, policy: str) -> None:
+    small.reset()
+    params = replace(GREEDY, overflow=policy, max_tokens=4)
+    msgs = long_chat((RED,))
+    done = None
+    for event in small.generate(msgs, params):
+        if isinstance(event, Finished):
+            done = event
+    assert done is not None and done.metrics.stop_reason != "error"
+    tokens = small.cached_tokens
+    runs = [i for i, t in enumerate(tokens) if is_image_token(t) and (i == 0 or tokens[i - 1] != t)]
+    # Truncate middle keeps the first exchange (the picture); rolling drops it first.
+    assert len(runs) == (1 if policy == "truncate_middle" else 0)
+    for start in runs:  # a kept picture is whole
+        assert tokens[start : start + IMAGE_TOKENS] == [tokens[start]] * IMAGE_TOKENS
+    assert done.metrics.prompt_tokens < small.llama.n_ctx() < len(small.tokenize(str(msgs)))
+    assert done.metrics.dropped_count > 0
+
+
+def test_stop_while_an_image_is_read_leaves_no_part_of_it(eng: Engine) -> None:
+    import threading
+
+    stop = threading.Event()
+    stop.set()  # stopped before the prompt's first batch: nothing of the picture is kept
+    events = list(eng.generate([ChatMessage("user", "Look.", images=(BLUE,))], GREEDY, stop))
+    last = events[-1]
+    assert isinstance(last, Finished) and last.metrics.stop_reason == "cancelled"
+    assert image_runs(eng.cached_tokens) == 0
+    after = finish(eng, [ChatMessage("user", "Look.", images=(BLUE,))])
+    assert image_runs(eng.cached_tokens) == 1
+    assert after.metrics.evaluated_tokens == after.metrics.prompt_tokens

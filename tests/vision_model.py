@@ -90,9 +90,11 @@ def build_projector(out: Path, width: int = TEXT_WIDTH, *, seed: int = 7) -> Pat
 
 
 def projector_path(width: int = TEXT_WIDTH) -> Path:
-    """The test projector for the default model (built on first use)."""
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    out = MODEL_CACHE / f"mmproj-test-v{BUILDER_VERSION}-{width}.gguf"
+    """The test projector for the default model (built on first use). Kept in a folder of
+    its own: beside the model, the app would pair it with every test's model."""
+    folder = MODEL_CACHE / "projectors"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"mmproj-test-v{BUILDER_VERSION}-{width}.gguf"
     if not out.exists():
         build_projector(out, width)
     return out

@@ -93,6 +93,8 @@ class AppSettings:
     def _values(self) -> dict[str, Any]:
         data = asdict(self)
         del data["newer"]
+        # A projector belongs to one model (model prefs pair them), not to every load.
+        del data["load"]["mmproj"]
         return data
 
     @classmethod

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from app.engine.image_part import ImagePart
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -37,6 +35,26 @@ class ToolCall:
             "type": "function",
             "function": {"name": self.name, "arguments": self.arguments},
         }
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """One attached image: the encoded file (PNG, JPEG, WebP, GIF or BMP, already
+    checked by ``app.util.images.check_image``) and what identifies it. How it sits in
+    prompt text: ``app.engine.image_part``."""
+
+    digest: str  # sha256 of ``data``, hex
+    data: bytes = field(repr=False, compare=False)
+    mime: str = "image/png"
+    width: int = 0
+    height: int = 0
+    name: str = ""  # the file's name when it was attached ("" when pasted)
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes, mime: str, width: int = 0, height: int = 0, name: str = ""
+    ) -> ImagePart:
+        return cls(hashlib.sha256(data).hexdigest(), data, mime, width, height, name)
 
 
 @dataclass(frozen=True)

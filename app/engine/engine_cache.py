@@ -224,6 +224,11 @@ class EngineCache:
         # The caller (SessionCache) applied the stack the state was saved under.
         self._kv_lora_sig = self._adapters.signature
 
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids for prompt text: special tokens parsed, BOS added if the model wants it."""
+        llm = self._require()
+        return list(llm.tokenize(text.encode("utf-8", "replace"), add_bos=True, special=True))
+
     def _tokenize(self, text: str, bos: bool) -> list[int]:
         """Token ids for prompt text; each image marker becomes its image's tokens.
 

@@ -15,37 +15,17 @@ the same ids in every session.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 from app.engine.chat_message import ChatMessage
+from app.engine.chat_message import ImagePart as ImagePart  # re-exported
 
 MARKER_OPEN = "<__lamplight_image:"
 MARKER_CLOSE = "__>"
 _MARKER = re.compile(re.escape(MARKER_OPEN) + r"([0-9a-f]{64})" + re.escape(MARKER_CLOSE))
 # The lowest pseudo-token id an image can get: ids in [IMAGE_ID_MIN, -2] are images.
 IMAGE_ID_MIN = -(2**31) + 1
-
-
-@dataclass(frozen=True)
-class ImagePart:
-    """One attached image: the encoded file (PNG, JPEG, WebP, GIF or BMP, already
-    checked by ``app.util.images.check_image``) and what identifies it."""
-
-    digest: str  # sha256 of ``data``, hex
-    data: bytes = field(repr=False, compare=False)
-    mime: str = "image/png"
-    width: int = 0
-    height: int = 0
-    name: str = ""  # the file's name when it was attached ("" when pasted)
-
-    @classmethod
-    def from_bytes(
-        cls, data: bytes, mime: str, width: int = 0, height: int = 0, name: str = ""
-    ) -> ImagePart:
-        return cls(hashlib.sha256(data).hexdigest(), data, mime, width, height, name)
 
 
 def image_marker(digest: str) -> str:

@@ -81,7 +81,7 @@ class PoolStats:
 
 
 def _same(a: ChatMessage, b: ChatMessage) -> bool:
-    if a.role != b.role:
+    if a.role != b.role or [i.digest for i in a.images] != [i.digest for i in b.images]:
         return False
     if a.role == "assistant":  # clients often trim the reply they send back
         return a.content.strip() == b.content.strip()

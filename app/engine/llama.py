@@ -82,9 +82,9 @@ from app.engine.thinking import (
 from app.engine.tool_binding import ToolDecoding, bind_tools, tool_decoding
 from app.engine.tool_format import ToolFormat, detect_tool_format
 from app.engine.tool_spec import ToolRequest
-from app.engine.vision import open_projector
+from app.engine.vision import check_projector, open_projector
 from app.engine.vocab import Vocab
-from app.gguf.info import read_gguf_info
+from app.gguf.info import GgufInfo, read_gguf_info
 from app.util.errors import (
     ContextOverflowError,
 )
@@ -192,24 +192,17 @@ class Engine(EngineCache):
             LoadCancelled: ``progress`` returned False.
         """
         gguf = read_gguf_info(path)  # a bad file is refused before llama.cpp sees it
-        from app.engine.offload import AUTO, resolve
-
-        if config.n_gpu_layers == AUTO:
-            config = resolve(config, gguf, self.hardware())
-        guarded: tuple[str, ...] = ()
-        extra_bufts = True
-        if self._guard is not None:
-            prepared = self._guard.prepare(gguf.path, config, self.hardware().gpu_offload)
-            config, extra_bufts, guarded = prepared.config, prepared.extra_bufts, prepared.notes
+        config, extra_bufts, guarded = self._prepare(gguf, config)
         import llama_cpp
 
+        fits = check_projector(config, gguf)  # before llama.cpp reads either file
         t0 = time.perf_counter()
         llm = open_llama(gguf, config, progress, extra_bufts)
         load_ms = (time.perf_counter() - t0) * 1000
         vocab = Vocab(llm)
         try:
             inputs, template, stop_ids = auto_template(gguf, llm, vocab)
-            projector = open_projector(config, gguf, llm)
+            projector = open_projector(config, llm, fits)
         except BaseException:
             llm.close()
             raise
@@ -261,6 +254,20 @@ class Engine(EngineCache):
         self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
         return self._info
+
+    def _prepare(
+        self, gguf: GgufInfo, config: LoadConfig
+    ) -> tuple[LoadConfig, bool, tuple[str, ...]]:
+        """``config`` with auto offload resolved and the native guard's changes; whether
+        extra buffer types are safe; the guard's notes."""
+        from app.engine.offload import AUTO, resolve
+
+        if config.n_gpu_layers == AUTO:
+            config = resolve(config, gguf, self.hardware())
+        if self._guard is None:
+            return config, True, ()
+        prepared = self._guard.prepare(gguf.path, config, self.hardware().gpu_offload)
+        return prepared.config, prepared.extra_bufts, prepared.notes
 
     def unload(self) -> None:
         """Free the model, its context and its LoRA adapters."""
@@ -374,11 +381,6 @@ class Engine(EngineCache):
         )
 
     # -- tokens ------------------------------------------------------------------
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids for prompt text: special tokens parsed, BOS added if the model wants it."""
-        llm = self._require()
-        return list(llm.tokenize(text.encode("utf-8", "replace"), add_bos=True, special=True))
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The conversation rendered by the chat template and tokenized."""

@@ -24,7 +24,7 @@ from typing import Any
 from app.config.params import LoadConfig
 from app.engine.image_part import ImagePart, image_token_id
 from app.gguf.info import GgufInfo
-from app.gguf.projector import check_fits, read_projector
+from app.gguf.projector import ProjectorInfo, check_fits, read_projector
 from app.util.errors import ImageError, ProjectorError
 from app.util.images import decode_rgb
 
@@ -158,9 +158,9 @@ class Projector:
         return rc
 
 
-def open_projector(config: LoadConfig, gguf: GgufInfo, llm: Any) -> Projector | None:
-    """The projector ``config.mmproj`` names for the model ``llm`` (None when none is),
-    checked against the model before llama.cpp reads it.
+def check_projector(config: LoadConfig, gguf: GgufInfo) -> ProjectorInfo | None:
+    """The projector ``config.mmproj`` names, checked against the model ``gguf`` from
+    their headers (None when none is named).
 
     Raises:
         ProjectorError: not a vision projector, or one made for another model.
@@ -169,4 +169,11 @@ def open_projector(config: LoadConfig, gguf: GgufInfo, llm: Any) -> Projector | 
         return None
     info = read_projector(config.mmproj)
     check_fits(info, gguf.n_embd, gguf.architecture, gguf.display_name)
+    return info
+
+
+def open_projector(config: LoadConfig, llm: Any, info: ProjectorInfo | None) -> Projector | None:
+    """The checked projector ``info`` loaded for the model ``llm`` (None for none)."""
+    if info is None:
+        return None
     return Projector(info.path, llm, config.threads(), use_gpu=config.n_gpu_layers != 0)
