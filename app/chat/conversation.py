@@ -5,9 +5,12 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any, TypeGuard
 
+from app.chat.image_store import ImageStore, copy_images, markdown_image, read_image_refs
 from app.chat.tool_records import (
     CLOSED_TEXT,
     RESULT_CHARS,
@@ -18,6 +21,7 @@ from app.chat.tool_records import (
     result_markdown,
 )
 from app.config.params import short_repr
+from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage, ToolCall
 from app.util.errors import LamplightError
@@ -29,6 +33,8 @@ from app.util.errors import LamplightError
 # calls (``tool_calls`` on an assistant message) and their results (``tool`` messages)
 # are likewise absent when there are none (see ``app.chat.tool_records``); a file with
 # them is refused by an older Lamplight (it knows no ``tool`` role), which is right.
+# A user message's pictures (``images``, references into ``app.chat.image_store``) are
+# absent when there are none; an older Lamplight shows such a message without them.
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MAX_BRANCHES = 100_000  # the file's size limit bounds them first
@@ -39,6 +45,7 @@ PATH_MAX = 4096
 ID_CHARS = 128
 LATEST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: later dates fail in time.localtime
 ROLES = ("system", "user", "assistant", "tool")
+Images = Callable[["Message"], "list[ImagePart]"]  # a message's pictures, read
 THINKING_CUTS = ("", "budget", "user")  # MessageMetrics.thinking_cut: who ended the thinking
 
 
@@ -65,7 +72,9 @@ class Message:
     ``reasoning``: an assistant reply's thinking, apart from its answer (``content``);
     ``tool_calls``: the calls an assistant reply asked for (``app.chat.tool_records``).
     A ``tool`` message is the result of call ``tool_call_id`` to tool ``name``: its
-    full text (``content``; the model reads at most ``tool_result_chars`` of it)."""
+    full text (``content``; the model reads at most ``tool_result_chars`` of it).
+    ``images``: a user turn's pictures, references into the ``ImageStore``
+    (``app.chat.image_store``); the text may be empty when there are some."""
 
     role: str
     content: str
@@ -79,9 +88,13 @@ class Message:
     tool_call_id: str = ""
     name: str = ""
     is_error: bool = False
+    images: list[dict[str, Any]] = field(default_factory=list)
 
-    def chat(self, result_chars: int = 16_000) -> ChatMessage:
-        """The turn as a template sees it (a result cut to ``result_chars``, noted)."""
+    def chat(self, result_chars: int = 16_000, images: Images | None = None) -> ChatMessage:
+        """The turn as a template sees it (a result cut to ``result_chars``, noted);
+        ``images`` reads its pictures (none are sent without it)."""
+        if self.images and images is not None and self.role == "user":
+            return ChatMessage("user", self.content, images=tuple(images(self)))
         if self.role == "tool":
             text = cut_result(self.content, result_chars)
             return ChatMessage("tool", text, tool_call_id=self.tool_call_id, name=self.name)
@@ -129,10 +142,10 @@ class Conversation:
     # path is ``messages``. Flat, so a file's nesting depth does not grow with edits.
     alternatives: list[Branch] = field(default_factory=list)
 
-    def chat(self, result_chars: int = 16_000) -> list[ChatMessage]:
+    def chat(self, result_chars: int = 16_000, images: Images | None = None) -> list[ChatMessage]:
         """The messages the model sees, system prompt first (not the forgotten ones);
-        tool results cut to ``result_chars``."""
-        return [m.chat(result_chars) if m else self.system_message() for m in self.sent()]
+        tool results cut to ``result_chars``; ``images`` reads a message's pictures."""
+        return [m.chat(result_chars, images) if m else self.system_message() for m in self.sent()]
 
     def sent(self) -> list[Message | None]:
         """The messages ``chat`` sends, with None for the system prompt."""
@@ -150,7 +163,7 @@ class Conversation:
     def auto_title(self) -> None:
         if self.title_is_custom:
             return
-        first = next((m.content for m in self.messages if m.role == "user"), "")
+        first = next((m.content or _names(m) for m in self.messages if m.role == "user"), "")
         line = " ".join(first.split())
         self.title = (line[: TITLE_CHARS - 1] + "…") if len(line) > TITLE_CHARS else line
         if not self.title:
@@ -259,7 +272,7 @@ class Conversation:
         data = {"format": FORMAT_VERSION, **asdict(self)}
         # No thinking, no field: a file without reasoning is as it always was.
         for m in [*data["messages"], *(m for b in data["alternatives"] for m in b["messages"])]:
-            for key in ("reasoning", "tool_calls", "tool_call_id", "name", "is_error"):
+            for key in ("reasoning", "tool_calls", "tool_call_id", "name", "is_error", "images"):
                 if not m[key]:
                     del m[key]
         return data
@@ -380,6 +393,8 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
         tool_call_id=call_id,
         name=name,
         is_error=is_error,
+        # Only a user turn shows pictures (as the OpenAI format and templates have it).
+        images=read_image_refs(m.get("images")) if role == "user" else [],
     )
 
 
@@ -538,8 +553,11 @@ _SECTION_TAGS = re.compile(
 
 
 def _body(m: Message) -> list[str]:
-    """A message's Markdown lines: its thinking (if any) as a collapsed section, then
-    its text. Tags in the thinking cannot close the section or open another one."""
+    """A message's Markdown lines: its pictures, its thinking (if any) as a collapsed
+    section, then its text. Tags in the thinking cannot close the section or open
+    another one."""
+    if m.images:
+        return [*(markdown_image(r) for r in m.images), "", m.content.strip(), ""]
     if m.role == "tool":
         return result_markdown(m.name, m.content[:RESULT_CHARS], m.is_error)
     calls = calls_markdown(m.tool_calls)
@@ -558,6 +576,24 @@ def _body(m: Message) -> list[str]:
         "",
         *calls,
     ]
+
+
+def export_images(
+    conv: Conversation, store: ImageStore, dest_dir: Path, notes: list[str] | None = None
+) -> list[Path]:
+    """Copy the pictures of ``conv`` (every version) into ``dest_dir/images/``, where the
+    links of its ``to_markdown`` point; the files written. One that cannot be copied is
+    skipped with a line in ``notes``.
+
+    Raises:
+        OSError: a file could not be written.
+    """
+    refs = [r for m in conv.every_message() for r in m.images]
+    return copy_images(refs, store, dest_dir, [] if notes is None else notes)
+
+
+def _names(m: Message) -> str:
+    return " ".join(r["name"] for r in m.images if r["name"])
 
 
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")

@@ -342,10 +342,12 @@ def _rows(conv: Conversation) -> Iterable[tuple[str, str, int, str, int]]:
 
 def message_texts(m: Message) -> list[tuple[str, bool]]:
     """What search finds of one message, each text a row that opens message ``i``: its
-    text, and a reply's thinking (True) apart, so a hit says which it is in."""
+    text, and a reply's thinking (True) apart, so a hit says which it is in; of its
+    pictures, their file names."""
     if m.role not in ("user", "assistant"):
         return []
     parts = [(m.content, False), (m.reasoning if m.role == "assistant" else "", True)]
+    parts.append((" ".join(r["name"] for r in m.images), False))
     return [(text[:INDEXED_CHARS], thinking) for text, thinking in parts if text.strip()]
 
 

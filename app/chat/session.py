@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
+from app.chat.image_store import MAX_IMAGES, image_ref
 from app.chat.session_link import (
     EngineLink,
     Kind,
@@ -60,6 +61,7 @@ from app.chat.tool_round import (
 from app.chat.tool_session import REPLY_ROOM, ToolRounds
 from app.config.params import SamplingParams, sampling_to_dict
 from app.engine.backend import ModelInfo
+from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ToolCall
 from app.mcp.tool_host import ToolHost
@@ -102,6 +104,7 @@ class ChatSession(ToolRounds):
         self._deleted: set[str] = set()
         self.on_idle: Callable[[], None] | None = None  # after a reply and queued actions ran
         self._saved_bytes = 0  # the open transcript's size when last written (room_for)
+        self._image_notes: set[tuple[str, str]] = set()  # images said to be unreadable
         self._tools = ToolLoop(tool_host, approvals, post, self._calls_changed, self._calls_done)
 
     # -- state ---------------------------------------------------------------------------
@@ -142,30 +145,38 @@ class ChatSession(ToolRounds):
         action()
         return False
 
-    def send(self, text: str, params: SamplingParams) -> bool:
-        """Ask for a reply to ``text`` (replacing the edited message when editing).
+    def send(self, text: str, params: SamplingParams, images: Sequence[ImagePart] = ()) -> bool:
+        """Ask for a reply to ``text`` and ``images`` (kept in ``store.images`` already),
+        replacing the edited message when editing (which keeps its pictures when
+        ``images`` is empty).
 
-        False when nothing was sent: no text, a reply running, or no room left in the
-        transcript (a note says so); the caller keeps the text where the user typed it.
+        False when nothing was sent: no text or image, a reply running, too many images
+        or no room left in the transcript (a note says so); the caller keeps the text
+        where the user typed it.
         """
         text = text.strip()
-        if not text or self.busy or not self.room_for(text):
+        refs = [image_ref(i) for i in images]
+        if not (text or refs) or self.busy or not self.room_for(text, refs):
             return False
         msgs = self.conversation.messages
         if self.edit_index is not None and 0 <= self.edit_index < len(msgs):
             index = self.edit_index
-            prompt = [*msgs[:index], Message("user", text)]
+            prompt = [*msgs[:index], Message("user", text, images=list(refs or msgs[index].images))]
             self._start("edit", prompt, params, edit_index=index)
             return True
         self.edit_index = None
         if msgs and msgs[-1].role == "user":
             # A user turn with no reply (a failed reply, a crash mid-reply): merge, so
             # roles alternate for templates that require it.
-            merged = Message("user", f"{msgs[-1].content}\n\n{text}", created=msgs[-1].created)
-            merged.id = msgs[-1].id
+            last = msgs[-1]
+            if not self._images_fit(last.images + refs):
+                return False
+            both = "\n\n".join(t for t in (last.content, text) if t)
+            merged = Message("user", both, created=last.created, images=last.images + refs)
+            merged.id = last.id
             prompt = [*msgs[:-1], merged]
         else:
-            prompt = [*msgs, Message("user", text)]
+            prompt = [*msgs, Message("user", text, images=refs)]
         before = list(msgs)
         self.conversation.messages = list(prompt)
         # The user's words are on disk before the worker can start on them: a crash
@@ -173,10 +184,14 @@ class ChatSession(ToolRounds):
         self._start("send", prompt, params, before=before, persist=True)
         return True
 
-    def room_for(self, text: str) -> bool:
-        """Whether ``text`` and a reply of the largest size still fit in the transcript
-        (``store.MAX_TRANSCRIPT_BYTES``); a note says so when not."""
-        needed = self._saved_bytes + len(json.dumps(text)) + REPLY_ROOM
+    def room_for(self, text: str, images: Sequence[dict[str, Any]] = ()) -> bool:
+        """Whether ``text`` with references to ``images`` (their bytes are kept apart)
+        and a reply of the largest size still fit in the transcript
+        (``store.MAX_TRANSCRIPT_BYTES``), and the images in a message; a note says so
+        when not."""
+        if not self._images_fit(images):
+            return False
+        needed = self._saved_bytes + len(json.dumps([text, *images])) + REPLY_ROOM
         if needed <= MAX_TRANSCRIPT_BYTES:
             return True
         self._view.notice(
@@ -184,6 +199,12 @@ class ChatSession(ToolRounds):
             f"{MAX_TRANSCRIPT_BYTES >> 20} MB. Fork it or start a new chat to go on; "
             "your message stays in the box."
         )
+        return False
+
+    def _images_fit(self, images: Sequence[object]) -> bool:
+        if len(images) <= MAX_IMAGES:
+            return True
+        self._view.notice(f"A message can show at most {MAX_IMAGES} images.")
         return False
 
     def answer_pending(self, params: SamplingParams) -> bool:

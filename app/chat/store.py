@@ -5,6 +5,8 @@
                                      first when over the disk budget
     <data>/search.sqlite3            the full-text index of the transcripts
                                      (derived; rebuilt when missing or damaged)
+    <data>/images/                   attached pictures, by content (``images``,
+                                     ``app.chat.image_store``); never dropped
 
 Every write is atomic. Transcripts are read through ``app.util.datafiles``
 (regular files only, size and depth limits). One whose content is damaged is
@@ -43,6 +45,7 @@ from app.chat.conversation import (
     is_valid_id,
     new_id,
 )
+from app.chat.image_store import ImageStore
 from app.chat.search_index import SearchHit, SearchIndex
 from app.config.params import short_repr
 from app.util.atomic import atomic_write_text
@@ -109,6 +112,7 @@ class ConversationStore:
         # Sidebar rows by id, with the transcript's (size, mtime_ns) they were read at.
         self._summaries: dict[str, tuple[tuple[int, int], ConversationSummary]] = {}
         self.index = SearchIndex(root / "search.sqlite3")
+        self.images = ImageStore(root)  # its own lock: read by the engine thread too
         self._lock = threading.RLock()  # transcripts, sidebar rows, the index
         self._snapshot_lock = threading.RLock()  # snapshots (taken after ``_lock``, never before)
 
@@ -386,7 +390,7 @@ class ConversationStore:
             total -= size
             dropped.append(conv_id)
         # Temp files of writes that a crash interrupted.
-        for folder in (self.snapshots_dir, self.conversations_dir):
+        for folder in (self.snapshots_dir, self.conversations_dir, *self.images.folders()):
             for tmp in folder.glob(".*.tmp"):
                 if time.time() - _mtime(tmp) > 3600:
                     with contextlib.suppress(OSError):

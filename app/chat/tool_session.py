@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from app.chat.conversation import Conversation, Message
 from app.chat.session_link import EngineLink, ReplyRequest, SessionView
-from app.chat.store import MAX_TRANSCRIPT_BYTES
+from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
 from app.chat.tool_records import cut_result
 from app.chat.tool_round import Decision, ToolLoop, rounds_notice, tool_request
 from app.engine.backend import MAX_REPLY_BYTES
+from app.engine.image_part import ImagePart
 from app.mcp.tool_host import McpTool
 
 # Room kept in a transcript for the next reply: every backend caps a reply's text at
@@ -31,6 +32,8 @@ class ToolRounds:
     _view: SessionView
     _tools: ToolLoop
     _saved_bytes: int
+    _image_notes: set[tuple[str, str]]
+    store: ConversationStore
 
     def _persist(self) -> bool:  # pragma: no cover - ChatSession's
         raise NotImplementedError
@@ -45,6 +48,16 @@ class ToolRounds:
         with. Returns "" when done, else why nothing changed (e.g. "The arguments must
         be a JSON object.")."""
         return self._tools.decide(call_id, decision, arguments)
+
+    def _images(self, m: Message) -> list[ImagePart]:
+        """The pictures of ``m`` read from the store; one that cannot be read is left out
+        with a note (once per image and conversation): the message goes without it."""
+        parts, errors = self.store.images.load_all(m.images)
+        for error in errors:
+            if (self.conversation.id, error) not in self._image_notes:
+                self._image_notes.add((self.conversation.id, error))
+                self._view.notice(f"{error} The message is sent without it.")
+        return parts
 
     def _offered(self, req: ReplyRequest, tools: list[McpTool]) -> None:
         """The host listed its tools: the reply is asked for, offering them."""
@@ -63,7 +76,7 @@ class ToolRounds:
             system_prompt=conv.system_prompt,
             messages=list(conv.messages) if req.rounds else req.prompt,
         )
-        chat = shown.chat(req.params.tool_result_chars)
+        chat = shown.chat(req.params.tool_result_chars, self._images)
         if req.tools:
             tools = tool_request(req.tools, req.rounds, req.params)
             req.id = self._link.generate(conv.id, chat, req.params, tools=tools)
