@@ -101,6 +101,7 @@ class GgufInfo:
     n_embd_v_gqa: int | None = None
     n_vocab: int | None = None
     adapter_type: str | None = None  # "lora" for LoRA adapters
+    n_embd: int | None = None  # the width a vision projector must write
 
     @property
     def display_name(self) -> str:
@@ -178,6 +179,7 @@ def _info(p: Path, header: Header, n_params: int) -> GgufInfo:
         n_embd_v_gqa=value_len * n_head_kv if value_len and n_head_kv else None,
         n_vocab=int_value(meta.get("tokenizer.ggml.tokens#len")),
         adapter_type=adapter_type if isinstance(adapter_type, str) else None,
+        n_embd=n_embd,
     )
 
 
@@ -258,6 +260,11 @@ def _check_model(name: str, h: Header, buf: mmap.mmap) -> None:
     arch = meta.get("general.architecture")
     if types.get("general.architecture") != STRING or not arch:
         raise ModelFileError(f"{name} does not name its architecture (general.architecture).")
+    if arch == "clip":
+        raise ModelFileError(
+            f"{name} is a vision projector (mmproj), not a model; open the model it belongs "
+            "to (a projector in the model's folder is paired with it)."
+        )
 
     def value(suffix: str) -> int | None:
         key = f"{arch}.{suffix}"

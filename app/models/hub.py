@@ -21,11 +21,13 @@ from typing import Any
 
 from app.models.downloader import explain_http_error
 from app.models.names import UnsafeNameError, check_file_name, check_repo_id
+from app.models.projectors import rank
 from app.models.quant import GgufChoice, RepoFile, group_gguf
 from app.util.errors import LamplightError
 
 log = logging.getLogger(__name__)
 
+VISION_TAGS = frozenset({"image-text-to-text", "vision", "multimodal", "llava", "mmproj"})
 SORTS = {"downloads": "downloads", "recent": "last_modified", "likes": "likes"}
 MAX_FILES = 50_000  # files in one repo listing; the largest GGUF repos have a few hundred
 MAX_TAGS = 200
@@ -47,6 +49,11 @@ class ModelHit:
     gated: bool
     tags: tuple[str, ...]
 
+    @property
+    def vision(self) -> bool:
+        """Its tags say it takes images (the repo's files tell for sure)."""
+        return any(t.lower() in VISION_TAGS for t in self.tags)
+
 
 @dataclass(frozen=True)
 class RepoDetails:
@@ -60,6 +67,23 @@ class RepoDetails:
     downloads: int
     likes: int
     refused: tuple[str, ...] = ()  # GGUF files left out: unsafe name, bad size or sha256
+
+    @property
+    def projectors(self) -> tuple[GgufChoice, ...]:
+        """Its vision projectors (``mmproj`` files)."""
+        return tuple(c for c in self.choices if c.kind == "mmproj" and not c.split)
+
+    @property
+    def vision(self) -> bool:
+        return bool(self.projectors)
+
+    def projector_for(self, choice: GgufChoice) -> GgufChoice | None:
+        """The projector to download with model ``choice``: the one sharing its name,
+        else the most precise (F16 first); None for a text-only repo."""
+        found = self.projectors
+        if not found:
+            return None
+        return min(found, key=lambda p: rank(choice.name, p.name))
 
 
 class HubClient:

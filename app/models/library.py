@@ -30,7 +30,7 @@ from app.util.errors import ModelFileError
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 3  # 3: the header checks refuse more files
+CACHE_VERSION = 4  # 4: projectors (mmproj) are refused as models; n_embd
 MAX_CACHE_BYTES = 32 * 1024 * 1024
 MAX_FILES = 10_000  # model files listed from the models dir
 MAX_DEPTH = 8  # folders below the models dir

@@ -305,6 +305,12 @@ class RecommendedInstalls(QObject):
             self.failed.emit(entry.id, str(exc))
             return
         self._jobs[job.id] = entry
+        projector = details.projector_for(choice)
+        if projector is not None:  # beside the model, so pairing finds it
+            try:
+                self._services.queue.add(entry.repo, projector, details.sha)
+            except LamplightError as exc:
+                log.warning("vision projector of %s not queued: %s", entry.repo, exc)
         self.status.emit(entry.id, "Waiting to download…", 0.0)
 
     def _on_failed(self, request: int, message: str) -> None:

@@ -27,6 +27,7 @@ from ui.models.model_manager import ModelManager
 log = logging.getLogger(__name__)
 
 STATUS_MS = 6000
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
 
 
 def dropped_gguf(mime: QMimeData) -> tuple[Path | None, str]:
@@ -35,6 +36,8 @@ def dropped_gguf(mime: QMimeData) -> tuple[Path | None, str]:
     if not mime.hasUrls():
         return None, ""
     urls = mime.urls()
+    if all(Path(u.toLocalFile()).suffix.lower() in IMAGE_SUFFIXES for u in urls):
+        return None, ""  # pictures: the message's attachments (ui.chat.image_attach)
     if len(urls) != 1:
         return None, f"Drop one model file at a time ({len(urls)} items were dragged)."
     url = urls[0]

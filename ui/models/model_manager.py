@@ -76,12 +76,14 @@ class ModelManager(QDialog):
         unloadRequested(): a model about to be deleted is in use (its files are deleted
             once the loaded model says it is gone).
         libraryChanged(object): a fresh list of ``LibraryEntry``.
+        projectorRequested(str): "Vision projector…" for the model at this path.
     """
 
     loadRequested = Signal(str)
     defaultRequested = Signal(str)
     unloadRequested = Signal()
     libraryChanged = Signal(object)
+    projectorRequested = Signal(str)
 
     def __init__(
         self,
@@ -244,6 +246,10 @@ class ModelManager(QDialog):
             "Show in folder", "showInFolderButton", self.show_selected, buttons
         )
         self.delete_button = self._button("Delete…", "deleteButton", self.delete_selected, buttons)
+        self.projector_button = self._button(
+            "Vision projector…", "projectorButton", self.projector_selected, buttons
+        )
+        self.projector_button.setToolTip("Pair the model with its mmproj file so it sees images")
         buttons.addStretch(1)
         self._button("Import…", "importButton", self._on_import, buttons)
         self._button("Rescan", "rescanButton", self.refresh_library, buttons)
@@ -301,7 +307,7 @@ class ModelManager(QDialog):
             return
         for hit in hits:
             updated = hit.updated.strftime("%Y-%m-%d") if hit.updated else ""
-            lock = " 🔒" if hit.gated else ""
+            lock = (" 🔒" if hit.gated else "") + (" · vision" if hit.vision else "")
             when = f"  · updated {updated}" if updated else ""
             item = QListWidgetItem(
                 f"{hit.repo_id}{lock}\n↓ {_count(hit.downloads)}  ♥ {_count(hit.likes)}{when}"
@@ -335,6 +341,9 @@ class ModelManager(QDialog):
             notes.append("gated: accept its terms on the Hub and sign in with a token")
         if details.license:
             notes.append(f"license {details.license}")
+        projector = self._projector(details)
+        if projector is not None:
+            notes.append(f"vision: {projector.name} is downloaded with the model")
         if details.refused:
             n = len(details.refused)
             notes.append(f"{n} GGUF file{'s' if n != 1 else ''} with unsafe names or data left out")
@@ -382,7 +391,24 @@ class ModelManager(QDialog):
             QMessageBox.warning(self, "Cannot download", str(exc))
             return
         self._show_job(job, 0.0, None)
+        projector = self._projector(self._details, choice)
+        if projector is not None:
+            try:  # same folder, so pairing finds it; a finished file is not fetched again
+                self._show_job(
+                    self._services.queue.add(self._details.repo_id, projector, self._details.sha),
+                    0.0,
+                    None,
+                )
+            except LamplightError as exc:
+                QMessageBox.warning(self, "Vision projector not downloaded", str(exc))
         self.tabs.setCurrentWidget(self.downloads_page)
+
+    @staticmethod
+    def _projector(details: RepoDetails, choice: GgufChoice | None = None) -> GgufChoice | None:
+        """The projector downloaded with ``choice`` (or with a model of ``details``)."""
+        models = [c for c in details.choices if c.kind == "model"]
+        chosen = choice or (models[0] if models else None)
+        return details.projector_for(chosen) if chosen is not None else None
 
     def _on_failed(self, request: int, message: str) -> None:
         if request == self._details_request:
@@ -498,11 +524,17 @@ class ModelManager(QDialog):
         self.default_button.setEnabled(usable)
         self.folder_button.setEnabled(e is not None)
         self.delete_button.setEnabled(e is not None and e.source == "models")
+        self.projector_button.setEnabled(usable)
 
     def load_selected(self) -> None:
         e = self.selected_entry()
         if e is not None and e.valid and not e.is_adapter:
             self.loadRequested.emit(str(e.path))
+
+    def projector_selected(self) -> None:
+        e = self.selected_entry()
+        if e is not None and e.valid and not e.is_adapter:
+            self.projectorRequested.emit(str(e.path))
 
     def default_selected(self) -> None:
         e = self.selected_entry()

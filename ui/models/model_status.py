@@ -9,6 +9,14 @@ from PySide6.QtWidgets import QLabel, QProgressBar, QPushButton, QStatusBar, QWi
 from app.engine.backend import ModelInfo
 
 
+def vision_text(info: ModelInfo | None) -> str:
+    """``sees images`` when the model in use takes images (a projector is loaded, or the
+    server says so); "" otherwise."""
+    if info is None:
+        return ""
+    return "sees images" if info.projector or info.capabilities.vision else ""
+
+
 class ModelStatus:
     """Widgets in ``bar`` that say which model is loaded, or how its load is going."""
 
@@ -45,8 +53,13 @@ class ModelStatus:
         size = (
             f"{info.n_params / 1e6:.0f}M" if info.n_params < 1e9 else f"{info.n_params / 1e9:.1f}B"
         )
-        self.label.setText(f"{info.name} · {size} · ctx {info.n_ctx} · template {info.template}")
-        self.label.setToolTip(str(info.path))
+        vision = vision_text(info)
+        self.label.setText(
+            f"{info.name} · {size} · ctx {info.n_ctx} · template {info.template}"
+            + (f" · {vision}" if vision else "")
+        )
+        where = f"\nVision projector: {info.projector}" if info.projector else ""
+        self.label.setToolTip(f"{info.path}{where}")
         self.backend.setText(info.backend)
 
     def failed(self, still: ModelInfo | None) -> None:

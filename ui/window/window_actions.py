@@ -24,6 +24,7 @@ from app.models.library import LibraryEntry
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
 from ui.common.context import Context
+from ui.models import projector_choice
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
 from ui.models.recent_models import RecentModels
@@ -358,6 +359,7 @@ def make_model_manager(
     m.loadRequested.connect(ctx.open_model)
     m.defaultRequested.connect(partial(_set_default_model, ctx))
     m.unloadRequested.connect(unload)
+    m.projectorRequested.connect(partial(projector_choice.ask, ctx, m))
 
     def on_library_changed(entries: list[LibraryEntry]) -> None:
         adapters_found([e.path for e in entries if e.valid and e.is_adapter])
