@@ -67,7 +67,7 @@ def test_a_busy_port_exits_2_before_loading(tmp_path: Path) -> None:
     ("args", "said"),
     [
         (["--cors-origin", "*"], "any web page"),  # every page could read the replies
-        (["--max-body-mb", "64"], "between 1 and 8"),
+        (["--max-body-mb", "65"], "between 1 and 64"),
     ],
 )
 def test_unsafe_or_oversized_setups_exit_2(tmp_path: Path, args: list[str], said: str) -> None:

@@ -53,7 +53,7 @@ def test_every_origin_needs_a_key_in_the_dialog(window: MainWindow) -> None:
 
 
 def test_the_body_limit_and_the_address_shown(window: MainWindow) -> None:
-    window.settings.api = ApiSettings(max_body_mb=64)  # allowed by an older version
+    window.settings.api = ApiSettings(max_body_mb=100)  # beyond the server's limit
     dialog = window_actions.show_api_dialog(window)
     assert dialog.body_box.maximum() == MAX_BODY_MB and dialog.body_box.value() == MAX_BODY_MB
     dialog.host_edit.setText("localhost")
@@ -66,5 +66,7 @@ def test_the_body_limit_and_the_address_shown(window: MainWindow) -> None:
     assert url in dialog.status.text() and window.api.label.text() == f"API: {url}"
     # At start-up, a saved limit over the server's is a message, not a server.
     window.api.stop()
-    assert "at most 8 MB" in window.api.start(ApiSettings(enabled=True, port=0, max_body_mb=64))
+    assert f"at most {MAX_BODY_MB} MB" in window.api.start(
+        ApiSettings(enabled=True, port=0, max_body_mb=100)
+    )
     assert not window.api.running

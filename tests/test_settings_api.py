@@ -47,7 +47,7 @@ CUSTOM = ApiSettings(
 def test_defaults_are_off_and_local() -> None:
     s = AppSettings().api
     assert (s.enabled, s.host, s.port, s.cors_origins) == (False, "127.0.0.1", 1234, ())
-    assert (s.max_queue, s.max_body_mb) == (32, 8)
+    assert (s.max_queue, s.max_body_mb) == (32, 48)
     assert is_loopback(s.host)
     for f in fields(ApiSettings):  # every field has a declaration that accepts its default
         check_api(API_SPEC_BY_NAME[f.name], getattr(s, f.name))

@@ -8,9 +8,11 @@ from app.config.params import is_host, is_loopback, is_origin
 from app.util.errors import LamplightError
 
 MIN_BODY = 1024
-# A chat body is text: 8 MB is millions of tokens, beyond any context. Larger bodies
-# only cost memory and parse time (``schema.parse_request``).
-MAX_BODY_MB = 8
+# A chat's text is a few MB at most; images are what make bodies large: one of
+# ``app.util.images.MAX_IMAGE_BYTES`` (32 MiB) is ~43 MB as base64, a phone photo
+# (5-12 MB) 7-16 MB. Parse time is bounded by ``schema.load_body``'s item count, not
+# by the size (a long base64 string parses at memory speed).
+MAX_BODY_MB = 64
 MAX_WAIT_S = 300.0  # a request still waiting after this gets 503 + Retry-After
 
 

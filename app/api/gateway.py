@@ -22,7 +22,7 @@ from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates import ChatMessage, ChatTemplateError
 from app.engine.tool_spec import ToolRequest
 from app.host.jobs import HostClosed, ModelGone, NoResult, TemplateUnavailable, model_id
-from app.util.errors import ContextOverflowError, LamplightError, NoModelLoaded
+from app.util.errors import ContextOverflowError, ImageError, LamplightError, NoModelLoaded
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ def failure_for(exc: BaseException) -> ApiFailure:
     if isinstance(exc, SettingError):
         param = _API_PARAM.get(exc.field, exc.field)
         return ApiFailure(400, "invalid_request_error", "invalid_value", str(exc), param)
+    if isinstance(exc, ImageError):  # the model cannot take an image the request holds
+        return ApiFailure(400, "invalid_request_error", "invalid_value", str(exc), "messages")
     if isinstance(exc, ChatTemplateError):
         return ApiFailure(400, "invalid_request_error", "template_error", str(exc), "messages")
     if isinstance(exc, NoModelLoaded):

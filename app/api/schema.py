@@ -3,7 +3,7 @@
 The body is parsed with the bounded ``parse_json`` and every sampling field goes
 through ``app.config.params.validate_sampling``, so a value the app's own panel
 would refuse is refused here too, as a 400 naming the API field (``param``).
-Fields Lamplight cannot honour (``n > 1``, logprobs, images...) are refused,
+Fields Lamplight cannot honour (``n > 1``, logprobs, audio...) are refused,
 never silently ignored; fields it does not know are ignored, as OpenAI's SDKs add
 new ones all the time. Omitted sampling fields take ``SamplingParams()`` defaults
 (not the panel's), with ``overflow="stop"`` and no drafting; an omitted
@@ -16,7 +16,7 @@ off, "minimal" is "low"), ``chat_template_kwargs`` (``enable_thinking`` and
 an assistant message's ``reasoning_content`` (or ``reasoning``): its thinking.
 
 Tools (``tools``, ``tool_choice``, ``tool_calls``, ``tool`` messages) are checked in
-``tool_schema``.
+``tool_schema``; images (``image_url`` parts with ``data:`` URLs) in ``image_parts``.
 
 ``parse_request`` runs on a worker thread, not the server's event loop. Python's
 ``json`` holds the GIL for a whole parse, and its time grows with the number of values,
@@ -32,8 +32,10 @@ from typing import Any
 
 from app.api.errors import ApiError, bad, unsupported
 from app.api.gateway import ApiKind
+from app.api.image_parts import IMAGE_KINDS, ImageBudget, image_part
 from app.api.tool_schema import link_results, parse_tools, tool_calls, tool_result
 from app.config.params import SamplingParams, SettingError, short_repr, validate_sampling
+from app.engine.image_part import ImagePart
 from app.engine.templates import ChatMessage, Role
 from app.engine.tool_spec import ToolRequest
 from app.util.datafiles import DataFileError, parse_json, reason
@@ -242,10 +244,11 @@ def _messages(value: object) -> list[ChatMessage]:
         raise bad("`messages` must hold at least one message.", "messages")
     if len(value) > MAX_MESSAGES:
         raise bad(f"At most {MAX_MESSAGES} messages per request.", "messages")
-    return [_message(i, m) for i, m in enumerate(value)]
+    budget = ImageBudget()
+    return [_message(i, m, budget) for i, m in enumerate(value)]
 
 
-def _message(i: int, value: object) -> ChatMessage:
+def _message(i: int, value: object, budget: ImageBudget) -> ChatMessage:
     where = f"messages[{i}]"
     if not isinstance(value, dict):
         raise bad(f"{where} must be an object with `role` and `content`.", where)
@@ -253,7 +256,7 @@ def _message(i: int, value: object) -> ChatMessage:
     if role == "function":
         raise unsupported(f"{where}.role", "A legacy `function` message (send `tool`)")
     if role == "tool":
-        return tool_result(where, value, _content(where, role, value.get("content")))
+        return tool_result(where, value, _content(where, role, value.get("content"), budget)[0])
     if not isinstance(role, str) or role not in _ROLES:
         raise bad(
             f"{where}.role must be system, developer, user, assistant or tool "
@@ -263,8 +266,9 @@ def _message(i: int, value: object) -> ChatMessage:
     calls = tool_calls(where, value) if role == "assistant" else ()
     if role != "assistant" and (value.get("tool_calls") or value.get("function_call")):
         raise bad(f"Only an assistant message makes tool calls ({where}).", f"{where}.tool_calls")
-    content = _content(where, role, value.get("content"))
-    return ChatMessage(_ROLES[role], content, _reasoning(where, role, value), calls)
+    content, images = _content(where, role, value.get("content"), budget)
+    message = ChatMessage(_ROLES[role], content, _reasoning(where, role, value), calls)
+    return replace(message, images=images) if images else message
 
 
 def _reasoning(where: str, role: str, value: dict[str, Any]) -> str:
@@ -280,24 +284,35 @@ def _reasoning(where: str, role: str, value: dict[str, Any]) -> str:
     return ""
 
 
-def _content(where: str, role: str, content: object) -> str:
+def _content(
+    where: str, role: str, content: object, budget: ImageBudget
+) -> tuple[str, tuple[ImagePart, ...]]:
+    """A message's text (its text parts joined) and its images, in the order given."""
     if isinstance(content, str):
-        return content
+        return content, ()
     if content is None and role in ("assistant", "tool"):
-        return ""
+        return "", ()
     if not isinstance(content, list):
-        raise bad(f"{where}.content must be a string or a list of text parts.", f"{where}.content")
-    texts = []
+        raise bad(
+            f"{where}.content must be a string or a list of content parts.", f"{where}.content"
+        )
+    texts: list[str] = []
+    images: list[ImagePart] = []
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("image_url", "input_image", "input_audio", "audio", "file", "image"):
-            raise unsupported(at, f"A `{kind}` part (this model reads text only)")
+        if kind in IMAGE_KINDS and isinstance(part, dict):
+            if role != "user":
+                raise bad(f"Images are taken in user messages only ({at} is {role!r}).", at)
+            images.append(image_part(at, part, budget))
+            continue
+        if kind in ("input_audio", "audio", "file"):
+            raise unsupported(at, f"A `{kind}` part (this server reads text and images)")
         text = part.get("text") if isinstance(part, dict) else None
         if kind not in ("text", "input_text") or not isinstance(text, str):
-            raise bad(f'{at} must be {{"type": "text", "text": "..."}}.', at)
+            raise bad(f'{at} must be {{"type": "text", "text": "..."}} or an image_url part.', at)
         texts.append(text)
-    return "".join(texts)
+    return "".join(texts), tuple(images)
 
 
 def _request(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -> ApiRequest:

@@ -42,6 +42,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from app.api import limits
 from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
+from app.api.image_parts import check_vision
 from app.api.scheduler import ApiScheduler, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
@@ -135,6 +136,8 @@ class Handlers:
                 "n_ctx_train": info.n_ctx_train,
                 "n_params": info.n_params,
                 "size": info.file_size,
+                "vision": info.capabilities.vision,  # takes image_url parts
+                "projector": info.projector,
             },
         }
 
@@ -235,6 +238,7 @@ class Handlers:
 
     async def complete(self, request: Request, req: ApiRequest) -> Response:
         info = self.loaded()  # whatever ``req.model`` says: see the module's docstring
+        check_vision(req.messages, info.capabilities)
         client = request.client
         address = f"{client.host}:{client.port}" if client else ""
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"

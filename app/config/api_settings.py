@@ -55,9 +55,10 @@ API_SPECS: tuple[FieldSpec, ...] = (
         "Largest request (MB)",
         "int",
         "api",
-        "Larger request bodies are refused with 413.",
+        "Larger request bodies are refused with 413 (images count as base64, a third "
+        "larger than their files).",
         1,
-        8,
+        64,
         target="api",
     ),
     FieldSpec(

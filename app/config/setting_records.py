@@ -101,5 +101,5 @@ class ApiSettings:
     port: int = API_PORT  # 0: any free port
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call it (none: CORS off)
     max_queue: int = 32  # requests waiting or running; more get 429 (waiting costs nothing)
-    max_body_mb: int = 8  # a larger request body gets 413
+    max_body_mb: int = 48  # a larger request body gets 413 (images: base64, +33 %)
     pool_mb: int = 256  # RAM for KV snapshots of recent API and chat prompts

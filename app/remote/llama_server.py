@@ -89,6 +89,7 @@ from app.remote.http import (
     unfinished,
     where,
 )
+from app.remote.llama_server_images import ServerImages
 from app.remote.llama_server_slot import LORA_CHANGED_NOTE as LORA_CHANGED_NOTE
 from app.remote.llama_server_slot import SLOT_FILES as SLOT_FILES
 from app.remote.llama_server_slot import SlotState
@@ -145,6 +146,7 @@ class LlamaServerBackend(SlotState):
         self._sent: tuple[list[ChatMessage], list[ChatMessage]] | None = None
         self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
         self._tools = ServerTools(None, self._has_token)  # the last request's
+        self._media = ServerImages(self._call)
 
     # -- connection and model ----------------------------------------------------
 
@@ -170,7 +172,8 @@ class LlamaServerBackend(SlotState):
             template_override=True,
             thinking_control=True,
             tools=True,
-            why_not=why,
+            vision=self._media.vision,
+            why_not=why | self._media.why_not(),
         )
 
     def ping(self) -> str:
@@ -222,6 +225,7 @@ class LlamaServerBackend(SlotState):
         self._files.clear()
         self._restored = ""
         self._inputs = template_inputs(props, self._has_token)
+        self._media.reset(props, self._inputs.bos_token)
         template = build_template(AUTO, self._inputs, self._has_token)
         self._template, self._bound = template, None
         self._info = self._model_info(props, models, n_ctx, template, t0)
@@ -378,7 +382,7 @@ class LlamaServerBackend(SlotState):
         shown = 0  # bytes of reply text so far
         for _ in range(MAX_CONTINUATIONS):
             try:
-                body = self._body(prompt.tokens, params, grammar, metrics, think)
+                body = self._body(prompt, params, grammar, metrics, think)
                 ended = yield from self._stream(
                     body, prompt, metrics, t0, stop, bounds, bounds.max_bytes - shown, think
                 )
@@ -433,6 +437,7 @@ class LlamaServerBackend(SlotState):
         the template marks none); the template's switches are bound for the request."""
         info = self._require()
         assert self._template is not None
+        self._media.remember(messages)
         self._bound = self._tools.bind(request_template(self._template, params))
         # A chosen template that fails on this conversation gives way to its fallback here.
         rendered = render(self._bound, messages)
@@ -495,7 +500,7 @@ class LlamaServerBackend(SlotState):
 
     def _body(
         self,
-        prompt: list[int],
+        prompt: Prompt,
         params: SamplingParams,
         grammar: str,
         metrics: MessageMetrics,
@@ -503,9 +508,9 @@ class LlamaServerBackend(SlotState):
     ) -> dict[str, Any]:
         left = params.max_tokens - metrics.generated_tokens
         # The context's end is this client's to handle (drop turns, go on).
-        n_predict = max(1, min(left, metrics.n_ctx - len(prompt)))
+        n_predict = max(1, min(left, metrics.n_ctx - len(prompt.tokens)))
         body: dict[str, Any] = {
-            "prompt": prompt,
+            "prompt": self._media.prompt(prompt.tokens, prompt.text),
             "stream": True,
             "return_progress": True,
             "cache_prompt": True,
@@ -622,8 +627,8 @@ class LlamaServerBackend(SlotState):
         first = self._tokenize(head[c_keep:split])
         extra = first + self._tokenize(head[split:])
         tokens = [*self._map.tokens[:n_keep], *extra]
-        if not extra or len(tokens) + 1 >= self._require().n_ctx:
-            return 0
+        if not extra or len(tokens) + 1 >= self._require().n_ctx or min(tokens) < 0:
+            return 0  # images (negative ids) are sent with their text, in the next request
         body = {
             "prompt": tokens,
             "n_predict": 0,

@@ -19,10 +19,13 @@ from typing import Any
 
 from app.engine.backend import KvState
 from app.engine.context_map import ContextMap
+from app.engine.image_part import ImagePart, has_markers, is_image_token
 from app.engine.metrics import MessageMetrics
 from app.engine.prompt_pipeline import Prompt
 from app.gguf.lora import LoraError, LoraStack, stack_key
 from app.remote.http import ServerError
+from app.remote.image_wire import vision_of_props
+from app.remote.llama_server_images import ServerImages, save_refused
 from app.remote.llama_server_wire import float_or, int_or, settings_of, signature, text_of
 from app.remote.server_backend import ServerBackend
 from app.util.datafiles import DataFileError, parse_json
@@ -48,10 +51,17 @@ class SlotState(ServerBackend):
     _stack: LoraStack
     _kv_lora: tuple[tuple[str, float], ...]
     _special: dict[str, bool]  # which texts are one token of the vocabulary
+    _media: ServerImages  # the images sent, their counts, the server's media marker
 
     # -- the server's tokenizer --------------------------------------------------------
 
     def _tokenize(self, text: str, bos: bool = False) -> list[int]:
+        """Token ids of prompt text; an image marker is a run of its pseudo-token."""
+        if has_markers(text):
+            return self._media.tokenize(text, bos, self._text_tokens)
+        return self._text_tokens(text, bos)
+
+    def _text_tokens(self, text: str, bos: bool = False) -> list[int]:
         if not text:
             return []
         answer = self._call(
@@ -61,6 +71,14 @@ class SlotState(ServerBackend):
         if not isinstance(ids, list) or not all(int_or(i, -1) >= 0 for i in ids):
             raise ServerError(0, "The server's /tokenize answer has no token list.")
         return [int(i) for i in ids]
+
+    def image_tokens(self, image: ImagePart) -> int:
+        """The server's count of ``image``'s tokens (0 when it cannot say).
+
+        Raises:
+            ImageError: the server takes no images.
+        """
+        return self._media.count(image)
 
     def _has_token(self, text: str) -> bool:
         if text not in self._special:
@@ -192,9 +210,12 @@ class SlotState(ServerBackend):
         if not self._map.tokens:
             return KvState(b"", [], "", [])
         name = self._file_name(key)
-        answer = self._call(
-            "POST", f"/slots/{self.connection.slot}?action=save", {"filename": name}
-        )
+        try:
+            answer = self._call(
+                "POST", f"/slots/{self.connection.slot}?action=save", {"filename": name}
+            )
+        except ServerError as exc:
+            raise save_refused(exc, self._map.tokens) from None
         n_saved = int_or(answer.get("n_saved") if isinstance(answer, dict) else None, -1)
         tokens = list(self._map.tokens)
         if n_saved < len(tokens) - 1:  # the last sampled token is never evaluated
@@ -237,6 +258,11 @@ class SlotState(ServerBackend):
         n_ctx = int_or(settings_of(props).get("n_ctx"), 0)
         if n_ctx != info.n_ctx:
             raise LamplightError(f"the server's context size changed ({info.n_ctx} → {n_ctx})")
+        if vision_of_props(props) is not True and any(is_image_token(t) for t in kv.tokens):
+            raise LamplightError(
+                "the server now runs without a vision projector (--mmproj), and this "
+                "chat's cache holds images"
+            )
         try:
             answer = self._call(
                 "POST", f"/slots/{self.connection.slot}?action=restore", {"filename": name}

@@ -34,6 +34,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Generator, Sequence
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
@@ -52,6 +53,7 @@ from app.engine.backend import (
     ModelInfo,
     ProgressFn,
 )
+from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.overflow import plan_drop, reply_budget
 from app.engine.templates import ChatMessage, TemplateOverride
@@ -76,6 +78,7 @@ from app.remote.http import (
     unfinished,
     where,
 )
+from app.remote.image_wire import has_images, images_refused, refuses_images
 from app.remote.openai_reply import (
     Request,
     drop_note,
@@ -114,6 +117,7 @@ from app.remote.tool_wire import (
 )
 from app.util.errors import (
     ApiKeyRefused,
+    ImageError,
     LamplightError,
     ModelLoadError,
 )
@@ -142,6 +146,7 @@ WHY_NOT = {
     "Stop thinking here",
 }
 CAPABILITIES = Capabilities(tools=True, why_not=dict(WHY_NOT))
+NO_VISION = "the server says this model takes no images"
 
 
 def api_prefix(url: str) -> str:
@@ -198,12 +203,21 @@ class OpenAIBackend(ServerBackend):
         self._refused: set[str] = set()  # reasoning fields the server refused
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
         self._tools: ToolRequest | None = None  # the reply's, while it is asked for
+        self._vision = True  # the model takes images (as far as the server says)
 
     # -- connection and model ----------------------------------------------------
 
     @property
     def capabilities(self) -> Capabilities:
-        return CAPABILITIES
+        if self._vision:
+            return replace(CAPABILITIES, vision=True)
+        return replace(CAPABILITIES, why_not=dict(WHY_NOT, vision=NO_VISION))
+
+    def image_tokens(self, image: ImagePart) -> int:
+        """0: the server counts them (ImageError when it says the model takes none)."""
+        if not self._vision:
+            raise ImageError(f"{NO_VISION.capitalize()}.")
+        return 0
 
     def ping(self) -> str:
         def probe(client: Any) -> str:
@@ -261,6 +275,7 @@ class OpenAIBackend(ServerBackend):
             raise LoadCancelled("cancelled")
         self._use_clients(client, streams)
         self._model_id = chosen.id
+        self._vision = chosen.vision is not False  # unknown: the server decides
         self._extras_ok = True
         self._refused = set()
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
@@ -287,7 +302,7 @@ class OpenAIBackend(ServerBackend):
             backend=f"OpenAI-compatible server at {where(self.connection.url)}",
             load_ms=(time.perf_counter() - t0) * 1000,
             notes=notes,
-            capabilities=CAPABILITIES,
+            capabilities=self.capabilities,
             server=self.connection.url,
             fingerprint=self._fingerprint(
                 name, chosen.size, [self.connection.url, chosen.id, chosen.size, chosen.n_params]
@@ -401,6 +416,8 @@ class OpenAIBackend(ServerBackend):
                 last = exc
                 if self._recover(exc, req, params, info.n_ctx):
                     continue
+                if has_images(req.messages) and refuses_images(exc):
+                    raise images_refused(exc, where(self.connection.url)) from None
                 if tools is not None and refuses_tools(exc) and overflow_numbers(exc) is None:
                     raise tools_refused(exc, where(self.connection.url)) from None
                 raise generation_error(exc, info.n_ctx) from None

@@ -18,6 +18,7 @@ from app.engine.reasoning import Part, ReasoningSplitter
 from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import clean_text
 from app.remote.http import JSON_DEPTH, ServerError, sentence
+from app.remote.image_wire import vision_of_model
 from app.remote.tool_wire import ToolCallStream
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import ApiKeyRefused, DecodeError, LamplightError, ServerOverflowError
@@ -42,6 +43,7 @@ class ServerModel:
     n_params: int = 0
     size: int = 0
     owned_by: str = ""
+    vision: bool | None = None  # takes images (None: the server does not say)
 
 
 def parse_models(data: Any) -> list[ServerModel]:
@@ -76,6 +78,7 @@ def parse_models(data: Any) -> list[ServerModel]:
                 n_params=first_int(meta.get("n_params")),
                 size=first_int(meta.get("size")),
                 owned_by=str(item.get("owned_by") or "")[:100],
+                vision=vision_of_model(item, data),
             )
         )
     return out

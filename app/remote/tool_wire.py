@@ -20,6 +20,7 @@ from typing import Any
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.tool_spec import AUTO, CHOICES, ToolRequest
 from app.remote.http import ServerError, sentence
+from app.remote.image_wire import IMAGE_CHARS, content_parts
 from app.util.errors import LamplightError
 
 MAX_CALLS = 32  # calls in one reply
@@ -71,8 +72,8 @@ def tool_fields(tools: ToolRequest | None, refused: Collection[str] = ()) -> dic
 def wire_message(m: ChatMessage) -> dict[str, Any]:
     """One message as the chat completions API takes it: an assistant turn's calls
     (its empty content as null, which some servers require beside calls), a tool
-    turn's call id and tool name."""
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    turn's call id and tool name, a user turn's images (``image_wire``)."""
+    out: dict[str, Any] = {"role": m.role, "content": content_parts(m)}
     if m.role == "assistant" and m.tool_calls:
         out["tool_calls"] = [c.openai() for c in m.tool_calls]
         if not m.content:
@@ -86,7 +87,8 @@ def wire_message(m: ChatMessage) -> dict[str, Any]:
 
 def message_chars(m: ChatMessage) -> int:
     """The characters of ``m`` a server's template renders (for the token estimate)."""
-    return len(m.content) + sum(len(c.name) + len(c.arguments) + 8 for c in m.tool_calls)
+    calls = sum(len(c.name) + len(c.arguments) + 8 for c in m.tool_calls)
+    return len(m.content) + calls + IMAGE_CHARS * len(m.images)
 
 
 def tools_chars(tools: ToolRequest | None) -> int:

@@ -26,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
@@ -35,11 +37,10 @@ from app.config.settings import AppSettings
 from app.host.listener import QuietListener
 from app.util import crash_record
 from app.util.datafiles import os_reason
+from app.util.errors import ProjectorError
 from app.util.instance_lock import AlreadyRunning, acquire
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from app.api.runner import ApiConfig, ApiServer
     from app.api.scheduler import Outcome
     from app.config.params import LoadConfig
@@ -71,6 +72,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=None, help="TCP port (default 1234; 0: any free)")
     p.add_argument("--model", metavar="PATH", help="GGUF model (default: the app's model)")
     p.add_argument(
+        "--mmproj",
+        metavar="PATH",
+        help="vision projector (mmproj GGUF) loaded with the model: requests may then "
+        "send images as image_url parts with data: URLs",
+    )
+    p.add_argument(
         "--api-key",
         default=None,
         help="require 'Authorization: Bearer KEY' (default: $LAMPLIGHT_API_KEY)",
@@ -97,7 +104,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--max-body-mb",
         type=int,
         default=None,
-        help="largest request body in MB, at most 8 (default: the saved setting)",
+        help="largest request body in MB, at most 64 (default: the saved setting)",
     )
     p.add_argument(
         "--smoke-test",
@@ -180,6 +187,11 @@ def main(argv: Sequence[str]) -> int:
         load = validate_load(overrides, settings.load)
     except SettingError as exc:
         return fail(f"{'--n-ctx' if exc.field == 'n_ctx' else '--threads'}: {exc}")
+    if args.mmproj is not None:
+        try:
+            load = replace(load, mmproj=checked_projector(args.mmproj))
+        except ProjectorError as exc:
+            return fail(f"--mmproj: {exc}")
     model, note = choose_model(args, settings)
     if note:
         print(f"lamplight serve: {note}", file=sys.stderr)
@@ -190,6 +202,22 @@ def main(argv: Sequence[str]) -> int:
         code = _serve(dirs.models, config, load, model, args.smoke_test, api.pool_mb)
         crash_record.end(crash)  # a clean exit (SIGINT/SIGTERM too): nothing to report
         return code
+
+
+def checked_projector(path: str) -> str:
+    """``path`` as an absolute path, once its header says it is a vision projector (its
+    fit to the model is checked when the model loads).
+
+    Raises:
+        ProjectorError: missing, unreadable, or not a vision projector.
+    """
+    from app.gguf.projector import read_projector
+
+    if not path.strip():
+        raise ProjectorError("the path is empty.")
+    full = Path(path).expanduser().resolve()
+    read_projector(full)
+    return str(full)
 
 
 def _log_to_stderr() -> None:
