@@ -26,6 +26,7 @@ from app.engine.backend import (
 )
 from app.engine.chat_message import ToolCall
 from app.engine.hardware import HardwareInfo
+from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
 from app.engine.templates import AUTO, ChatMessage, TemplateOverride
@@ -34,6 +35,7 @@ from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import (
     ContextOverflowError,
     DraftError,
+    ImageError,
     ModelFileError,
     ModelLoadError,
     NoModelLoaded,
@@ -52,6 +54,9 @@ FAKE_CAPABILITIES = Capabilities(
         "gpu_offload": "the fake engine has no GPU",
     },
 )
+
+VISION_CAPABILITIES = replace(FAKE_CAPABILITIES, vision=True)  # a model with its projector
+IMAGE_TOKENS = 64  # what each picture costs the fake, as the test projector's does
 
 
 class FakeEngine:
@@ -205,8 +210,11 @@ class FakeEngine:
             raise SettingError("output_format", "The fake engine has no grammar sampler.")
         stop = stop or threading.Event()
         t0 = time.perf_counter()
-        # One "token" per word of the chat, so prefix reuse and overflow behave like an engine's.
-        prompt = [t for m in messages for t in _words(f"{m.role} {m.content}")]
+        if any(m.images for m in messages) and not self.caps.vision:
+            raise ImageError("This model sees no images: it has no vision projector.")
+        # One "token" per word of the chat, so prefix reuse and overflow behave like an
+        # engine's; a picture is IMAGE_TOKENS of one id before its turn's words.
+        prompt = [t for m in messages for t in _prompt_tokens(m)]
         n_ctx = self._model.n_ctx
         if len(prompt) + 1 >= n_ctx:
             raise ContextOverflowError(len(prompt) + 1, n_ctx)
@@ -307,6 +315,11 @@ class FakeEngine:
             yield Token(text, reasoning=True)
         return "".join(parts)
 
+    def image_tokens(self, image: ImagePart) -> int:
+        if not self.caps.vision:
+            raise ImageError("This model sees no images: it has no vision projector.")
+        return IMAGE_TOKENS
+
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0
 
@@ -336,6 +349,11 @@ class FakeEngine:
 
     def import_state(self, kv: KvState) -> None:
         self.kv_tokens = list(kv.tokens)
+
+
+def _prompt_tokens(m: ChatMessage) -> list[int]:
+    pictures = [-2 - int(i.digest[:7], 16) for i in m.images for _ in range(IMAGE_TOKENS)]
+    return pictures + _words(f"{m.role} {m.content}")
 
 
 def _words(text: str) -> list[int]:

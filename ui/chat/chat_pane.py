@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QMimeData, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -29,6 +30,15 @@ class ChatInput(QPlainTextEdit):
     """
 
     submitted = Signal()
+    # Set by the image attachments: takes the pictures of a paste (True: nothing to paste).
+    mime_hook: Callable[[QMimeData], bool] | None = None
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # Qt's name
+        if self.mime_hook is None or not self.mime_hook(source):
+            super().insertFromMimeData(source)
+
+    def canInsertFromMimeData(self, source: QMimeData) -> bool:  # Qt's name
+        return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from app.chat.conversation import Conversation, ConversationError, to_markdown
+from app.chat.conversation import Conversation, ConversationError, export_images, to_markdown
 from app.chat.metrics_csv import metrics_csv
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import os_reason
@@ -70,8 +70,15 @@ def ask_export(ctx: Context, conv_id: str, fmt: str) -> None:
 
 def export_conversation(ctx: Context, conv: Conversation, path: Path, fmt: str) -> None:
     text = to_markdown(conv) if fmt == "markdown" else json.dumps(conv.to_dict(), indent=1)
-    if _write(ctx, path, text):
-        ctx.status(f"Exported to {path}", 5000)
+    if not _write(ctx, path, text):
+        return
+    notes: list[str] = []
+    # The Markdown links point at images/ beside the file: the pictures travel with it.
+    copied = export_images(conv, ctx.store.images, path.parent, notes) if fmt == "markdown" else []
+    if notes:
+        QMessageBox.warning(ctx.parent, "Some images were not exported", "\n".join(notes[:10]))
+    extra = f" with {len(copied)} image{'s' * (len(copied) != 1)}" if copied else ""
+    ctx.status(f"Exported to {path}{extra}", 5000)
 
 
 def ask_export_metrics(ctx: Context, conv: Conversation) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import html
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from PySide6.QtCore import QMimeData, QUrl, Signal
 from PySide6.QtGui import (
@@ -24,6 +25,7 @@ from app.chat.conversation import Message
 from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
 from app.engine.metrics import MessageMetrics
 from ui.chat import thinking_block
+from ui.chat.image_viewer import MessageImages
 from ui.chat.tool_card import ToolCards
 from ui.common.draft_stats import reply_footer
 
@@ -154,6 +156,7 @@ class TranscriptView(QTextBrowser):
         self._thought_notes: dict[int, str] = {}  # message index -> why it has no answer
         self.thinking_budget = 0  # the streaming reply's thinking budget (for its summary)
         self.cards = ToolCards(self, f"{ACTION_SCHEME}://{self._key}", self._dark, self.copied.emit)
+        self.images = MessageImages(self, f"{ACTION_SCHEME}://{self._key}/image")
         self._show_placeholder()
 
     # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
@@ -177,18 +180,14 @@ class TranscriptView(QTextBrowser):
         self._placeholder = True
 
     def clear_conversation(self) -> None:
-        self._stream_frame = None
-        self._stream_cursor = None
-        self._frames = []
-        self._texts = {}
-        self._times = {}
-        self._versions = {}
+        self._stream_frame, self._stream_cursor = None, None
+        self._frames, self._texts, self._times, self._versions = [], {}, {}, {}
         self._last_reply = -1
         self._thoughts, self._thought_heads, self._open_thoughts = {}, {}, set()
         self._thought_notes = {}
-        self._think_cursor = None
-        self._think_live = False
+        self._think_cursor, self._think_live = None, False
         self.cards.clear()
+        self.images.clear()
         self._show_placeholder()
 
     def show_messages(
@@ -210,9 +209,8 @@ class TranscriptView(QTextBrowser):
             if m.role == "user":
                 last = answerable and i == len(messages) - 1
                 actions = ("answer", "edit", "fork") if last else ("edit", "fork")
-                self.add_user_message(
-                    m.content, i, note or (UNANSWERED if last else ""), m.created, actions
-                )
+                note = note or (UNANSWERED if last else "")
+                self.add_user_message(m.content, i, note, m.created, actions, m.images)
             elif m.role == "assistant":
                 metrics = m.message_metrics()
                 self._times[i] = m.created
@@ -308,13 +306,15 @@ class TranscriptView(QTextBrowser):
         note: str = "",
         created: float | None = None,
         actions: tuple[str, ...] = ("edit", "fork"),
+        images: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         at_bottom = self._at_bottom()
         self._times[index] = time.time() if created is None else created
         self._texts[index] = text
         frame = self._new_frame("user", index, actions, note)
         cursor = frame.lastCursorPosition()
-        cursor.insertHtml(render_markdown(text, self._dark(), self._code_link(index)))
+        body = render_markdown(text, self._dark(), self._code_link(index)) if text else ""
+        cursor.insertHtml(self.images.html(index, images) + body)
         self._follow(at_bottom)
 
     def begin_reply(self, index: int = 1) -> None:
@@ -379,15 +379,13 @@ class TranscriptView(QTextBrowser):
             self._texts[index] = text
         streamed = self._thoughts.get(index, "")
         live = self._live_summary()
-        self._think_cursor = None
-        self._think_live = False
+        self._think_cursor, self._think_live = None, False
         thought = streamed if thinking is None else thinking
         self._keep_thinking(index, thought, metrics, text)
         if thought and (metrics is None or not metrics.reasoning_tokens):
             self._thought_heads[index] = live
         self._fill(frame, text, footer, error, index if kept else -1, index)
-        self._stream_frame = None
-        self._stream_cursor = None
+        self._stream_frame, self._stream_cursor = None, None
         if kept:
             self._set_last_reply(self._stream_index)
         self._follow(at_bottom)
@@ -640,6 +638,8 @@ class TranscriptView(QTextBrowser):
                 self.toggle_thinking(numbers[0])
             elif action.startswith("tool-") and len(numbers) == 2:
                 self.cards.activate(action[5:], numbers[0], numbers[1])
+            elif action == "image" and len(numbers) == 2:
+                self.images.activate(numbers[0], numbers[1])
             elif action == "copy-code" and len(numbers) == 2:
                 self.copy_message(numbers[0], numbers[1])
             elif action in ACTIONS and len(numbers) == 1:

@@ -36,11 +36,13 @@ from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
 from ui.chat.chat_pane import ChatPane
 from ui.chat.conversation_list import ConversationList
+from ui.chat.image_attach import ImageAttach
 from ui.chat.prompt_controls import PromptControls
 from ui.chat.search_jump import SearchJump
 from ui.common import accessibility, theme
 from ui.common.context import Context, LoadedModel, SettingsStore
 from ui.engine.worker import DEFAULT_MODEL, EngineClient
+from ui.models import projector_choice
 from ui.models.hub_workers import HubServices
 from ui.models.model_drop import ModelDrop
 from ui.models.model_manager import ModelManager
@@ -154,6 +156,7 @@ class MainWindow(QMainWindow):
         self.prompt_controls = PromptControls(
             self.ctx, self.chat, partial(window_actions.add_to_menu, self), self.modelReady
         )
+        self.images = ImageAttach(self.ctx, self.chat, self.update_buttons)  # pictures
         self.draft_control = DraftControl(self.ctx, self.sampling_panel)
         self.thinking = ThinkingControls(self)  # the Think button, Stop thinking
         self.mcp = McpWindow(self.ctx, self.tools)  # its page, consent notes, status
@@ -320,7 +323,8 @@ class MainWindow(QMainWindow):
     def update_buttons(self) -> None:
         ready = self.loaded_model.ready
         loading = self.loaded_model.loading
-        self.send_button.setEnabled(ready and not self.busy and self.chat.has_text())
+        message = self.chat.has_text() or bool(self.images.chips)
+        self.send_button.setEnabled(ready and not self.busy and message)
         self.stop_button.setEnabled(self.busy)
         # While a reply streams too: the load waits for it (``when_idle``).
         self.open_model_action.setEnabled(not loading)
@@ -347,14 +351,17 @@ class MainWindow(QMainWindow):
     # -- chat commands ---------------------------------------------------------------
 
     def send(self) -> None:
-        if not self.chat.has_text() or self.busy or not self.loaded_model.ready:
+        images = self.images.to_send()  # None: they cannot go now (a note says why)
+        has_message = images is not None and (self.chat.has_text() or bool(images))
+        if not has_message or self.busy or not self.loaded_model.ready:
             return
         waiting = self.api.waiting_note()
         if waiting:
             self.transcript.add_notice(waiting)
         # The box is emptied only once the message is the session's (nothing is dropped).
-        if self.session.send(self.chat.text(), self.settings.sampling):
+        if self.session.send(self.chat.text(), self.settings.sampling, images or ()):
             self.chat.clear_text()
+            self.images.clear()
         if waiting:  # until the reply's first words replace it
             self.status_speed.setText("waiting for the API request…")
 
@@ -465,7 +472,8 @@ class MainWindow(QMainWindow):
     def load_model(self, path: str | Path | None) -> None:
         """Load ``path``, or the embedded default model when None."""
         self.begin_loading("Loading model…")
-        self.client.load(DEFAULT_MODEL if path is None else path, self.settings.load)
+        model = Path(DEFAULT_MODEL if path is None else path)
+        self.client.load(model, projector_choice.load_config(self.ctx, model))
 
     def open_model(self, path: str | Path | None) -> None:
         """Load ``path`` (None: the embedded default) once the reply in progress is settled."""

@@ -137,7 +137,8 @@ class WindowView:
         w.chat.show_edit(None)
         conv = w.conversation
         if added_user:
-            w.transcript.add_user_message(shown[-1].content, len(shown) - 1)
+            last = shown[-1]
+            w.transcript.add_user_message(last.content, len(shown) - 1, images=last.images)
         else:
             w.transcript.show_messages(shown, [conv.version_of(i) for i in range(len(shown))])
         w.transcript.begin_reply(len(shown))
