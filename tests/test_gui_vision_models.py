@@ -31,6 +31,7 @@ from ui.models.hub_workers import HubServices
 from ui.window.main_window import MainWindow
 
 LOADS: list[str] = []  # the mmproj of each load the fake engine saw
+PATHS: list[str] = []  # and the model path it was asked for
 
 
 class SeeingEngine(FakeEngine):
@@ -39,6 +40,7 @@ class SeeingEngine(FakeEngine):
     def load(self, path: str, config: Any, progress: Any = None) -> ModelInfo:
         info = super().load(path, config, progress)
         LOADS.append(config.mmproj)
+        PATHS.append(str(path))
         self._model = replace(info, projector=Path(config.mmproj).name if config.mmproj else "")
         return self._model
 
@@ -164,3 +166,12 @@ def test_the_manager_offers_pairing_and_marks_vision_repos(
     qtbot.waitUntil(lambda: all(j.state == "done" for j in queue.jobs), timeout=10_000)
     folder = {Path(j.result_path).parent for j in queue.jobs}
     assert len(folder) == 1
+
+
+def test_the_embedded_default_model_still_loads(qtbot: QtBot, window: MainWindow) -> None:
+    """``load_model(None)`` asks for the embedded default by its name, not a path (a
+    path of "" would be the current folder), with no projector."""
+    _load(qtbot, window, None)  # type: ignore[arg-type]
+    assert LOADS[-1] == "" and PATHS[-1].endswith(".gguf")  # the assembled default
+    assert window.loaded_model.info is not None
+    assert "sees images" not in window.model_status.label.text()

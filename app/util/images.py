@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from app.util.errors import ImageError
 
@@ -90,13 +91,16 @@ def decode_rgb(data: bytes, max_side: int = MAX_SIDE) -> tuple[int, int, bytes]:
     """
     from PIL import Image
 
-    img = _open(data)
+    img: Any = _open(data)
     try:
-        frame = img.convert("RGBA")  # type: ignore[attr-defined]
+        if max(img.size) > max_side:
+            # Shrunk first, in the file's own mode (JPEG decodes at a fraction of its
+            # size): a large photo never becomes a full-size RGBA copy in memory.
+            img.draft("RGB", (max_side, max_side))
+            img.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
+        frame = img.convert("RGBA")
         rgb = Image.new("RGB", frame.size, (255, 255, 255))
         rgb.paste(frame, mask=frame.getchannel("A"))
-        if max(rgb.size) > max_side:
-            rgb.thumbnail((max_side, max_side), Image.Resampling.BICUBIC)
         return rgb.width, rgb.height, rgb.tobytes()
     except ImageError:
         raise

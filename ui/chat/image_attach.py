@@ -258,6 +258,7 @@ class ImageAttach(QObject):
         self.chips: list[Chip] = []
         self._pending: dict[int, str] = {}  # ticket -> name, files being read
         self._ticket = 0
+        self._last_dir = ""  # where the file dialog found pictures last
         self._generation = 0  # of the token count asked for last
         self.counts: list[int] | None = None  # tokens per attachment (None: not known yet)
         self._notes: list[str] = []
@@ -330,7 +331,15 @@ class ImageAttach(QObject):
 
     def choose_files(self) -> None:
         """The Attach button: a file dialog for pictures."""
-        names, _ = QFileDialog.getOpenFileNames(self._ctx.parent, "Attach images", "", FILE_FILTER)
+        # The folder pictures came from last, else the user's Pictures (never the app's).
+        start = self._last_dir or next(
+            (str(p) for p in (Path.home() / "Pictures", Path.home()) if p.is_dir()), ""
+        )
+        names, _ = QFileDialog.getOpenFileNames(
+            self._ctx.parent, "Attach images", start, FILE_FILTER
+        )
+        if names:
+            self._last_dir = str(Path(names[0]).parent)
         self.add_files([Path(n) for n in names])
 
     def add_files(self, paths: Sequence[Path]) -> None:

@@ -42,12 +42,12 @@ from ui.chat.search_jump import SearchJump
 from ui.common import accessibility, theme
 from ui.common.context import Context, LoadedModel, SettingsStore
 from ui.engine.worker import DEFAULT_MODEL, EngineClient
-from ui.models import projector_choice
 from ui.models.hub_workers import HubServices
 from ui.models.model_drop import ModelDrop
 from ui.models.model_manager import ModelManager
 from ui.models.model_status import ModelStatus
 from ui.models.onboarding import Onboarding
+from ui.models.projector_choice import load_config
 from ui.models.recent_models import RecentModels
 from ui.perf.perf_panel import PerfPanel
 from ui.remote.remote_control import RemoteControl
@@ -472,8 +472,9 @@ class MainWindow(QMainWindow):
     def load_model(self, path: str | Path | None) -> None:
         """Load ``path``, or the embedded default model when None."""
         self.begin_loading("Loading model…")
-        model = Path(DEFAULT_MODEL if path is None else path)
-        self.client.load(model, projector_choice.load_config(self.ctx, model))
+        # The embedded default is assembled on the engine thread; it has no projector.
+        config = self.settings.load if path is None else load_config(self.ctx, Path(path))
+        self.client.load(DEFAULT_MODEL if path is None else path, config)
 
     def open_model(self, path: str | Path | None) -> None:
         """Load ``path`` (None: the embedded default) once the reply in progress is settled."""
