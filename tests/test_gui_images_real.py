@@ -11,7 +11,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.config.params import SamplingParams
-from tests.test_gui_real import real_window, send
+from tests.test_gui_real import real_window, reopen_and_send, send
 from tests.vision_model import IMAGE_TOKENS, image_bytes, projector_path
 
 pytestmark = pytest.mark.slow
@@ -56,14 +56,6 @@ def test_a_picture_is_read_once_and_resumes_from_the_snapshot(
         follow = session.conversation.messages[-1].message_metrics()
         assert follow is not None and follow.evaluated_tokens <= 20, follow
 
-        conv_id = session.conversation.id
-        qtbot.waitUntil(lambda: win.store.snapshot_bytes(conv_id) > 0, timeout=30_000)
-        win.new_chat()
-        with qtbot.waitSignal(win.conversationOpened, timeout=30_000) as opened:
-            win.open_conversation(conv_id)
-        assert opened.args[0].restored
-        with qtbot.waitSignal(win.replyEnded, timeout=120_000):
-            send(qtbot, win, "Thanks.")
-        again = win.session.conversation.messages[-1].message_metrics()
-        assert again is not None and again.evaluated_tokens <= 20, again
+        again = reopen_and_send(qtbot, win, "Thanks.")
+        assert again.evaluated_tokens <= 20, again
         assert again.cached_tokens > IMAGE_TOKENS

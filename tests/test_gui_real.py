@@ -15,6 +15,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
+from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD, chat_turns
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
@@ -50,6 +51,22 @@ def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindo
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
     qtbot.keyClicks(win.chat_input, text)
     qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
+
+
+def reopen_and_send(qtbot: QtBot, win: MainWindow, text: str) -> MessageMetrics:
+    """Reopen the current chat from its snapshot (once saved), send ``text``, and return
+    the reply's figures."""
+    conv_id = win.session.conversation.id
+    qtbot.waitUntil(lambda: win.store.snapshot_bytes(conv_id) > 0, timeout=30_000)
+    win.new_chat()
+    with qtbot.waitSignal(win.conversationOpened, timeout=30_000) as opened:
+        win.open_conversation(conv_id)
+    assert opened.args[0].restored
+    with qtbot.waitSignal(win.replyEnded, timeout=120_000):
+        send(qtbot, win, text)
+    metrics = win.session.conversation.messages[-1].message_metrics()
+    assert metrics is not None
+    return metrics
 
 
 def test_chat_streams_and_second_turn_reuses_the_cache(qtbot: QtBot, window: MainWindow) -> None:

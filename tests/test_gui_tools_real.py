@@ -16,7 +16,7 @@ from pytestqt.qtbot import QtBot
 from app.chat.conversation import Message
 from app.config.params import SamplingParams
 from app.mcp.host import McpHost
-from tests.test_gui_real import real_window, send
+from tests.test_gui_real import real_window, reopen_and_send, send
 
 pytestmark = pytest.mark.slow
 
@@ -74,13 +74,5 @@ def test_the_model_calls_an_mcp_tool_from_the_chat(
 
         # Reopened, the chat with its call and result resumes from its snapshot: the
         # next message reads only its own words.
-        conv_id = session.conversation.id
-        qtbot.waitUntil(lambda: win.store.snapshot_bytes(conv_id) > 0, timeout=30_000)
-        win.new_chat()
-        with qtbot.waitSignal(win.conversationOpened, timeout=30_000) as opened:
-            win.open_conversation(conv_id)
-        assert opened.args[0].restored
-        with qtbot.waitSignal(win.replyEnded, timeout=120_000):
-            send(qtbot, win, "Thanks.")
-        follow = win.session.conversation.messages[-1].message_metrics()
-        assert follow is not None and follow.evaluated_tokens <= 20, follow
+        follow = reopen_and_send(qtbot, win, "Thanks.")
+        assert follow.evaluated_tokens <= 20, follow

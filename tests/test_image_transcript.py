@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from app.config.params import SamplingParams
 from app.engine.chat_message import ChatMessage
 from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
+from tests.test_alternatives import StubLink, StubView
 
 
 def picture(color: str = "red", fmt: str = "PNG") -> bytes:
@@ -30,33 +30,20 @@ def picture(color: str = "red", fmt: str = "PNG") -> bytes:
     return out.getvalue()
 
 
-class Link:
+class Link(StubLink):
+    """Keeps what each reply was asked with."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.sent: list[list[ChatMessage]] = []
 
-    def generate(self, conv_id: str, messages: Sequence[ChatMessage], params: object) -> int:
-        self.sent.append(list(messages))
-        return len(self.sent)
-
-    def stop(self) -> None: ...
-    def reset(self) -> None: ...
-    def restore_snapshot(self, conv_id: str) -> None: ...
-    def drop_snapshot(self, conv_id: str) -> None: ...
+    def generate(self, conv_id: str, messages: object, params: object) -> int:
+        self.sent.append(list(messages))  # type: ignore[call-overload]
+        return super().generate(conv_id, messages, params)
 
 
-class View:
-    def __init__(self) -> None:
-        self.notices: list[str] = []
-
-    def show_conversation(self, conv: object, opened: bool, restoring: bool) -> None: ...
-    def reply_begun(self, shown: object, added_user: bool) -> None: ...
-    def reply_ended(self, text: str, metrics: object, error: str) -> None: ...
-    def open_failed(self, message: str) -> None: ...
-    def notice(self, text: str) -> None:
-        self.notices.append(text)
-
-    def row_saved(self, conv_id: str) -> None: ...
-    def row_removed(self, conv_id: str) -> None: ...
+class View(StubView):
+    pass
 
 
 @pytest.fixture()

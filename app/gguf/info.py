@@ -115,14 +115,30 @@ def read_gguf_info(path: str | Path) -> GgufInfo:
         ModelFileError: with a one-line reason a person can act on.
     """
     p = Path(path)
+
+    def check(name: str, header: Header, buf: mmap.mmap) -> int:
+        n_params = _check_tensors(name, header)
+        _check_model(name, header, buf)
+        return n_params
+
+    header, n_params = checked_header(p, check)
+    return _info(p, header, n_params)
+
+
+def checked_header(
+    p: Path, check: Callable[[str, Header, mmap.mmap], int], kind: str = "model"
+) -> tuple[Header, int]:
+    """``p``'s header and what ``check`` (run on the mapped file) returns; every way a
+    file can fail to be read is a ``ModelFileError`` naming ``kind`` ("model",
+    "projector").
+    """
     name = shown(p.name)
     try:
         with mapped_file(p) as buf:
             header = walk_header(buf)
-            n_params = _check_tensors(name, header)
-            _check_model(name, header, buf)
+            return header, check(name, header, buf)
     except (FileNotFoundError, NotADirectoryError) as exc:
-        raise ModelFileError(f"Model file not found: {shown(str(p))}") from exc
+        raise ModelFileError(f"{kind.capitalize()} file not found: {shown(str(p))}") from exc
     except PermissionError as exc:
         raise ModelFileError(f"{name} cannot be read: permission denied.") from exc
     except OSError as exc:
@@ -136,7 +152,7 @@ def read_gguf_info(path: str | Path) -> GgufInfo:
         raise ModelFileError(f"{name} is empty (0 bytes); an interrupted download?") from exc
     except NotGguf as exc:
         raise ModelFileError(
-            f"{name} is not a GGUF model file (it starts with {exc.magic!r}, not b'GGUF')."
+            f"{name} is not a GGUF {kind} file (it starts with {exc.magic!r}, not b'GGUF')."
         ) from exc
     except Malformed as exc:
         raise ModelFileError(f"{name} is a damaged GGUF file: {exc}.") from exc
@@ -146,7 +162,6 @@ def read_gguf_info(path: str | Path) -> GgufInfo:
         raise ModelFileError(
             f"{name} is a damaged GGUF file (unexpected {type(exc).__name__})."
         ) from exc
-    return _info(p, header, n_params)
 
 
 def _info(p: Path, header: Header, n_params: int) -> GgufInfo:

@@ -10,24 +10,16 @@ shape of the family's last projection tensor, else ``clip.vision.projection_dim`
 
 from __future__ import annotations
 
-import errno
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.gguf.header import (
-    Empty,
     Header,
-    Malformed,
-    NotGguf,
-    NotRegular,
     int_value,
     is_text,
-    mapped_file,
     shown,
-    walk_header,
 )
-from app.gguf.info import _check_tensors
+from app.gguf.info import _check_tensors, checked_header
 from app.util.errors import ModelFileError, ProjectorError
 
 # Projector types this build of libmtmd knows (clip-impl.h PROJECTOR_TYPE_NAMES).
@@ -111,38 +103,13 @@ def read_projector(path: str | Path) -> ProjectorInfo:
         ProjectorError: not a readable GGUF file, or not a vision projector llama.cpp knows.
     """
     p = Path(path)
-    name = shown(p.name)
     try:
-        with mapped_file(p) as buf:
-            header = walk_header(buf)
-            _check_tensors(name, header)
-    except ProjectorError:
-        raise
+        header, _ = checked_header(
+            p, lambda name, h, _buf: _check_tensors(name, h), kind="projector"
+        )
     except ModelFileError as exc:
         raise ProjectorError(str(exc)) from exc
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        raise ProjectorError(f"Projector file not found: {shown(str(p))}") from exc
-    except PermissionError as exc:
-        raise ProjectorError(f"{name} cannot be read: permission denied.") from exc
-    except OSError as exc:
-        if exc.errno == errno.ENAMETOOLONG:
-            raise ProjectorError(f"The path of {name} is too long for the file system.") from exc
-        raise ProjectorError(f"{name} cannot be read: {shown(exc.strerror or str(exc))}.") from exc
-    except NotRegular as exc:
-        raise ProjectorError(f"Not a file: {shown(str(p))} is {exc}.") from exc
-    except Empty as exc:
-        raise ProjectorError(f"{name} is empty (0 bytes); an interrupted download?") from exc
-    except NotGguf as exc:
-        raise ProjectorError(
-            f"{name} is not a GGUF file (it starts with {exc.magic!r}, not b'GGUF')."
-        ) from exc
-    except Malformed as exc:
-        raise ProjectorError(f"{name} is a damaged GGUF file: {exc}.") from exc
-    except (ValueError, OverflowError, MemoryError, struct.error) as exc:
-        raise ProjectorError(
-            f"{name} is a damaged GGUF file (unexpected {type(exc).__name__})."
-        ) from exc
-    return _info(p, name, header)
+    return _info(p, shown(p.name), header)
 
 
 def _info(p: Path, name: str, header: Header) -> ProjectorInfo:
