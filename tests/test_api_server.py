@@ -18,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.params import ApiSettings, LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.templates import ChatMessage
 from app.remote.connection import Connection
@@ -195,7 +195,8 @@ def test_bad_fields_are_400_naming_the_param(
 
 
 def test_oversized_body_is_413(client: openai.OpenAI, served: Served) -> None:
-    huge = [{"role": "user", "content": "x" * (9 * 2**20)}]
+    # Just over the default limit (which leaves room for a phone photo as base64).
+    huge = [{"role": "user", "content": "x" * ((ApiSettings().max_body_mb + 1) * 2**20)}]
     with pytest.raises(openai.APIStatusError) as caught:
         chat(client, served, messages=huge, max_tokens=4)
     assert caught.value.status_code == 413
