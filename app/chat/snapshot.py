@@ -42,7 +42,7 @@ from typing import Any, TypeGuard
 
 from app.config.params import short_repr
 from app.engine.backend import DraftInfo, KvState
-from app.engine.image_part import IMAGE_ID_MIN
+from app.engine.image_part import IMAGE_ID_MIN, image_token_id, split_markers
 from app.util.atomic import atomic_write_bytes
 from app.util.datafiles import DataFileError, open_regular, os_reason, parse_json
 from app.util.errors import LamplightError
@@ -274,7 +274,15 @@ def read_snapshot(path: Path, expected: SnapshotHeader, max_bytes: int | None = 
         or any(not (0 <= n <= len(tokens) and 0 <= c <= len(text)) for n, c in pairs)
     ):
         raise SnapshotError("the saved cache file is inconsistent (token count)")
+    if tokens and min(tokens) < 0 and not _images_named(tokens, text):
+        raise SnapshotError("the saved cache file is inconsistent (images)")
     return KvState(state=parts[0], tokens=tokens.tolist(), text=text, marks=pairs)
+
+
+def _images_named(tokens: array[int], text: str) -> bool:
+    """Every negative id in ``tokens`` is the pseudo-token of an image ``text`` shows."""
+    shown = {image_token_id(d) for is_image, d in split_markers(text) if is_image}
+    return {t for t in tokens if t < 0} <= shown
 
 
 @contextlib.contextmanager

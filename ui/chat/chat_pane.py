@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from PySide6.QtCore import QMimeData, Qt, QTimer, Signal
-from PySide6.QtGui import QKeyEvent
+from PySide6.QtGui import QKeyEvent, QResizeEvent
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
@@ -39,6 +39,32 @@ class ChatInput(QPlainTextEdit):
 
     def canInsertFromMimeData(self, source: QMimeData) -> bool:  # Qt's name
         return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
+
+    _corner: QWidget | None = None
+
+    def set_corner(self, widget: QWidget) -> None:
+        """Show ``widget`` (a small button) in the box's bottom-right corner, the text kept
+        clear of it: the window's minimum size stays what it was."""
+        widget.setParent(self)
+        self._corner = widget
+        self.setViewportMargins(0, 0, widget.sizeHint().width() + 4, 0)
+        self._place_corner()
+        widget.show()
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # Qt's name
+        super().resizeEvent(event)
+        self._place_corner()
+
+    def _place_corner(self) -> None:
+        if self._corner is not None:
+            hint = self._corner.sizeHint()
+            frame = self.frameWidth()
+            self._corner.setGeometry(
+                self.width() - hint.width() - frame - 2,
+                self.height() - hint.height() - frame - 2,
+                hint.width(),
+                hint.height(),
+            )
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not (

@@ -267,10 +267,10 @@ class ImageAttach(QObject):
 
         self.button = QToolButton(chat)
         self.button.setObjectName("attachImage")
-        self.button.setText("Attach image…")
+        self.button.setText("Image…")  # in the input box's corner
         self.button.setAccessibleName("Attach images")
         self.button.clicked.connect(self.choose_files)
-        chat.add_tool(self.button)
+        chat.chat_input.set_corner(self.button)
         self.strip = AttachmentStrip(chat)
         self.strip.hide()
         layout = chat.layout()
