@@ -20,7 +20,7 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.config.params import LoadConfig
-from app.engine import llama as llama_module
+from app.engine import loader as loader_module
 from app.engine.llama import Engine
 from ui.engine.worker import EngineClient
 
@@ -34,7 +34,7 @@ def slow_drafts(monkeypatch: pytest.MonkeyPatch, draft: Path) -> threading.Event
     """Make every progress step of loading ``draft`` take ``STEP_S``; the event is set
     at the first step (llama.cpp is reading the draft's tensors)."""
     started = threading.Event()
-    real_open = llama_module.open_llama
+    real_open = loader_module.open_llama
 
     def slow_open(gguf: Any, config: LoadConfig, progress: Any, *args: Any) -> Any:
         if Path(gguf.path) != draft:
@@ -47,7 +47,8 @@ def slow_drafts(monkeypatch: pytest.MonkeyPatch, draft: Path) -> threading.Event
 
         return real_open(gguf, config, slow, *args)
 
-    monkeypatch.setattr(llama_module, "open_llama", slow_open)
+    # A draft is opened by draft_slot.open_draft, which looks the loader up at call time.
+    monkeypatch.setattr(loader_module, "open_llama", slow_open)
     return started
 
 
