@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.paths import DataDirs
+from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
 from tests.fakes import FakeEngine
 from ui.engine.worker import EngineClient
@@ -22,3 +24,14 @@ def fake_window(
     win = MainWindow(client, settings if settings is not None else AppSettings(), dirs, store)
     qtbot.addWidget(win)
     return win, client
+
+
+def loaded_fake_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
+    """A shown window on ``tmp_path/data`` with a stand-in model file loaded by ``fake``."""
+    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
+    win.show()
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"fake model")
+    with qtbot.waitSignal(win.modelReady, timeout=5000):
+        win.load_model(model)
+    return win

@@ -16,8 +16,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QApplication, QFileDialog
 from pytestqt.qtbot import QtBot
 
-from app.config.paths import data_dirs
-from tests.fake_window import fake_window
+from tests.fake_window import loaded_fake_window
 from tests.fakes import IMAGE_TOKENS, VISION_CAPABILITIES, FakeEngine
 from ui.chat.image_attach import MAX_ATTACHMENTS, NO_VISION, tokens_text
 from ui.chat.image_viewer import MISSING, ImageViewer, read_image
@@ -28,16 +27,6 @@ def png(width: int = 40, height: int = 30, color: str = "yellow") -> bytes:
     out = io.BytesIO()
     Image.new("RGB", (width, height), color).save(out, "PNG")
     return out.getvalue()
-
-
-def make_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
-    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
-    win.show()
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"fake model")
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    return win
 
 
 def close(qtbot: QtBot, win: MainWindow) -> None:
@@ -54,7 +43,7 @@ def fake() -> FakeEngine:
 
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = make_window(qtbot, tmp_path, fake)
+    win = loaded_fake_window(qtbot, tmp_path, fake)
     yield win
     close(qtbot, win)
 
@@ -219,7 +208,7 @@ def test_reopened_chat_shows_images_and_missing_placeholder(
 def test_non_vision_model_disables_and_explains(
     qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    win = make_window(qtbot, tmp_path, FakeEngine())
+    win = loaded_fake_window(qtbot, tmp_path, FakeEngine())
     try:
         assert not win.images.button.isEnabled()
         assert win.images.button.toolTip() == NO_VISION

@@ -13,11 +13,10 @@ from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message, metrics_to_dict
-from app.config.paths import data_dirs
 from app.engine.backend import Capabilities
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
-from tests.fake_window import fake_window
+from tests.fake_window import loaded_fake_window
 from tests.fakes import FAKE_CAPABILITIES, FakeEngine
 from ui.chat import thinking_block
 from ui.chat.transcript import TranscriptView
@@ -37,19 +36,9 @@ def fake() -> FakeEngine:
     return fake
 
 
-def open_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
-    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
-    win.show()
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"fake model")
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    return win
-
-
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = open_window(qtbot, tmp_path, fake)
+    win = loaded_fake_window(qtbot, tmp_path, fake)
     yield win
     win.close()
     qtbot.waitUntil(lambda: win.closed, timeout=15_000)
@@ -187,7 +176,7 @@ def test_disabled_without_thinking_control_or_reasoning(
     )
     fake.reasoning_format = None
     fake.delay = 0.01
-    win = open_window(qtbot, tmp_path, fake)
+    win = loaded_fake_window(qtbot, tmp_path, fake)
     try:
         assert not win.thinking.button.isEnabled()
         assert "no sign of thinking" in win.thinking.button.toolTip()
