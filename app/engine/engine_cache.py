@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from app.config.params import LoadConfig
 from app.engine.adapters import AdapterSet
 from app.engine.backend import KvState, PrefillProgress
+from app.engine.chat_message import ChatMessage
 from app.engine.context_map import ContextMap
 from app.engine.image_part import ImagePart, has_markers, is_image_token, split_markers
 from app.engine.kv_state import read_sequence, write_sequence
@@ -252,12 +253,13 @@ class EngineCache:
                 out += list(self._llm.tokenize(data, add_bos=bos and not out, special=True))
         return out
 
-    def use_images(self, images: Sequence[ImagePart]) -> None:
-        """The images the next renders may show (a request's, by digest).
+    def use_images(self, messages: Sequence[ChatMessage]) -> None:
+        """The images the next renders of ``messages`` may show (by digest).
 
         Raises:
             ImageError: there are images and this model sees none.
         """
+        images = [i for m in messages for i in m.images]
         if images and self._projector is None:
             raise ImageError(
                 "This model does not see images: load it with its vision projector "

@@ -385,7 +385,7 @@ class Engine(EngineCache):
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The conversation rendered by the chat template and tokenized."""
         assert self._template is not None
-        self.use_images([i for m in messages for i in m.images])
+        self.use_images(messages)
         return self._tokenize(self._template.render(messages, True), bos=True)
 
     # -- generation ----------------------------------------------------------------
@@ -413,7 +413,7 @@ class Engine(EngineCache):
             model's own template failed on ``messages``, or rendered nothing).
         """
         llm, stop, t0 = self._require(), stop or threading.Event(), time.perf_counter()
-        self.use_images([i for m in messages for i in m.images])
+        self.use_images(messages)
         # A bad grammar fails before any work.
         build_sampler(llm, params, 0, self._map.tokens, check_only=True)
         self.native.perf_reset()
@@ -582,7 +582,7 @@ class Engine(EngineCache):
         if self.lora_stale or template.completion:
             # Continue-the-text mode opens no turn: the next text may follow with no space.
             return 0  # the cache belongs to the previous stack; generate will rebuild it
-        self.use_images([i for m in messages for i in m.images])
+        self.use_images(messages)
         if self._sent is not None and self._sent[0] == list(messages):
             messages = self._sent[1].messages  # what the model still sees after an overflow
         turn = self._pipeline().next_turn(messages, reply)
