@@ -47,10 +47,13 @@ def finish(engine: Engine, messages: list[ChatMessage]) -> Finished:
     return last
 
 
+def image_starts(tokens: list[int]) -> list[int]:
+    """Where each run of an image's pseudo-token begins."""
+    return [i for i, t in enumerate(tokens) if is_image_token(t) and (i == 0 or tokens[i - 1] != t)]
+
+
 def image_runs(tokens: list[int]) -> int:
-    return sum(
-        1 for i, t in enumerate(tokens) if is_image_token(t) and (i == 0 or tokens[i - 1] != t)
-    )
+    return len(image_starts(tokens))
 
 
 def test_projector_loads_and_counts_tokens(eng: Engine) -> None:
@@ -180,7 +183,7 @@ def test_overflow_keeps_or_drops_an_image_turn_whole(small: Engine, policy: str)
             done = event
     assert done is not None and done.metrics.stop_reason != "error"
     tokens = small.cached_tokens
-    runs = [i for i, t in enumerate(tokens) if is_image_token(t) and (i == 0 or tokens[i - 1] != t)]
+    runs = image_starts(tokens)
     # Truncate middle keeps the first exchange (the picture); rolling drops it first.
     assert len(runs) == (1 if policy == "truncate_middle" else 0)
     for start in runs:  # a kept picture is whole
