@@ -88,15 +88,18 @@ def show_startup_notes(window: MainWindow, notes: Sequence[str]) -> None:
 
 def hub_services(dirs: DataDirs) -> HubServices:
     """Hub search, the library and the download queue (which resumes unfinished downloads)."""
+    from app.models.default_embedder import embedders_dir
     from app.models.downloader import FileFetcher
     from app.models.downloads import DownloadQueue
     from app.models.hub import HubClient
     from app.models.library import Library
-    from ui.models.hub_workers import HubServices
+    from ui.models.hub_workers import EMBEDDERS, HubServices
 
     library = Library(dirs.models, dirs.library_file)
-    queue = DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher())
-    return HubServices(HubClient(), library, queue)
+    # Embedding models download beside the built-in one, never among the chat models.
+    folders = {EMBEDDERS: embedders_dir(dirs.root)}
+    queue = DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(), folders)
+    return HubServices(HubClient(), library, queue, dirs.root)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -109,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.engine.path_probe import main as probe
 
         return probe(argv[1:])
+    if argv and argv[0] == "parse-document":  # the frozen app's bounded document reader
+        from app.documents.parse_child import main as parse_document
+
+        return parse_document(argv[1:])
     args = parse_args(argv)
     notes: list[str] = []  # damaged files set aside or repaired, for the user
     dirs = data_dirs(args.data_dir, notes)

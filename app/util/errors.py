@@ -73,3 +73,15 @@ class ImageError(LamplightError):
 class ProjectorError(ModelFileError):
     """A vision projector (``mmproj``) file refused before llama.cpp reads it: the reason
     (not a projector, damaged, made for another model) is the message."""
+
+
+class DocumentError(LamplightError):
+    """A document that cannot be read or indexed; the message says why, for the user."""
+
+
+class DocumentCancelled(DocumentError):
+    """Reading or indexing documents was cancelled by the user."""
+
+
+class EmbedderError(ModelFileError):
+    """An embedding model that cannot be used (not an embedder, or damaged)."""
