@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import threading
 import time
 import unicodedata
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,14 @@ from app.models.downloader import (
     DownloadError,
     FileFetcher,
 )
-from app.models.names import check_file_name, check_repo_id, destination, repo_dir_name
+from app.models.names import (
+    MAX_PATH_BYTES,
+    UnsafeNameError,
+    check_file_name,
+    check_repo_id,
+    destination,
+    repo_dir_name,
+)
 from app.models.quant import GgufChoice, RepoFile
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, read_json, set_aside
@@ -36,6 +45,8 @@ MAX_STATE_BYTES = 16 * 1024 * 1024  # downloads.json: far more than any real que
 MAX_JOBS = 10_000
 MAX_FILES_PER_JOB = 10_000
 _SHA256 = frozenset("0123456789abcdef")
+# A named destination folder ("embedders"); the name, never a path, is what is saved.
+_FOLDER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 
 
 @dataclass
@@ -51,6 +62,7 @@ class DownloadJob:
     done_bytes: int = 0
     error: str = ""
     result_path: str = ""
+    folder: str = ""  # "": the models folder (owner__name/file); else a named folder (flat)
 
     @property
     def total_bytes(self) -> int:
@@ -92,11 +104,23 @@ class DownloadQueue:
     is queued again at start, and resumes from its ``.part`` files.
     """
 
-    def __init__(self, models_dir: Path, state_file: Path, fetcher: FileFetcher) -> None:
+    def __init__(
+        self,
+        models_dir: Path,
+        state_file: Path,
+        fetcher: FileFetcher,
+        folders: Mapping[str, Path] | None = None,
+    ) -> None:
+        """``folders``: other destinations a job may name (``{"embedders": <data>/embedders}``);
+        more can be added with :meth:`add_folder`. A saved job naming a folder not known is
+        kept, and fails with a message when it runs."""
         self.models_dir = models_dir
         self.state_file = state_file
         self.fetcher = fetcher
         self._lock = threading.Lock()
+        self.folders: dict[str, Path] = {}
+        for name, path in (folders or {}).items():
+            self.add_folder(name, path)
         self._wake = threading.Condition(self._lock)
         self._controls: dict[str, Control] = {}
         self._closed = False
@@ -105,8 +129,20 @@ class DownloadQueue:
 
     # -- GUI side --------------------------------------------------------------------
 
-    def add(self, repo_id: str, choice: GgufChoice, revision: str = "main") -> DownloadJob:
+    def add_folder(self, name: str, path: Path) -> None:
+        """Let jobs download into ``path`` by naming it ``name`` (a short lowercase word)."""
+        if not _FOLDER_NAME.fullmatch(name):
+            raise ValueError(f"not a download folder name: {name!r}")
+        with self._lock:
+            self.folders[name] = path
+
+    def add(
+        self, repo_id: str, choice: GgufChoice, revision: str = "main", folder: str = ""
+    ) -> DownloadJob:
         """Queue ``choice``; the repo id and file names are checked before anything is fetched.
+
+        ``folder``: "" for the models folder (``owner__name/file``), else the name of a
+        folder given to the queue, where the files go side by side (``folder/file``).
 
         One writer per file: a request for exactly the files of a job in the list (the
         repo id in any case, the same revision) is that job, resumed if it was paused or
@@ -118,7 +154,9 @@ class DownloadQueue:
         """
         if not choice.files:
             raise DownloadError(f"{choice.name}: nothing to download.")
-        keys = [target_key(destination(self.models_dir, repo_id, f.path)) for f in choice.files]
+        if folder and folder not in self.folders:
+            raise DownloadError(f"{choice.name}: there is no download folder named {folder!r}.")
+        keys = [target_key(self._destination(folder, repo_id, f.path)) for f in choice.files]
         if len(set(keys)) != len(keys):
             raise DownloadError(f"{choice.name}: the Hub lists one of its files twice.")
         with self._wake:
@@ -129,7 +167,7 @@ class DownloadQueue:
                 shared = [f.path for f, k in zip(choice.files, keys, strict=True) if k in theirs]
                 if not shared:
                     continue
-                if list(theirs) == keys and other.revision == revision:
+                if list(theirs) == keys and other.revision == revision and other.folder == folder:
                     if other.state in ("paused", "failed"):
                         other.state, other.error = "queued", ""
                         self._save()
@@ -139,7 +177,7 @@ class DownloadQueue:
                     f"{shared[0]} is already being downloaded ({other.repo_id} · {other.name}, "
                     f"{other.state}); cancel that download first, or wait for it to finish."
                 )
-            job = DownloadJob(repo_id, choice.name, list(choice.files), revision)
+            job = DownloadJob(repo_id, choice.name, list(choice.files), revision, folder=folder)
             self.jobs.append(job)
             self._save()
             self._wake.notify_all()
@@ -212,7 +250,7 @@ class DownloadQueue:
         finished = 0
         try:
             for f in job.files:
-                dest = destination(self.models_dir, job.repo_id, f.path)
+                dest = self._destination(job.folder, job.repo_id, f.path)
 
                 def on_bytes(done: int, _total: int, base: int = finished) -> None:
                     job.done_bytes = base + done
@@ -223,7 +261,7 @@ class DownloadQueue:
                 )
                 finished += f.size
                 job.done_bytes = finished
-            job.result_path = str(destination(self.models_dir, job.repo_id, job.files[0].path))
+            job.result_path = str(self._destination(job.folder, job.repo_id, job.files[0].path))
             self._finish(job, "done")
         except DownloadCancelled:
             if control.cancel.is_set():
@@ -272,7 +310,7 @@ class DownloadQueue:
         }
         for f in job.files:
             try:
-                dest = destination(self.models_dir, job.repo_id, f.path)
+                dest = self._destination(job.folder, job.repo_id, f.path)
                 if target_key(dest) in taken:
                     log.warning("not removing %s: another download writes it", dest.name)
                     continue
@@ -340,10 +378,40 @@ class DownloadQueue:
         keys = {}
         for f in job.files:
             try:
-                keys[target_key(destination(self.models_dir, job.repo_id, f.path))] = f.path
+                keys[target_key(self._destination(job.folder, job.repo_id, f.path))] = f.path
             except DownloadError:
                 continue  # never written: a refused name or a path out of the folder
         return keys
+
+    def _destination(self, folder: str, repo_id: str, relative: str) -> Path:
+        """Where a file of a job goes: ``destination`` in the models folder, or flat in a
+        named folder (resolved, inside it, its ``.part`` within the path length limit).
+
+        Raises:
+            DownloadError: an unknown folder name, or a refused file name.
+        """
+        if not folder:
+            return destination(self.models_dir, repo_id, relative)
+        base = self.folders.get(folder)
+        if base is None:
+            raise DownloadError(
+                f"This download is for a folder this version of Lamplight does not know "
+                f"({folder!r}); cancel it and download the model again."
+            )
+        check_repo_id(repo_id)
+        name = check_file_name(relative).name
+        root = base.resolve()
+        target = (root / name).resolve()
+        if target.parent != root:
+            raise UnsafeNameError(
+                f"Refusing the file name {name!r}: it would be written outside {root}."
+            )
+        if len(os.fsencode(str(target) + PART_SUFFIX)) > MAX_PATH_BYTES:
+            raise UnsafeNameError(
+                f"Refusing the file name {name!r}: the full path would be longer than this "
+                f"system allows ({MAX_PATH_BYTES} bytes). Choose a shorter data folder."
+            )
+        return target
 
     def _note(self, text: str) -> None:
         log.warning("%s", text)
@@ -374,7 +442,8 @@ def _job_from_json(raw: Any) -> DownloadJob | None:
         if sha is not None and not (isinstance(sha, str) and _is_sha256(sha)):
             return None
         files.append(RepoFile(path, size, sha))
-    text = {k: raw.get(k, d) for k, d in (("revision", "main"), ("error", ""), ("result_path", ""))}
+    defaults = (("revision", "main"), ("error", ""), ("result_path", ""), ("folder", ""))
+    text = {k: raw.get(k, d) for k, d in defaults}
     repo_id, name, job_id, state = (raw.get(k) for k in ("repo_id", "name", "id", "state"))
     done = raw.get("done_bytes", 0)
     strings = (repo_id, name, job_id, state, *text.values())
@@ -383,6 +452,8 @@ def _job_from_json(raw: Any) -> DownloadJob | None:
     assert isinstance(repo_id, str) and isinstance(name, str) and isinstance(job_id, str)
     assert isinstance(state, str)
     if state not in STATES or not _count(done) or not job_id or len(job_id) > 64:
+        return None
+    if text["folder"] and not _FOLDER_NAME.fullmatch(text["folder"]):
         return None
     try:
         check_repo_id(repo_id)
@@ -400,6 +471,7 @@ def _job_from_json(raw: Any) -> DownloadJob | None:
         done,
         text["error"][:2000],
         text["result_path"][:4096],
+        text["folder"],
     )
 
 

@@ -1,4 +1,5 @@
-"""The curated list of small chat models (``resources/recommended_models.json``).
+"""The curated list of small chat models (``resources/recommended_models.json``), and of
+embedding models for documents (its ``embedders`` array, entries with ``"kind": "embedder"``).
 
 The list is data: which repo and file, what it is, how large, and the few
 architecture numbers the RAM estimate needs. It ships with the app, but it is
@@ -69,6 +70,9 @@ _LIMITS = {
     "vocab": 2**24,
 }
 
+KINDS = ("chat", "embedder")  # an entry's optional "kind"; chat when absent
+MAX_EMBEDDERS = 20
+
 FITS, TIGHT, TOO_BIG, UNKNOWN = "fits", "tight", "too big", "unknown"
 ONBOARDING_FILE = "onboarding.json"
 
@@ -95,6 +99,11 @@ class Recommended:
     kv_dim: int  # K (and V) values per token per layer: n_head_kv x head_dim
     vocab: int
     thinks: bool = False  # a reasoning model: it thinks before it answers (optional field)
+    kind: str = "chat"  # "embedder": an embedding model for documents, kept in <data>/embedders
+
+    @property
+    def is_embedder(self) -> bool:
+        return self.kind == "embedder"
 
     @property
     def file_name(self) -> str:
@@ -128,6 +137,7 @@ class RecommendedList:
 
     entries: tuple[Recommended, ...]
     problems: tuple[str, ...] = ()
+    embedders: tuple[Recommended, ...] = ()  # the optional "embedders" array
 
 
 def load_list(path: Path) -> RecommendedList:
@@ -173,13 +183,22 @@ def parse_list(data: Any) -> RecommendedList:
             f"The list of recommended models has {len(models):,} entries; "
             f"the limit is {MAX_ENTRIES}."
         )
+    embedders = data.get("embedders", [])
+    if not isinstance(embedders, list) or len(embedders) > MAX_EMBEDDERS:
+        raise RecommendedListError(
+            f"The list of recommended models has an 'embedders' entry that is not an array of "
+            f"up to {MAX_EMBEDDERS} models."
+        )
     entries: list[Recommended] = []
     problems: list[str] = []
     ids: set[str] = set()
     files: set[tuple[str, str]] = set()
-    for index, raw in enumerate(models, 1):
+    kinds = ["chat"] * len(models) + ["embedder"] * len(embedders)
+    for index, (raw, kind) in enumerate(zip([*models, *embedders], kinds, strict=True), 1):
         try:
             entry = parse_entry(raw)
+            if entry.kind != kind:
+                raise RecommendedListError(f"its kind {entry.kind!r} does not belong in this array")
             if entry.id in ids:
                 raise RecommendedListError(f"the id {entry.id!r} is used twice")
             key = (entry.repo.lower(), entry.file)
@@ -193,7 +212,8 @@ def parse_list(data: Any) -> RecommendedList:
         entries.append(entry)
     for line in problems:
         log.warning("%s", line)
-    return RecommendedList(tuple(entries), tuple(problems))
+    chat = tuple(e for e in entries if not e.is_embedder)
+    return RecommendedList(chat, tuple(problems), tuple(e for e in entries if e.is_embedder))
 
 
 def parse_entry(raw: Any) -> Recommended:
@@ -235,7 +255,10 @@ def parse_entry(raw: Any) -> Recommended:
     thinks = raw.get("thinks", False)
     if not isinstance(thinks, bool):
         raise RecommendedListError("'thinks' must be true or false")
-    return Recommended(**values, thinks=thinks)
+    kind = raw.get("kind", "chat")
+    if kind not in KINDS:
+        raise RecommendedListError(f"'kind' must be one of {', '.join(KINDS)}")
+    return Recommended(**values, thinks=thinks, kind=kind)
 
 
 def _text(value: Any, name: str, limit: int) -> str:
@@ -295,6 +318,7 @@ def first_run_choices(
 ) -> list[Recommended]:
     """Up to ``count`` entries to offer first, in the list's order: those that fit, then
     tight ones; never one that is too big. With the memory unknown, the first ``count``."""
+    entries = [e for e in entries if not e.is_embedder]
     if free <= 0:
         return list(entries[:count])
     badges = [(e, fit_badge(e.ram_needed(n_ctx, kv_bytes), free)) for e in entries]

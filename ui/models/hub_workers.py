@@ -1,7 +1,8 @@
 """Threads for the model manager: Hub queries and library scans on one, downloads on another.
 
 Also the "Download and use" of recommended models (``RecommendedInstalls``), which the
-model manager's Recommended tab and the first-run welcome card share."""
+model manager's Recommended tab and the first-run welcome card share, and the install of
+recommended embedding models into ``<data>/embedders``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from app.gguf.embedder import read_embedder_info
+from app.models.default_embedder import embedders_dir
 from app.models.downloads import DownloadJob, DownloadQueue, SpeedMeter
+from app.models.embedders import chosen_name, choose_embedder
 from app.models.hub import HubClient, RepoDetails
 from app.models.library import Library, LibraryEntry
 from app.models.names import destination
@@ -24,6 +28,7 @@ from ui.engine.worker import register_thread
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL = 0.25  # seconds between progress signals per download
+EMBEDDERS = "embedders"  # the download queue's name for <data>/embedders
 
 
 class HubWorker(QObject):
@@ -115,15 +120,28 @@ class DownloadWorker(QObject):
 
 
 class HubServices(QObject):
-    """Starts and joins the two threads; the manager window talks to it."""
+    """Starts and joins the two threads; the manager window talks to it.
+
+    ``data_dir`` (default: the folder of the queue's state file) holds ``embedders/``,
+    which the queue learns as the download folder ``"embedders"``.
+    """
 
     _searchRequested = Signal(int, str, str, int, int)
     _detailsRequested = Signal(int, str)
     _scanRequested = Signal(object)
 
-    def __init__(self, client: HubClient, library: Library, queue: DownloadQueue) -> None:
+    def __init__(
+        self,
+        client: HubClient,
+        library: Library,
+        queue: DownloadQueue,
+        data_dir: Path | None = None,
+    ) -> None:
         super().__init__()
         self.queue = queue
+        self.data_dir = queue.state_file.parent if data_dir is None else data_dir
+        if EMBEDDERS not in queue.folders:
+            queue.add_folder(EMBEDDERS, embedders_dir(self.data_dir))
         self.hub_thread = QThread()
         self.hub_thread.setObjectName("lamplight-hub")
         self.download_thread = QThread()
@@ -185,15 +203,21 @@ class RecommendedInstalls(QObject):
     and, once it is done, asks for the model to be loaded. A model already on disk
     (downloaded before, or in the Hugging Face cache) is used at once.
 
+    An embedding model (``entry.is_embedder``) goes to ``<data>/embedders`` instead; once
+    there it is checked as an embedder and chosen for documents, never loaded to chat.
+
     Signals:
         status(str, str, float): entry id, what is happening, fraction done (-1: unknown).
-        ready(str): a model file to load now.
-        failed(str, str): entry id and why it cannot be downloaded.
+        ready(str): a chat model file to load now.
+        failed(str, str): entry id and why it cannot be downloaded (or used).
+        embedderChosen(str): an embedding model file now chosen for documents ("": the
+            built-in one); whoever holds an embedder loaded should load this one instead.
     """
 
     status = Signal(str, str, float)
     ready = Signal(str)
     failed = Signal(str, str)
+    embedderChosen = Signal(str)
 
     def __init__(self, services: HubServices) -> None:
         super().__init__(services)
@@ -211,6 +235,9 @@ class RecommendedInstalls(QObject):
 
     def local_path(self, entry: Recommended) -> Path | None:
         """Where ``entry`` already is on disk, or None."""
+        if entry.is_embedder:
+            mine = embedders_dir(self._services.data_dir) / entry.file_name
+            return mine if mine.is_file() else None
         try:
             path = destination(self._services.queue.models_dir, entry.repo, entry.file)
         except LamplightError:
@@ -219,6 +246,27 @@ class RecommendedInstalls(QObject):
             return path
         known = self._known.get((entry.repo.lower(), entry.file_name))
         return known if known is not None and known.is_file() else None
+
+    def in_use(self, entry: Recommended) -> bool:
+        """Whether ``entry`` is the embedding model documents are indexed with."""
+        chosen = self.chosen_embedder_file()
+        return entry.is_embedder and chosen is not None and chosen.name == entry.file_name
+
+    def chosen_embedder_file(self) -> Path | None:
+        """The chosen embedding model in ``<data>/embedders``, or None: the built-in one.
+        (Only the choice and that the file is there; it is checked when it is loaded.)"""
+        name = chosen_name(self._services.data_dir)
+        path = None if name is None else embedders_dir(self._services.data_dir) / name
+        return path if path is not None and path.is_file() else None
+
+    def use_builtin_embedder(self) -> None:
+        """Index documents with the built-in model again.
+
+        Raises:
+            OSError: the choice could not be removed.
+        """
+        choose_embedder(self._services.data_dir, None)
+        self.embedderChosen.emit("")
 
     def state(self, entry_id: str) -> str:
         """``idle``, ``looking`` (asking the Hub), ``downloading`` or ``paused``."""
@@ -238,6 +286,9 @@ class RecommendedInstalls(QObject):
         """Download ``entry`` (or find it on disk), then ask to load it. A paused or failed
         download of the same file carries on from where it stopped."""
         path = self.local_path(entry)
+        if path is not None and entry.is_embedder:
+            self._use_embedder(entry, path, downloaded=False)
+            return
         if path is not None:
             self.status.emit(entry.id, "On disk", 1.0)
             self.ready.emit(str(path))
@@ -274,11 +325,32 @@ class RecommendedInstalls(QObject):
         return next((j for j in self._services.queue.jobs if j.id == job_id), None)
 
     def _queued_job(self, entry: Recommended) -> DownloadJob | None:
+        folder = _folder(entry)
         for job in self._services.queue.jobs:
             first = job.files[0].path if job.files else ""
-            if job.repo_id == entry.repo and first == entry.file and job.state in ACTIVE:
+            same = job.repo_id == entry.repo and first == entry.file and job.folder == folder
+            if same and job.state in ACTIVE:
                 return job
         return None
+
+    def _use_embedder(self, entry: Recommended, path: Path, downloaded: bool) -> None:
+        """Check ``path`` as an embedding model and choose it for documents; a download
+        that fails the check is deleted (a file that was there already is left alone)."""
+        try:
+            read_embedder_info(path)
+            choose_embedder(self._services.data_dir, path)
+        except LamplightError as exc:
+            if downloaded:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            gone = " The downloaded file was deleted." if downloaded else ""
+            self.failed.emit(entry.id, f"{entry.name} cannot be used for documents: {exc}{gone}")
+            return
+        except OSError as exc:  # the choice could not be written: the file itself is fine
+            self.failed.emit(entry.id, f"{entry.name} could not be chosen for documents: {exc}.")
+            return
+        self.status.emit(entry.id, f"Installed — documents will be indexed with {entry.name}", 1.0)
+        self.embedderChosen.emit(str(path))
 
     @staticmethod
     def _fraction(job: DownloadJob) -> float:
@@ -300,12 +372,12 @@ class RecommendedInstalls(QObject):
             )
             return
         try:
-            job = self._services.queue.add(entry.repo, choice, details.sha)
+            job = self._services.queue.add(entry.repo, choice, details.sha, _folder(entry))
         except LamplightError as exc:
             self.failed.emit(entry.id, str(exc))
             return
         self._jobs[job.id] = entry
-        projector = details.projector_for(choice)
+        projector = None if entry.is_embedder else details.projector_for(choice)
         if projector is not None:  # beside the model, so pairing finds it
             try:
                 self._services.queue.add(entry.repo, projector, details.sha)
@@ -338,13 +410,20 @@ class RecommendedInstalls(QObject):
             self.status.emit(entry.id, "Paused", self._fraction(job))
             return
         del self._jobs[job.id]
-        if job.state == "done":
+        if job.state == "done" and entry.is_embedder:
+            self._use_embedder(entry, Path(job.result_path), downloaded=True)
+        elif job.state == "done":
             self.status.emit(entry.id, "Downloaded", 1.0)
             self.ready.emit(job.result_path)
         elif job.state == "failed":
             self.failed.emit(entry.id, job.error or "The download failed.")
         else:
             self.status.emit(entry.id, "Cancelled", -1.0)
+
+
+def _folder(entry: Recommended) -> str:
+    """The download queue folder ``entry`` goes to ("": the models folder)."""
+    return EMBEDDERS if entry.is_embedder else ""
 
 
 def job_summary(job: DownloadJob, rate: float, eta: Any) -> str:

@@ -4,7 +4,9 @@ first-run welcome card.
 Each row shows a curated model's download size, the RAM it needs at the current
 context size and a fit badge against the memory free now (``app.util.sysinfo``,
 read when the view is shown), with one button: "Download and use", "Use" when
-the file is already on disk, "Cancel" while it downloads. The work itself is
+the file is already on disk, "Cancel" while it downloads. Embedding models, listed
+after them, offer "Download" (into ``<data>/embedders``), "Use for documents", and
+show "In use" when documents are indexed with them. The work itself is
 ``HubServices.installs`` (``ui.models.hub_workers.RecommendedInstalls``).
 """
 
@@ -91,6 +93,19 @@ class FitBadge(QLabel):
         )
 
 
+def kind_badge(parent: QWidget, shown: bool) -> QLabel:
+    """The "embedding model" badge of an embedder entry (hidden on chat models)."""
+    kind = QLabel("embedding model", parent)
+    kind.setObjectName("recommendedKind")
+    kind.setToolTip("Turns documents into vectors for search; it does not chat.")
+    kind.setAccessibleName("Kind: embedding model")
+    kind.setStyleSheet(
+        "QLabel { border: 1px solid palette(mid); border-radius: 6px; padding: 2px 8px; }"
+    )
+    kind.setVisible(shown)
+    return kind
+
+
 class EntryRow(QFrame):
     """One recommended model with its figures, status and action button (``compact``: on
     one line, the description in the tooltip, for the welcome card)."""
@@ -118,6 +133,7 @@ class EntryRow(QFrame):
         title.setTextFormat(Qt.TextFormat.RichText)
         facts = f"{entry.params / 1e9:.1f}B parameters · {entry.quant} · {entry.license}"
         where = f"{entry.repo}/{entry.file}"
+        self.kind_badge = kind_badge(self, entry.is_embedder)
         if compact:
             facts = f"{sysinfo.size_text(entry.size)} download · needs ~{self.need / 1e9:.1f} GB"
             title.setText(f"<b>{html.escape(entry.name)}</b> &nbsp;<small>{facts}</small>")
@@ -163,11 +179,13 @@ class EntryRow(QFrame):
         row.addLayout(text, 1)
         row.addWidget(self.size_label)
         row.addWidget(self.ram_label)
+        row.addWidget(self.kind_badge, 0, Qt.AlignmentFlag.AlignVCenter)
         row.addWidget(self.badge, 0, Qt.AlignmentFlag.AlignVCenter)
         row.addWidget(self.button, 0, Qt.AlignmentFlag.AlignVCenter)
 
         installs.status.connect(self._on_status)
         installs.failed.connect(self._on_failed)
+        installs.embedderChosen.connect(self._on_embedder_chosen)
         self.set_free(0)
         self.update_button()
 
@@ -195,6 +213,14 @@ class EntryRow(QFrame):
         else:
             verb = "Retry" if self._failed else "Download and use"
             text, tip = verb, f"Download {entry.name} ({sysinfo.size_text(entry.size)}) and load it"
+        if entry.is_embedder and text in ("Use", "Download and use", "Retry"):
+            # Into the embedding models folder, then used for documents, not loaded to chat.
+            text = "Use for documents" if text == "Use" else text.replace(" and use", "")
+            tip = f"{entry.name} turns documents into vectors for search (it does not chat)"
+        in_use = text == "Use for documents" and self._installs.in_use(entry)
+        if in_use:
+            text, tip = "In use", f"Documents are indexed with {entry.name}"
+        self.button.setEnabled(not in_use)
         self.button.setText(text)
         self.button.setToolTip(tip)
         self.button.setAccessibleName(f"{text}: {entry.name}")
@@ -240,6 +266,10 @@ class EntryRow(QFrame):
             self.progress.setValue(int(1000 * max(0.0, min(fraction, 1.0))))
         self.update_button()
 
+    def _on_embedder_chosen(self, _path: str) -> None:
+        if self.entry.is_embedder:
+            self.update_button()
+
     def _on_failed(self, entry_id: str, message: str) -> None:
         if entry_id != self.entry.id:
             return
@@ -249,6 +279,47 @@ class EntryRow(QFrame):
         self.status_label.setStyleSheet(f"color: {BADGE_COLOURS[TOO_BIG]};")
         self.status_label.show()
         self.update_button()
+
+
+class EmbedderLine(QWidget):
+    """ "Embedding model: <name>" and a "Use built-in" button while another one is chosen."""
+
+    def __init__(
+        self, installs: RecommendedInstalls, names: dict[str, str], parent: QWidget | None = None
+    ) -> None:
+        super().__init__(parent)
+        self._installs = installs
+        self._names = names  # file name -> the recommended entry's name
+        self.label = QLabel("", self)
+        self.label.setObjectName("embedderInUse")
+        self.label.setTextFormat(Qt.TextFormat.PlainText)
+        self.button = QPushButton("Use built-in", self)
+        self.button.setObjectName("useBuiltinEmbedder")
+        self.button.setToolTip("Index documents with the built-in all-MiniLM-L6-v2 model again")
+        self.button.clicked.connect(self._on_builtin)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.label, 1)
+        row.addWidget(self.button)
+        installs.embedderChosen.connect(self.update_line)
+        self.update_line()
+
+    def update_line(self, _path: str = "") -> None:
+        chosen = self._installs.chosen_embedder_file()
+        if chosen is None:
+            name = "built-in (all-MiniLM-L6-v2)"
+        else:
+            name = self._names.get(chosen.name, chosen.name)
+        self.label.setText(f"Embedding model: {name}")
+        self.button.setVisible(chosen is not None)
+
+    def _on_builtin(self) -> None:
+        try:
+            self._installs.use_builtin_embedder()
+        except OSError as exc:
+            QMessageBox.warning(
+                self, "Embedding model", f"The choice could not be changed: {exc}. Try again."
+            )
 
 
 class RecommendedView(QWidget):
@@ -263,7 +334,8 @@ class RecommendedView(QWidget):
     ) -> None:
         super().__init__(parent)
         self.setObjectName("recommendedView")
-        self.rows: dict[str, EntryRow] = {}
+        self.rows: dict[str, EntryRow] = {}  # chat models
+        self.embedder_rows: dict[str, EntryRow] = {}  # embedding models, listed after them
         intro = QLabel(
             "Small chat models that run well on a CPU or a small GPU, best first. "
             "The badge compares what each needs with the memory free now.",
@@ -291,6 +363,19 @@ class RecommendedView(QWidget):
             row = EntryRow(entry, installs, n_ctx, kv_bytes, body)
             self.rows[entry.id] = row
             rows.addWidget(row)
+        names = {e.file_name: e.name for e in listing.embedders}
+        self.embedder_line = EmbedderLine(installs, names, body)
+        if listing.embedders:
+            heading = QLabel("<b>Embedding models</b> (for searching your documents)", body)
+            heading.setObjectName("recommendedEmbeddersHeading")
+            rows.addWidget(heading)
+            rows.addWidget(self.embedder_line)
+        else:
+            self.embedder_line.hide()
+        for entry in listing.embedders:
+            row = EntryRow(entry, installs, n_ctx, kv_bytes, body)
+            self.embedder_rows[entry.id] = row
+            rows.addWidget(row)
         rows.addStretch(1)
         scroll = QScrollArea(self)
         scroll.setWidgetResizable(True)
@@ -312,9 +397,10 @@ class RecommendedView(QWidget):
         """Read the free memory again and update every badge and button."""
         free, total = sysinfo.available_memory(), sysinfo.physical_memory()
         self.memory_label.setText(memory_line(free, total))
-        for row in self.rows.values():
+        for row in (*self.rows.values(), *self.embedder_rows.values()):
             row.set_free(free)
             row.update_button()
+        self.embedder_line.update_line()
 
     def showEvent(self, event: QShowEvent) -> None:
         self.refresh()
