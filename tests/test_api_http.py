@@ -141,8 +141,10 @@ def test_error_statuses_and_shapes(serve: Serve) -> None:
         r = h.get(url + "/chat/completions")
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert error_of(r)["code"] == "method_not_allowed"
-        r = h.get(url + "/embeddings")
-        assert r.status_code == 404 and "Unknown URL: GET /v1/embeddings" in error_of(r)["message"]
+        r = h.get(url + "/audio/speech")
+        assert (
+            r.status_code == 404 and "Unknown URL: GET /v1/audio/speech" in error_of(r)["message"]
+        )
         r = h.post(url + "/chat/completions", content=b"{}", headers={"content-type": "text/plain"})
         assert r.status_code == 415 and error_of(r)["code"] == "unsupported_media_type"
         r = h.post(

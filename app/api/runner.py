@@ -31,6 +31,8 @@ from app.config.params import LOCALHOST_NAMES
 if TYPE_CHECKING:
     import uvicorn
 
+    from app.api.embeddings import EmbedService
+
 __all__ = [
     "MAX_BODY_MB",
     "MAX_WAIT_S",
@@ -83,9 +85,12 @@ class ApiServer:
     """The OpenAI-compatible server for one gateway; ``start`` / ``stop`` from any thread
     (the GUI's, usually)."""
 
-    def __init__(self, gateway: EngineGateway, config: ApiConfig) -> None:
+    def __init__(
+        self, gateway: EngineGateway, config: ApiConfig, embedder: EmbedService | None = None
+    ) -> None:
         self.gateway = gateway
         self.config = config
+        self.embedder = embedder  # answers /v1/embeddings; the caller owns (and closes) it
         self.scheduler = ApiScheduler(gateway, config.max_queue)
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -142,7 +147,9 @@ class ApiServer:
             self._address = (str(bound[0]), port)
             parser = ThreadPoolExecutor(1, thread_name_prefix=PARSER_THREAD)
             parser.submit(int)  # its thread starts now: it lives exactly as long as the server
-            app = build_app(self.gateway, self.scheduler, self.config, self.url, parser)
+            app = build_app(
+                self.gateway, self.scheduler, self.config, self.url, parser, self.embedder
+            )
             config = uvicorn.Config(
                 app,
                 http=H11,

@@ -1,7 +1,8 @@
 """The HTTP surface: a Starlette app over an ``EngineGateway`` and an ``ApiScheduler``.
 
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
-``POST /v1/completions`` and ``GET /lamplight/status``. Imported only when a server
+``POST /v1/completions``, ``POST /v1/embeddings`` (``embeddings``: the embed worker,
+not the scheduler) and ``GET /lamplight/status``. Imported only when a server
 starts (``runner.ApiServer.start``), so the GUI's start-up never loads Starlette.
 
 Tokens come back from the engine worker through ``job.emit``, which posts them to
@@ -40,6 +41,13 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.api import limits
+from app.api.embeddings import (
+    EmbedService,
+    no_embedder,
+    parse_embeddings,
+    response_json,
+    run_embedding,
+)
 from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
 from app.api.image_parts import check_vision
@@ -55,7 +63,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONCURRENCY = 64  # requests inside the app at once (streams included)
-ROUTES_HINT = "/v1/models, /v1/chat/completions and /v1/completions"
+ROUTES_HINT = "/v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings"
 
 
 def error_response(error: ApiError) -> Response:
@@ -112,11 +120,13 @@ class Handlers:
         scheduler: ApiScheduler,
         max_wait_s: float,
         parser: Executor,
+        embedder: EmbedService | None = None,
     ) -> None:
         self.gateway = gateway
         self.scheduler = scheduler
         self.max_wait_s = max_wait_s
         self.parser = parser  # one thread: bodies are parsed one at a time, off the loop
+        self.embedder = embedder  # None: /v1/embeddings answers 503
 
     # -- models ------------------------------------------------------------------------
 
@@ -220,6 +230,20 @@ class Handlers:
                 ],
             }
         )
+
+    # -- embeddings --------------------------------------------------------------------
+
+    async def embeddings(self, request: Request) -> Response:
+        raw = await request.body()  # read first, so the client reads any refusal
+        if self.embedder is None:
+            raise no_embedder()
+        loop = asyncio.get_running_loop()
+        req = await loop.run_in_executor(self.parser, parse_embeddings, raw)
+        result = await run_embedding(self.embedder, req, request.receive)
+        if result is None:  # the client went away
+            return Response(status_code=204)
+        payload = await loop.run_in_executor(self.parser, response_json, req, result)
+        return Response(payload, media_type="application/json")
 
     # -- completions -------------------------------------------------------------------
 
@@ -449,15 +473,18 @@ def build_app(
     config: ApiConfig,
     url: str,
     parser: Executor,
+    embedder: EmbedService | None = None,
 ) -> Starlette:
     """The app for ``config``; ``url`` is the base URL of the address it is bound to,
-    ``parser`` the one thread that parses request bodies."""
-    handlers = Handlers(gateway, scheduler, config.max_wait_s, parser)
+    ``parser`` the one thread that parses request bodies, ``embedder`` the worker that
+    answers ``/v1/embeddings`` (None: 503)."""
+    handlers = Handlers(gateway, scheduler, config.max_wait_s, parser, embedder)
     routes = [
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),
         Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
         Route("/v1/completions", handlers.completion, methods=["POST"]),
+        Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
         Route("/lamplight/status", handlers.status, methods=["GET"]),
     ]
     middleware = [

@@ -27,6 +27,7 @@ from ui.engine.worker import EngineClient
 if TYPE_CHECKING:
     from app.api.runner import ApiConfig, ApiServer
     from app.api.scheduler import JobView
+    from app.engine.embed_worker import EmbedWorker
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class ApiControl(QObject):
         super().__init__(parent)
         self._bar = bar
         self.gateway = HostGateway(client.host)
+        # The window's embedding model (its owner closes it): /v1/embeddings uses it.
+        self.embedder: EmbedWorker | None = None
         self.server: ApiServer | None = None
         self.error = ""  # why the last start failed
         self.label = QToolButton(parent)
@@ -115,7 +118,7 @@ class ApiControl(QObject):
         self.stop()
         config = api_config(settings, keys.get_key(KEY_ID))
         problem = config.problem()
-        server = ApiServer(self.gateway, config)
+        server = ApiServer(self.gateway, config, self.embedder)
         if not problem:
             try:
                 server.start()

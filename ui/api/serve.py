@@ -3,8 +3,10 @@
 The same engine host as the window (``app.host.EngineHost``), on a plain thread,
 behind the same ``HostGateway`` and ``ApiServer``: Qt is never loaded. The server
 binds before the model loads, so a busy port or an unsafe address is refused at once
-(exit 2) and requests during the load get 503 ``model_loading``. Once the model is
-loaded, exactly one JSON line goes to stdout::
+(exit 2) and requests during the load get 503 ``model_loading``. ``POST /v1/embeddings``
+is answered by an ``EmbedWorker`` over ``--embedder`` (else the app's chosen embedding
+model), loaded on the first request and closed after the server stops. Once the model
+is loaded, exactly one JSON line goes to stdout::
 
     {"ready": true, "url": "http://127.0.0.1:1234/v1", "model": "gemma-3-270m-..."}
 
@@ -37,7 +39,7 @@ from app.config.settings import AppSettings
 from app.host.listener import QuietListener
 from app.util import crash_record
 from app.util.datafiles import os_reason
-from app.util.errors import ProjectorError
+from app.util.errors import ModelFileError, ProjectorError
 from app.util.instance_lock import AlreadyRunning, acquire
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from app.api.scheduler import Outcome
     from app.config.params import LoadConfig
     from app.engine.backend import ModelInfo
+    from app.engine.embed_worker import EmbedWorker
     from app.host.host import EngineHost
 
 log = logging.getLogger("lamplight.serve")
@@ -61,7 +64,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="lamplight serve",
         description="Serve the loaded model through an OpenAI-compatible HTTP API "
-        "(GET /v1/models, POST /v1/chat/completions, POST /v1/completions).",
+        "(GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
+        "POST /v1/embeddings).",
     )
     p.add_argument(
         "--host",
@@ -76,6 +80,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         metavar="PATH",
         help="vision projector (mmproj GGUF) loaded with the model: requests may then "
         "send images as image_url parts with data: URLs",
+    )
+    p.add_argument(
+        "--embedder",
+        metavar="PATH",
+        help="embedding model (GGUF) for POST /v1/embeddings (default: the app's, "
+        "loaded on the first request)",
     )
     p.add_argument(
         "--api-key",
@@ -192,6 +202,12 @@ def main(argv: Sequence[str]) -> int:
             load = replace(load, mmproj=checked_projector(args.mmproj))
         except ProjectorError as exc:
             return fail(f"--mmproj: {exc}")
+    embedder: Path | None = None
+    if args.embedder is not None:
+        try:
+            embedder = checked_embedder(args.embedder)
+        except ModelFileError as exc:
+            return fail(f"--embedder: {exc}")
     model, note = choose_model(args, settings)
     if note:
         print(f"lamplight serve: {note}", file=sys.stderr)
@@ -199,7 +215,7 @@ def main(argv: Sequence[str]) -> int:
         crash, crashed = crash_record.begin(dirs.logs, __version__)  # after the lock
         if crashed is not None:
             print(f"lamplight serve: {crashed.console()}", file=sys.stderr)
-        code = _serve(dirs.models, config, load, model, args.smoke_test, api.pool_mb)
+        code = _serve(dirs.root, config, load, model, args.smoke_test, api.pool_mb, embedder)
         crash_record.end(crash)  # a clean exit (SIGINT/SIGTERM too): nothing to report
         return code
 
@@ -220,6 +236,33 @@ def checked_projector(path: str) -> str:
     return str(full)
 
 
+def checked_embedder(path: str) -> Path:
+    """``path`` as an absolute path, once its header says it is an embedding model.
+
+    Raises:
+        ModelFileError: missing, unreadable, or not an embedding model (EmbedderError).
+    """
+    from app.gguf.embedder import read_embedder_info
+
+    if not path.strip():
+        raise ModelFileError("the path is empty.")
+    full = Path(path).expanduser().resolve()
+    read_embedder_info(full)
+    return full
+
+
+def embed_worker(data_dir: Path, embedder: Path | None) -> EmbedWorker:
+    """The worker for ``/v1/embeddings``: ``embedder``, else the app's chosen one (found,
+    or made, when the first request comes)."""
+    from app.engine.embed_worker import EmbedWorker
+    from app.models.embedders import chosen_embedder
+
+    if embedder is not None:
+        path = embedder
+        return EmbedWorker(lambda: path, n_threads=1)
+    return EmbedWorker(lambda: chosen_embedder(data_dir), n_threads=1)
+
+
 def _log_to_stderr() -> None:
     """Requests and the server's own lines, concisely, on stderr (the log file has all)."""
     handler = logging.StreamHandler(sys.stderr)
@@ -230,26 +273,30 @@ def _log_to_stderr() -> None:
 
 
 def _serve(
-    models_dir: Path,
+    data_dir: Path,
     config: ApiConfig,
     load: LoadConfig,
     model: str | None,
     smoke: bool,
     pool_mb: int,
+    embedder: Path | None = None,
 ) -> int:
     from app.api.host_gateway import HostGateway
     from app.api.runner import ApiConfigError, ApiServer
     from app.host.core import DEFAULT_MODEL
     from app.host.host import EngineHost, guarded_engine
 
+    models_dir = data_dir / "models"  # DataDirs.models
     listener = ServeListener()
     host = EngineHost(guarded_engine(models_dir), models_dir, None, listener, pool_mb)
     thread = host.start()
     cancel = threading.Event()
-    server = ApiServer(HostGateway(host), config)
+    embeds = embed_worker(data_dir, embedder)
+    server = ApiServer(HostGateway(host), config, embeds)
     try:
         server.start()
     except (ApiConfigError, OSError) as exc:
+        embeds.close()
         _stop_host(host, thread, cancel)
         if isinstance(exc, ApiConfigError):
             return fail(str(exc))
@@ -268,6 +315,7 @@ def _serve(
         code = _until_stopped(server, listener, outcomes, smoke, config.api_key)
     finally:
         server.stop()  # before the engine: running jobs end, no new ones reach the host
+        embeds.close()
         outcomes.log_new(server)
         _stop_host(host, thread, cancel)
         for s, handler in previous.items():
