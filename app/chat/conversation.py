@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeGuard
 
+from app.chat.doc_refs import read_names, read_paths, read_sources, sources_markdown
 from app.chat.image_store import ImageStore, copy_images, markdown_image, read_image_refs
 from app.chat.tool_records import (
     CLOSED_TEXT,
@@ -21,6 +22,7 @@ from app.chat.tool_records import (
     result_markdown,
 )
 from app.config.params import short_repr
+from app.documents.sources import sources_from_list, with_sources
 from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage, ToolCall
@@ -45,6 +47,8 @@ PATH_MAX = 4096
 ID_CHARS = 128
 LATEST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: later dates fail in time.localtime
 ROLES = ("system", "user", "assistant", "tool")
+# Message fields written only when set, so a file without them is as it always was.
+KEPT_WHEN_SET = ("reasoning", "tool_calls", "tool_call_id", "name", "is_error", "images", "sources")
 Images = Callable[["Message"], "list[ImagePart]"]  # a message's pictures, read
 THINKING_CUTS = ("", "budget", "user")  # MessageMetrics.thinking_cut: who ended the thinking
 
@@ -89,12 +93,17 @@ class Message:
     name: str = ""
     is_error: bool = False
     images: list[dict[str, Any]] = field(default_factory=list)
+    # A user turn's passages from documents (``app.documents.sources.Source.to_dict``):
+    # copies, so the turn reads the same when reopened, whatever became of the files.
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def chat(self, result_chars: int = 16_000, images: Images | None = None) -> ChatMessage:
         """The turn as a template sees it (a result cut to ``result_chars``, noted);
-        ``images`` reads its pictures (none are sent without it)."""
-        if self.images and images is not None and self.role == "user":
-            return ChatMessage("user", self.content, images=tuple(images(self)))
+        ``images`` reads its pictures (none are sent without it); passages come first."""
+        if self.role == "user" and (self.sources or (self.images and images is not None)):
+            pics = tuple(images(self)) if self.images and images is not None else ()
+            text = with_sources(self.content, sources_from_list(self.sources))
+            return ChatMessage("user", text, images=pics)
         if self.role == "tool":
             text = cut_result(self.content, result_chars)
             return ChatMessage("tool", text, tool_call_id=self.tool_call_id, name=self.name)
@@ -141,6 +150,10 @@ class Conversation:
     # Other versions of the conversation from some message on (see ``Branch``); the active
     # path is ``messages``. Flat, so a file's nesting depth does not grow with edits.
     alternatives: list[Branch] = field(default_factory=list)
+    # Documents attached to the chat (absolute paths) and named collections: each new
+    # message is given passages from them (``app.documents.library``).
+    documents: list[str] = field(default_factory=list)
+    collections: list[str] = field(default_factory=list)
 
     def chat(self, result_chars: int = 16_000, images: Images | None = None) -> list[ChatMessage]:
         """The messages the model sees, system prompt first (not the forgotten ones);
@@ -272,9 +285,12 @@ class Conversation:
         data = {"format": FORMAT_VERSION, **asdict(self)}
         # No thinking, no field: a file without reasoning is as it always was.
         for m in [*data["messages"], *(m for b in data["alternatives"] for m in b["messages"])]:
-            for key in ("reasoning", "tool_calls", "tool_call_id", "name", "is_error", "images"):
+            for key in KEPT_WHEN_SET:
                 if not m[key]:
                     del m[key]
+        for key in ("documents", "collections"):
+            if not data[key]:
+                del data[key]
         return data
 
     @classmethod
@@ -332,6 +348,8 @@ class Conversation:
             draft_path=_path(data.get("draft_path")),
             messages=messages,
             alternatives=alternatives,
+            documents=read_paths(data.get("documents")),
+            collections=read_names(data.get("collections")),
         )
 
 
@@ -395,6 +413,7 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
         is_error=is_error,
         # Only a user turn shows pictures (as the OpenAI format and templates have it).
         images=read_image_refs(m.get("images")) if role == "user" else [],
+        sources=read_sources(m.get("sources")) if role == "user" else [],
     )
 
 
@@ -556,8 +575,9 @@ def _body(m: Message) -> list[str]:
     """A message's Markdown lines: its pictures, its thinking (if any) as a collapsed
     section, then its text. Tags in the thinking cannot close the section or open
     another one."""
-    if m.images:
-        return [*(markdown_image(r) for r in m.images), "", m.content.strip(), ""]
+    if m.images or m.sources:
+        pics = [*(markdown_image(r) for r in m.images), ""] if m.images else []
+        return [*pics, m.content.strip(), "", *sources_markdown(m.sources)]
     if m.role == "tool":
         return result_markdown(m.name, m.content[:RESULT_CHARS], m.is_error)
     calls = calls_markdown(m.tool_calls)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
+from app.chat.doc_refs import read_names, read_paths
 from app.chat.image_store import MAX_IMAGES, image_ref
 from app.chat.session_link import (
     EngineLink,
@@ -60,6 +61,7 @@ from app.chat.tool_round import (
 )
 from app.chat.tool_session import REPLY_ROOM, ToolRounds
 from app.config.params import SamplingParams, sampling_to_dict
+from app.documents.sources import Source
 from app.engine.backend import ModelInfo
 from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
@@ -145,10 +147,16 @@ class ChatSession(ToolRounds):
         action()
         return False
 
-    def send(self, text: str, params: SamplingParams, images: Sequence[ImagePart] = ()) -> bool:
-        """Ask for a reply to ``text`` and ``images`` (kept in ``store.images`` already),
-        replacing the edited message when editing (which keeps its pictures when
-        ``images`` is empty).
+    def send(
+        self,
+        text: str,
+        params: SamplingParams,
+        images: Sequence[ImagePart] = (),
+        sources: Sequence[Source] = (),
+    ) -> bool:
+        """Ask for a reply to ``text``, ``images`` (in ``store.images`` already) and
+        ``sources`` (passages saved with it), replacing the edited message when editing
+        (which keeps its pictures and passages when none are given).
 
         False when nothing was sent: no text or image, a reply running, too many images
         or no room left in the transcript (a note says so); the caller keeps the text
@@ -156,12 +164,15 @@ class ChatSession(ToolRounds):
         """
         text = text.strip()
         refs = [image_ref(i) for i in images]
-        if not (text or refs) or self.busy or not self.room_for(text, refs):
+        found = [x.to_dict() for x in sources]
+        if not (text or refs) or self.busy or not self.room_for(text, [*refs, *found]):
             return False
         msgs = self.conversation.messages
         if self.edit_index is not None and 0 <= self.edit_index < len(msgs):
             index = self.edit_index
-            prompt = [*msgs[:index], Message("user", text, images=list(refs or msgs[index].images))]
+            old = msgs[index]
+            edited = Message("user", text, images=refs or old.images, sources=found or old.sources)
+            prompt = [*msgs[:index], edited]
             self._start("edit", prompt, params, edit_index=index)
             return True
         self.edit_index = None
@@ -173,10 +184,11 @@ class ChatSession(ToolRounds):
                 return False
             both = "\n\n".join(t for t in (last.content, text) if t)
             merged = Message("user", both, created=last.created, images=last.images + refs)
+            merged.sources = found or last.sources
             merged.id = last.id
             prompt = [*msgs[:-1], merged]
         else:
-            prompt = [*msgs, Message("user", text, images=refs)]
+            prompt = [*msgs, Message("user", text, images=refs, sources=found)]
         before = list(msgs)
         self.conversation.messages = list(prompt)
         # The user's words are on disk before the worker can start on them: a crash
@@ -270,6 +282,13 @@ class ChatSession(ToolRounds):
         if save and conv.messages:
             self._persist()
         return changed
+
+    def set_documents(self, paths: Sequence[str], collections: Sequence[str]) -> None:
+        """The documents and collections the open chat's next messages draw on."""
+        conv = self.conversation
+        conv.documents, conv.collections = read_paths(list(paths)), read_names(list(collections))
+        if conv.messages:
+            self._persist()
 
     def set_default_system_prompt(self, text: str) -> None:
         """The system prompt new chats start with (the model's default, else the global one).
