@@ -25,73 +25,19 @@ from app.chat.conversation import Message
 from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
 from app.engine.metrics import MessageMetrics
 from ui.chat import thinking_block
+from ui.chat.citations import MessageSources
 from ui.chat.image_viewer import MessageImages
+from ui.chat.message_header import ACTION_SCHEME, header_html
+from ui.chat.message_header import stamp_text as stamp_text
 from ui.chat.tool_card import ToolCards
 from ui.common.draft_stats import reply_footer
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
-ACTION_SCHEME = "lamplight"
 ACTIONS = ("edit", "fork", "regenerate", "drop-older", "answer", "prev-version", "next-version")
 
 
 FORGOTTEN = "not in the model's memory"
 UNANSWERED = "not answered yet"
-
-
-def stamp_text(created: float, now: float | None = None) -> str:
-    """A message's time as its header shows it: "14:32" today, "Nov 21, 14:32" this
-    year, "2025-11-21 14:32" before."""
-    try:
-        at = time.localtime(created)
-        today = time.localtime(now)
-    except (OverflowError, OSError, ValueError):
-        return ""
-    if at[:3] == today[:3]:
-        return time.strftime("%H:%M", at)
-    if at.tm_year == today.tm_year:
-        return time.strftime("%b %d, %H:%M", at)
-    return time.strftime("%Y-%m-%d %H:%M", at)
-
-
-def _header_html(
-    key: str,
-    role: str,
-    index: int,
-    actions: tuple[str, ...],
-    note: str = "",
-    created: float | None = None,
-    names: dict[str, str] | None = None,
-    version: tuple[int, int] = (1, 1),
-) -> str:
-    name = (names or {}).get(role) or ("You" if role == "user" else "Assistant")
-    position, count = version
-    switch = ""
-    if count > 1:
-        # "‹ 2/3 ›": the other versions regenerate and edit kept (links only where there is one).
-        def arrow(sign: str, action: str, live: bool) -> str:
-            if not live:
-                return f"<span style='color:#c0c0c0'>{sign}</span>"
-            href = f"{ACTION_SCHEME}://{key}/{action}/{index}"
-            return f'<a href="{href}" style="color:#6b7a90">{sign}</a>'
-
-        switch = (
-            f"&nbsp;&nbsp;<small>{arrow('‹', 'prev-version', position > 1)} "
-            f"{position}/{count} {arrow('›', 'next-version', position < count)}</small>"
-        )
-    # A finished message (one with actions) can always be copied.
-    shown = (*actions, "copy") if actions else ()
-    links = " · ".join(
-        f'<a href="{ACTION_SCHEME}://{key}/{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
-        for a in shown
-    )
-    when = stamp_text(created) if created is not None else ""
-    stamp = f"&nbsp;&nbsp;<small>{html.escape(when)}</small>" if when else ""
-    sep = "&nbsp;&nbsp;&nbsp;" if links else ""
-    aside = f"&nbsp;&nbsp;<small><i>· {html.escape(note)}</i></small>" if note else ""
-    return (
-        f"<span style='color:#888888'><b>{name}</b>{stamp}{switch}{sep}<small>{links}</small>"
-        f"{aside}</span>"
-    )
 
 
 class TranscriptView(QTextBrowser):
@@ -119,11 +65,14 @@ class TranscriptView(QTextBrowser):
         actionRequested(str, int): "edit", "fork" or "regenerate", and the message index.
         copied(str): what was put on the clipboard, in words ("message", "code block",
             "thinking").
+        sourceActivated(Source): the user clicked a passage of a message's "Sources" list
+            (``ui.chat.citations``: it shows under the reply to the message sent with them).
     """
 
     linkActivated = Signal(QUrl)
     actionRequested = Signal(str, int)
     copied = Signal(str)
+    sourceActivated = Signal(object)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -157,6 +106,8 @@ class TranscriptView(QTextBrowser):
         self.thinking_budget = 0  # the streaming reply's thinking budget (for its summary)
         self.cards = ToolCards(self, f"{ACTION_SCHEME}://{self._key}", self._dark, self.copied.emit)
         self.images = MessageImages(self, f"{ACTION_SCHEME}://{self._key}/image")
+        href = f"{ACTION_SCHEME}://{self._key}/source"
+        self.sources = MessageSources(href, self._dark, self.sourceActivated.emit)
         self._show_placeholder()
 
     # A QTextBrowser fetches <img> and stylesheet URLs through this; Lamplight fetches nothing.
@@ -188,6 +139,7 @@ class TranscriptView(QTextBrowser):
         self._think_cursor, self._think_live = None, False
         self.cards.clear()
         self.images.clear()
+        self.sources.clear()
         self._show_placeholder()
 
     def show_messages(
@@ -210,7 +162,7 @@ class TranscriptView(QTextBrowser):
                 last = answerable and i == len(messages) - 1
                 actions = ("answer", "edit", "fork") if last else ("edit", "fork")
                 note = note or (UNANSWERED if last else "")
-                self.add_user_message(m.content, i, note, m.created, actions, m.images)
+                self.add_user_message(m.content, i, note, m.created, actions, m.images, m.sources)
             elif m.role == "assistant":
                 metrics = m.message_metrics()
                 self._times[i] = m.created
@@ -219,6 +171,7 @@ class TranscriptView(QTextBrowser):
                 self._keep_thinking(i, m.reasoning, metrics, m.content)
                 self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
                 self.show_tool_calls(i, m, messages)
+                self.sources.follow_reply(i, frame)
             elif m.role == "tool" and self._frames:
                 self._frames.append(self._frames[-1])  # a result: its call's card shows it
         self._set_last_reply(last_reply)
@@ -258,7 +211,7 @@ class TranscriptView(QTextBrowser):
         cursor.insertHtml(self._header(role, index, actions, note))
 
     def _header(self, role: str, index: int, actions: tuple[str, ...], note: str) -> str:
-        return _header_html(
+        return header_html(
             self._key,
             role,
             index,
@@ -307,7 +260,9 @@ class TranscriptView(QTextBrowser):
         created: float | None = None,
         actions: tuple[str, ...] = ("edit", "fork"),
         images: Sequence[Mapping[str, Any]] = (),
+        sources: object = (),
     ) -> None:
+        """``sources``: the passages sent with it (saved dicts or ``Source``s)."""
         at_bottom = self._at_bottom()
         self._times[index] = time.time() if created is None else created
         self._texts[index] = text
@@ -315,6 +270,7 @@ class TranscriptView(QTextBrowser):
         cursor = frame.lastCursorPosition()
         body = render_markdown(text, self._dark(), self._code_link(index)) if text else ""
         cursor.insertHtml(self.images.html(index, images) + body)
+        self.sources.show(index, frame, sources)
         self._follow(at_bottom)
 
     def begin_reply(self, index: int = 1) -> None:
@@ -388,6 +344,7 @@ class TranscriptView(QTextBrowser):
         self._stream_frame, self._stream_cursor = None, None
         if kept:
             self._set_last_reply(self._stream_index)
+            self.sources.follow_reply(index, frame)
         self._follow(at_bottom)
 
     # -- thinking ------------------------------------------------------------------------
@@ -638,6 +595,8 @@ class TranscriptView(QTextBrowser):
                 self.toggle_thinking(numbers[0])
             elif action.startswith("tool-") and len(numbers) == 2:
                 self.cards.activate(action[5:], numbers[0], numbers[1])
+            elif action == "source" and len(numbers) == 2:
+                self.sources.activate(numbers[0], numbers[1])
             elif action == "image" and len(numbers) == 2:
                 self.images.activate(numbers[0], numbers[1])
             elif action == "copy-code" and len(numbers) == 2:

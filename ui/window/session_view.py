@@ -138,7 +138,10 @@ class WindowView:
         conv = w.conversation
         if added_user:
             last = shown[-1]
-            w.transcript.add_user_message(last.content, len(shown) - 1, images=last.images)
+            index = len(shown) - 1
+            w.transcript.add_user_message(
+                last.content, index, images=last.images, sources=last.sources
+            )
         else:
             w.transcript.show_messages(shown, [conv.version_of(i) for i in range(len(shown))])
         w.transcript.begin_reply(len(shown))

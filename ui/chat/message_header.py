@@ -1,0 +1,64 @@
+"""A transcript message's header line: who wrote it, when, its versions and its actions."""
+
+from __future__ import annotations
+
+import html
+import time
+
+ACTION_SCHEME = "lamplight"
+
+
+def stamp_text(created: float, now: float | None = None) -> str:
+    """A message's time as its header shows it: "14:32" today, "Nov 21, 14:32" this
+    year, "2025-11-21 14:32" before."""
+    try:
+        at = time.localtime(created)
+        today = time.localtime(now)
+    except (OverflowError, OSError, ValueError):
+        return ""
+    if at[:3] == today[:3]:
+        return time.strftime("%H:%M", at)
+    if at.tm_year == today.tm_year:
+        return time.strftime("%b %d, %H:%M", at)
+    return time.strftime("%Y-%m-%d %H:%M", at)
+
+
+def header_html(
+    key: str,
+    role: str,
+    index: int,
+    actions: tuple[str, ...],
+    note: str = "",
+    created: float | None = None,
+    names: dict[str, str] | None = None,
+    version: tuple[int, int] = (1, 1),
+) -> str:
+    name = (names or {}).get(role) or ("You" if role == "user" else "Assistant")
+    position, count = version
+    switch = ""
+    if count > 1:
+        # "‹ 2/3 ›": the other versions regenerate and edit kept (links only where there is one).
+        def arrow(sign: str, action: str, live: bool) -> str:
+            if not live:
+                return f"<span style='color:#c0c0c0'>{sign}</span>"
+            href = f"{ACTION_SCHEME}://{key}/{action}/{index}"
+            return f'<a href="{href}" style="color:#6b7a90">{sign}</a>'
+
+        switch = (
+            f"&nbsp;&nbsp;<small>{arrow('‹', 'prev-version', position > 1)} "
+            f"{position}/{count} {arrow('›', 'next-version', position < count)}</small>"
+        )
+    # A finished message (one with actions) can always be copied.
+    shown = (*actions, "copy") if actions else ()
+    links = " · ".join(
+        f'<a href="{ACTION_SCHEME}://{key}/{a}/{index}" style="color:#6b7a90">{a.capitalize()}</a>'
+        for a in shown
+    )
+    when = stamp_text(created) if created is not None else ""
+    stamp = f"&nbsp;&nbsp;<small>{html.escape(when)}</small>" if when else ""
+    sep = "&nbsp;&nbsp;&nbsp;" if links else ""
+    aside = f"&nbsp;&nbsp;<small><i>· {html.escape(note)}</i></small>" if note else ""
+    return (
+        f"<span style='color:#888888'><b>{name}</b>{stamp}{switch}{sep}<small>{links}</small>"
+        f"{aside}</span>"
+    )
