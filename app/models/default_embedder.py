@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import sys
 import zipfile
 from pathlib import Path
 
@@ -60,6 +61,9 @@ def package_zip() -> Path:
     except (ImportError, ValueError):
         spec = None
     folders = list(spec.submodule_search_locations or []) if spec else []
+    bundle = getattr(sys, "_MEIPASS", None)  # a frozen app: collected as data, not code
+    if bundle:
+        folders.append(str(Path(bundle) / PACKAGE))
     for folder in folders:
         candidate = Path(folder) / "model.zip"
         if candidate.is_file():
