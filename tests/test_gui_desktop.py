@@ -305,7 +305,7 @@ def drag_and_drop(widget: QWidget, mime: QMimeData) -> tuple[bool, bool]:
     ("urls", "why"),
     [
         (["a.gguf", "b.gguf"], "one model file at a time"),
-        (["notes.txt"], "not a GGUF model"),
+        (["notes.xyz"], "not a GGUF model"),
         (["https://example.com/m.gguf"], "Only files on this computer"),
     ],
 )

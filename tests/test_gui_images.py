@@ -74,8 +74,8 @@ def test_attach_by_button_shows_chips_and_tokens(
     monkeypatch.setattr(
         QFileDialog, "getOpenFileNames", lambda *a, **k: ([str(p) for p in picked], "")
     )
-    assert window.images.button.isEnabled()
-    window.images.button.click()
+    assert window.images.image_action.isEnabled()
+    window.images.image_action.trigger()
     attach(qtbot, window, 2)
     assert window.images.strip.isVisible()
     assert "cat.png" in window.images.chips[0].label.text()
@@ -210,8 +210,8 @@ def test_non_vision_model_disables_and_explains(
 ) -> None:
     win = loaded_fake_window(qtbot, tmp_path, FakeEngine())
     try:
-        assert not win.images.button.isEnabled()
-        assert win.images.button.toolTip() == NO_VISION
+        assert not win.images.image_action.isEnabled()
+        assert win.images.image_action.toolTip() == NO_VISION
         win.chat_input.setPlainText("keep me")
         drop(win.chat_input.viewport(), files(tmp_path, "a.png"))
         assert not win.images.chips and not win.images.busy

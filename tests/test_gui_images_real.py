@@ -35,7 +35,7 @@ def test_a_picture_is_read_once_and_resumes_from_the_snapshot(
         info = win.loaded_model.info
         assert info is not None and info.projector == "mmproj-gemma-3-270m-F16.gguf"
         assert "sees images" in win.status_model.text() + win.status_model.toolTip()
-        assert win.images.button.isEnabled()
+        assert win.images.image_action.isEnabled()
         picture = tmp_path / "red.png"
         picture.write_bytes(image_bytes((200, 30, 30)))
         win.images.add_files([picture])

@@ -103,6 +103,10 @@ class DocumentLibrary:
     def close(self) -> None:
         """Nothing to release but the embedder, which its owner closes."""
 
+    def take_notes(self) -> list[str]:
+        """For the user, once: the index or collections file was damaged and set aside."""
+        return [*self.index.take_notes(), *self.collections.take_notes()]
+
     # -- files -----------------------------------------------------------------------
 
     def expand(self, paths: Sequence[Path]) -> list[Path]:

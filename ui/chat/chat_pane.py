@@ -20,6 +20,7 @@ from ui.chat.transcript import TranscriptView
 
 FLUSH_INTERVAL_MS = 40  # streamed text reaches the view at most 25 times a second
 TICK_MS = 250  # the live thinking line's clock and count change at most 4 times a second
+MIN_TEXT_WIDTH = 40  # pixels of message box beside its corner button worth a scroll bar
 
 
 class ChatInput(QPlainTextEdit):
@@ -54,6 +55,16 @@ class ChatInput(QPlainTextEdit):
     def resizeEvent(self, event: QResizeEvent) -> None:  # Qt's name
         super().resizeEvent(event)
         self._place_corner()
+        # Squeezed beside the corner to a sliver, the text's scroll bar would come and go
+        # without end (shown: no room for a line; hidden: room again): no bar then.
+        room = self.width() - self.viewportMargins().right() - 2 * self.frameWidth()
+        policy = (
+            Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+            if room < MIN_TEXT_WIDTH
+            else Qt.ScrollBarPolicy.ScrollBarAsNeeded
+        )
+        if self.verticalScrollBarPolicy() != policy:
+            self.setVerticalScrollBarPolicy(policy)
 
     def _place_corner(self) -> None:
         if self._corner is not None:

@@ -7,9 +7,9 @@ large photo never stalls the window; the result comes back as a queued signal. T
 tokens each picture takes are asked of the backend on the engine thread, behind the
 host's queue like every other engine call (``Backend.image_tokens``), never here.
 
-A model without a vision projector takes no pictures: the button is disabled and says
-why, and a dropped or pasted picture is refused with the same reason, the typed text
-left as it was.
+A model without a vision projector takes no pictures: the Attach menu's Image… entry is
+disabled and says why, and a dropped or pasted picture is refused with the same reason,
+the typed text left as it was.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ from PySide6.QtCore import (
     QThreadPool,
     Signal,
 )
-from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent, QImage, QPixmap
+from PySide6.QtGui import QAction, QDragEnterEvent, QDragMoveEvent, QDropEvent, QImage, QPixmap
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMenu,
     QScrollArea,
     QToolButton,
     QVBoxLayout,
@@ -265,11 +266,20 @@ class ImageAttach(QObject):
         self.vision = False
         self._info: ModelInfo | None = None
 
+        # The input box's corner: Attach, a menu (the documents add their entries).
         self.button = QToolButton(chat)
-        self.button.setObjectName("attachImage")
-        self.button.setText("Image…")  # in the input box's corner
-        self.button.setAccessibleName("Attach images")
-        self.button.clicked.connect(self.choose_files)
+        self.button.setObjectName("attachButton")
+        self.button.setText("Attach")
+        self.button.setAccessibleName("Attach images or documents")
+        self.button.setToolTip("Attach images or documents (or drop them on the message box)")
+        self.button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.menu = QMenu(self.button)
+        self.menu.setToolTipsVisible(True)
+        self.image_action = QAction("Image…", self)
+        self.image_action.setObjectName("attachImage")
+        self.image_action.triggered.connect(self.choose_files)
+        self.menu.addAction(self.image_action)
+        self.button.setMenu(self.menu)
         chat.chat_input.set_corner(self.button)
         self.strip = AttachmentStrip(chat)
         self.strip.hide()
@@ -436,11 +446,11 @@ class ImageAttach(QObject):
     def _on_model(self, info: ModelInfo | None) -> None:
         self._info = info
         self.vision = info is not None and info.capabilities.vision
-        self.button.setEnabled(self.vision)
+        self.image_action.setEnabled(self.vision)
         if self.vision:
-            self.button.setToolTip("Attach images (or paste or drop them on the message box)")
+            self.image_action.setToolTip("Attach images (or paste or drop them on the message box)")
         else:
-            self.button.setToolTip(NO_VISION if info is not None else NO_MODEL)
+            self.image_action.setToolTip(NO_VISION if info is not None else NO_MODEL)
         self._update()
 
     def _update(self) -> None:

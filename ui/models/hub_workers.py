@@ -17,7 +17,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 from app.gguf.embedder import read_embedder_info
 from app.models.default_embedder import embedders_dir
 from app.models.downloads import DownloadJob, DownloadQueue, SpeedMeter
-from app.models.embedders import chosen_name, choose_embedder
+from app.models.embedders import choose_embedder, chosen_name
 from app.models.hub import HubClient, RepoDetails
 from app.models.library import Library, LibraryEntry
 from app.models.names import destination

@@ -45,7 +45,10 @@ def dropped_gguf(mime: QMimeData) -> tuple[Path | None, str]:
         return None, "Only files on this computer can be opened; the Model manager downloads."
     path = Path(url.toLocalFile())
     if path.suffix.lower() != ".gguf":
-        return None, f"{shown(path.name)} is not a GGUF model (a .gguf file)."
+        return None, (
+            f"{shown(path.name)} is not a GGUF model (a .gguf file), nor a document "
+            "Lamplight reads (text, Markdown, code, HTML, PDF or DOCX)."
+        )
     return path, ""
 
 

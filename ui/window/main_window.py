@@ -36,6 +36,7 @@ from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
 from ui.chat.chat_pane import ChatPane
 from ui.chat.conversation_list import ConversationList
+from ui.chat.document_attach import DocumentAttach
 from ui.chat.image_attach import ImageAttach
 from ui.chat.prompt_controls import PromptControls
 from ui.chat.search_jump import SearchJump
@@ -56,7 +57,8 @@ from ui.settings.lora_panel import LoraPanel
 from ui.settings.sampling_panel import SamplingPanel
 from ui.tools.mcp_control import McpControl
 from ui.tools.mcp_window import McpWindow
-from ui.window import capabilities, docks, reply_events, window_actions, window_state
+from ui.window import capabilities, docks, reply_events, send_flow, window_actions, window_state
+from ui.window.documents_wiring import wire_documents
 from ui.window.restyle import TranscriptRestyle
 from ui.window.session_view import WindowView
 from ui.window.thinking_controls import ThinkingControls
@@ -156,7 +158,10 @@ class MainWindow(QMainWindow):
         self.prompt_controls = PromptControls(
             self.ctx, self.chat, partial(window_actions.add_to_menu, self), self.modelReady
         )
+        self.send_flow = send_flow.SendFlow(self)  # documents searched, then sent
         self.images = ImageAttach(self.ctx, self.chat, self.update_buttons)  # pictures
+        self.embedder, self.documents_library = send_flow.make_documents(self.dirs.root)
+        self.documents = DocumentAttach(self.ctx, self.chat, self.images, self.documents_library)
         self.draft_control = DraftControl(self.ctx, self.sampling_panel)
         self.thinking = ThinkingControls(self)  # the Think button, Stop thinking
         self.mcp = McpWindow(self.ctx, self.tools)  # its page, consent notes, status
@@ -164,6 +169,7 @@ class MainWindow(QMainWindow):
         listeners.append(self.prompt_controls.on_conversation_shown)
         listeners.append(self.draft_control.on_conversation)
         self._connect_engine()
+        wire_documents(self)  # its bar per chat, the viewer, API embeddings, embedder choice
         self.refresh_sidebar()
         self.update_buttons()
         self.model_drop = ModelDrop(self.ctx, self._add_dropped_adapter, lambda: self.model_manager)
@@ -274,6 +280,7 @@ class MainWindow(QMainWindow):
             window_actions.share_shortcuts(self)
             accessibility.name_controls(self)
             self.model_drop.watch(self)
+            self.documents.watch_drops()  # before the model drop's filter
             self.tools.start()  # reads mcp.json off the GUI thread, if there is one
         super().setVisible(visible)
 
@@ -324,8 +331,9 @@ class MainWindow(QMainWindow):
         ready = self.loaded_model.ready
         loading = self.loaded_model.loading
         message = self.chat.has_text() or bool(self.images.chips)
-        self.send_button.setEnabled(ready and not self.busy and message)
-        self.stop_button.setEnabled(self.busy)
+        searching = self.send_flow.searching  # documents searched before a send
+        self.send_button.setEnabled(ready and not self.busy and message and not searching)
+        self.stop_button.setEnabled(self.busy or searching)
         # While a reply streams too: the load waits for it (``when_idle``).
         self.open_model_action.setEnabled(not loading)
         self.regenerate_action.setEnabled(ready and self.session.can_regenerate())
@@ -351,19 +359,7 @@ class MainWindow(QMainWindow):
     # -- chat commands ---------------------------------------------------------------
 
     def send(self) -> None:
-        images = self.images.to_send()  # None: they cannot go now (a note says why)
-        has_message = images is not None and (self.chat.has_text() or bool(images))
-        if not has_message or self.busy or not self.loaded_model.ready:
-            return
-        waiting = self.api.waiting_note()
-        if waiting:
-            self.transcript.add_notice(waiting)
-        # The box is emptied only once the message is the session's (nothing is dropped).
-        if self.session.send(self.chat.text(), self.settings.sampling, images or ()):
-            self.chat.clear_text()
-            self.images.clear()
-        if waiting:  # until the reply's first words replace it
-            self.status_speed.setText("waiting for the API request…")
+        self.send_flow.send()  # documents searched first, if the chat has any
 
     def send_dropping_older(self) -> None:
         """Answer the message left unanswered (or send the box's text) once, with older
@@ -394,6 +390,8 @@ class MainWindow(QMainWindow):
             self.chat.show_edit(index, text)
 
     def stop(self) -> None:
+        if self.send_flow.stop():  # a document search: the typed text stays
+            return
         if self.busy:
             self.session.stop()
             if self.session.busy:
@@ -636,6 +634,7 @@ class MainWindow(QMainWindow):
         self.settings_store.mark_dirty()  # what is in use is kept, also what was not saved
         self.settings_store.update(**changes)
         self.client.shutdown()
+        self.send_flow.shutdown(self.embedder)  # documents: jobs cancelled, library closed
         if self.services is not None:
             self.services.shutdown()
         super().closeEvent(event)

@@ -1,0 +1,140 @@
+"""A stand-in for ``app.documents.library.DocumentLibrary`` for the window tests: the
+same methods, no embedder, no parsing; ``gate`` holds ``add``/``context_for`` until set."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.documents.sources import Source
+from app.util.errors import DocumentCancelled, DocumentError
+
+SUFFIXES = frozenset({".pdf", ".md", ".txt", ".html", ".docx", ".py"})
+
+
+@dataclass(frozen=True)
+class FakeStatus:
+    path: str
+    name: str
+    kind: str
+    state: str
+    error: str = ""
+    n_chunks: int = 0
+    pages: int | None = None
+
+
+@dataclass(frozen=True)
+class FakeProgress:
+    done: int
+    total: int
+    current: str
+    fraction: float
+    stage: str
+
+
+@dataclass
+class FakeCollections:
+    saved: dict[str, list[str]] = field(default_factory=dict)
+
+    def names(self) -> list[str]:
+        return sorted(self.saved)
+
+    def paths(self, name: str) -> list[str]:
+        return list(self.saved.get(name, []))
+
+    def save(self, name: str, paths: Sequence[str]) -> None:
+        if not name.strip():
+            raise DocumentError("Give the collection a name.")
+        self.saved[name] = list(paths)
+
+    def delete(self, name: str) -> None:
+        self.saved.pop(name, None)
+
+    def rename(self, old: str, new: str) -> None:
+        self.saved[new] = self.saved.pop(old)
+
+
+class FakeLibrary:
+    """Records its calls; ``errors`` maps a file name to the reason it fails."""
+
+    def __init__(self) -> None:
+        self.collections = FakeCollections()
+        self.gate = threading.Event()
+        self.gate.set()  # open: nothing waits unless a test clears it
+        self.errors: dict[str, str] = {}
+        self.indexed: dict[str, FakeStatus] = {}
+        self.add_calls: list[list[str]] = []
+        self.context_calls: list[tuple[list[str], str, int, set[str]]] = []
+        self.context_error: Exception | None = None
+        self.cancelled = threading.Event()
+        self.closed = False
+
+    def expand(self, paths: Sequence[Path]) -> list[Path]:
+        out: list[Path] = []
+        for p in paths:
+            if p.is_dir():
+                out.extend(f for f in p.rglob("*") if f.suffix.lower() in SUFFIXES)
+            else:
+                out.append(p)
+        return sorted(set(out))
+
+    def _wait(self, cancel: threading.Event | None) -> None:
+        while not self.gate.wait(0.02):
+            if cancel is not None and cancel.is_set():
+                self.cancelled.set()
+                raise DocumentCancelled("Indexing was cancelled.")
+        if cancel is not None and cancel.is_set():
+            self.cancelled.set()
+            raise DocumentCancelled("Cancelled.")
+
+    def add(
+        self,
+        paths: Sequence[Path],
+        progress: Callable[[Any], None],
+        cancel: threading.Event,
+    ) -> list[FakeStatus]:
+        self.add_calls.append([str(p) for p in paths])
+        out = []
+        for i, p in enumerate(paths):
+            progress(FakeProgress(i, len(paths), p.name, i / max(1, len(paths)), "embedding"))
+            self._wait(cancel)
+            reason = self.errors.get(p.name, "")
+            state = "error" if reason else "ready"
+            status = FakeStatus(str(p), p.name, "text", state, reason, 0 if reason else 3, None)
+            self.indexed[str(p)] = status
+            out.append(status)
+        progress(FakeProgress(len(paths), len(paths), "", 1.0, "done"))
+        return out
+
+    def status(self, paths: Sequence[str]) -> list[FakeStatus]:
+        out = []
+        for p in paths:
+            name = Path(p).name
+            if not Path(p).exists():
+                out.append(FakeStatus(p, name, "text", "error", f"{name} is missing."))
+            else:
+                out.append(self.indexed.get(p, FakeStatus(p, name, "text", "queued")))
+        return out
+
+    def context_for(
+        self,
+        paths: Sequence[str],
+        query: str,
+        room_tokens: int,
+        given_whole: set[str],
+        cancel: threading.Event | None = None,
+    ) -> list[Source]:
+        self.context_calls.append((list(paths), query, room_tokens, set(given_whole)))
+        self._wait(cancel)
+        if self.context_error is not None:
+            raise self.context_error
+        return [Source(1, paths[0], Path(paths[0]).name, "the passage", None, 1, 2, 0)]
+
+    def take_notes(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,220 @@
+"""Sending the message box: pictures checked, then, when the conversation has
+documents, their passages found on the thread pool ("Searching your documents…",
+Stop cancels it and keeps the typed text), then ``ChatSession.send``.
+
+Also makes the window's one embedder worker and document library (``make_documents``;
+closed at quit after the engine stopped).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtWidgets import QLabel
+
+from app.chat.conversation import Conversation
+from app.chat.doc_refs import given_whole
+from app.engine.backend import ModelInfo
+from app.engine.image_part import ImagePart
+from app.util.errors import DocumentCancelled, DocumentError, EmbedderError
+from ui.api.api_status import ApiControl
+from ui.chat.chat_pane import ChatPane
+from ui.chat.document_attach import DocumentAttach
+from ui.chat.image_attach import ImageAttach
+from ui.common.context import Context
+
+if TYPE_CHECKING:
+    from app.documents.library import DocumentLibrary
+    from app.engine.embed_worker import EmbedWorker
+
+log = logging.getLogger(__name__)
+
+STATUS_MS = 8000
+SEARCHING = "Searching your documents…"
+DEFAULT_CTX = 4096  # a server that does not say its context size
+MIN_ROOM = 256  # fewer tokens than this for passages: still a few lines
+
+
+def make_documents(data_dir: Path) -> tuple[EmbedWorker, DocumentLibrary]:
+    """The embedder worker (the model is found and loaded on its first job) and the
+    library over it; the tests put a stand-in here."""
+    from app.documents.library import DocumentLibrary  # heavy: imported once, here
+    from app.engine.embed_worker import EmbedWorker
+    from app.models.embedders import chosen_embedder
+
+    worker = EmbedWorker(locate=lambda: chosen_embedder(data_dir))
+    return worker, DocumentLibrary(data_dir, worker)
+
+
+def room_tokens(info: ModelInfo | None, conv: Conversation, text: str, max_tokens: int) -> int:
+    """Tokens left for passages: the context less what the chat already uses (its last
+    reply's prompt and answer), the typed text (about 3 characters a token) and the reply."""
+    n_ctx = info.n_ctx if info is not None and info.n_ctx > 0 else DEFAULT_CTX
+    used = 0
+    for m in reversed(conv.messages):
+        metrics = m.message_metrics() if m.role == "assistant" else None
+        if metrics is not None:
+            used = metrics.prompt_tokens + metrics.generated_tokens
+            break
+    return max(MIN_ROOM, n_ctx - used - len(text) // 3 - max_tokens)
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class SendHost(Protocol):
+    """What sending reaches: the main window."""
+
+    @property
+    def ctx(self) -> Context: ...
+    @property
+    def chat(self) -> ChatPane: ...
+    @property
+    def images(self) -> ImageAttach: ...
+    @property
+    def documents(self) -> DocumentAttach: ...
+    @property
+    def api(self) -> ApiControl: ...
+    @property
+    def status_speed(self) -> QLabel: ...
+    def update_buttons(self) -> None: ...
+
+
+class _Search(QRunnable):
+    def __init__(self, fn: Any) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def run(self) -> None:
+        try:
+            self._fn()
+        except RuntimeError:  # the window went away meanwhile
+            log.debug("document search outlived its window", exc_info=True)
+
+
+class SendFlow(QObject):
+    """The window's Send and Stop while documents are searched (see the module docstring)."""
+
+    found = Signal(int, object)  # ticket, list[Source] or a reason (str) or None (cancelled)
+
+    def __init__(self, win: SendHost) -> None:
+        super().__init__(win.ctx.parent)
+        self._win = win
+        self._ticket = 0
+        self._cancel: threading.Event | None = None
+        self._pending: tuple[str, list[ImagePart]] | None = None
+        self._conv_id = ""  # the conversation the search is for
+        self.found.connect(self._on_found)
+
+    @property
+    def searching(self) -> bool:
+        return self._cancel is not None
+
+    def send(self) -> None:
+        w, ctx = self._win, self._win.ctx
+        images = w.images.to_send()  # None: they cannot go now (a note says why)
+        has_message = images is not None and (w.chat.has_text() or bool(images))
+        if not has_message or ctx.session.busy or not ctx.model.ready or self.searching:
+            return
+        images = images or []
+        text = w.chat.text()
+        docs = w.documents
+        paths = docs.paths()  # its documents and its collections' files
+        if not paths:
+            self._send(text, images, ())
+            return
+        if docs.busy:
+            ctx.status(
+                "The documents are still being read; send again when they are ready.", STATUS_MS
+            )
+            return
+        conv = ctx.session.conversation
+        room = room_tokens(ctx.model.info, conv, text, ctx.settings.value.sampling.max_tokens)
+        whole = given_whole(conv.messages)
+        self._ticket += 1
+        ticket, cancel, library, relay = self._ticket, threading.Event(), docs.library, self.found
+        self._cancel, self._pending, self._conv_id = cancel, (text, images), conv.id
+
+        def work() -> None:
+            result: object
+            try:
+                result = library.context_for(paths, text, room, whole, cancel)
+            except DocumentCancelled:
+                result = None
+            except (DocumentError, EmbedderError) as exc:
+                result = str(exc)
+            except Exception as exc:  # a bug: the message stays, the reason is shown
+                log.exception("searching documents")
+                result = f"The documents could not be searched ({exc.__class__.__name__})."
+            relay.emit(ticket, result)
+
+        w.status_speed.setText(SEARCHING)
+        ctx.status(SEARCHING, 0)
+        QThreadPool.globalInstance().start(_Search(work))
+        w.update_buttons()
+
+    def _on_found(self, ticket: int, result: object) -> None:
+        if ticket != self._ticket or self._pending is None:
+            return  # stopped meanwhile
+        text, images = self._pending
+        cancelled = self._cancel is not None and self._cancel.is_set()
+        self._cancel, self._pending = None, None
+        w = self._win
+        w.status_speed.setText("")
+        w.ctx.status("", 0)
+        if cancelled or result is None or w.ctx.session.conversation.id != self._conv_id:
+            w.update_buttons()  # stopped, or another chat was opened: the text stays
+            return
+        if isinstance(result, str):
+            w.ctx.notice(
+                f"Your documents could not be searched: {result} Your message was not sent."
+            )
+            w.update_buttons()
+            return
+        assert isinstance(result, list)
+        self._send(text, images, result)
+
+    def _send(self, text: str, images: list[ImagePart], sources: Sequence[Any]) -> None:
+        w, ctx = self._win, self._win.ctx
+        if ctx.session.busy or not ctx.model.ready:
+            w.update_buttons()
+            return
+        waiting = w.api.waiting_note()
+        if waiting:
+            w.chat.transcript.add_notice(waiting)
+        # The box is emptied only once the message is the session's (nothing is dropped).
+        if ctx.session.send(text, ctx.settings.value.sampling, images, sources):
+            w.chat.clear_text()
+            w.images.clear()
+        if waiting:  # until the reply's first words replace it
+            w.status_speed.setText("waiting for the API request…")
+        w.update_buttons()
+
+    def shutdown(self, embedder: Closeable) -> None:
+        """At quit, after the engine stopped: the search and indexing cancelled, the
+        library and then the embedder closed."""
+        if self._cancel is not None:
+            self._cancel.set()
+        docs = self._win.documents
+        docs.shutdown()
+        docs.library.close()
+        embedder.close()
+
+    def stop(self) -> bool:
+        """Stop a search under way (the typed text stays); False: none was."""
+        if self._cancel is None:
+            return False
+        self._cancel.set()
+        self._cancel, self._pending = None, None
+        self._win.status_speed.setText("")
+        self._win.ctx.status(
+            "Stopped searching your documents; your message is still in the box.", STATUS_MS
+        )
+        self._win.update_buttons()
+        return True
