@@ -11,7 +11,7 @@ turn (never the system prompt, so the cached conversation before it stays valid)
   smallest first; once given they are part of the cached conversation, and later
   turns do not read them again;
 - from the others, the passages that best match the message (vectors and BM25 fused,
-  ``DocumentIndex.search``), as many as a quarter of the room allows.
+  ``DocumentIndex.search``), as many as a quarter of the room allows (one at least).
 
 Both ``add`` and ``context_for`` block: call them from a worker thread.
 """
@@ -258,8 +258,10 @@ class DocumentLibrary:
                 out.append(source)
         taken = {s.path for s in out}
         search = [r.path for r in rest if r.path not in taken]
-        k = min(MAX_PASSAGES, (room_tokens // 4) // PASSAGE_TOKENS)
-        if search and k > 0 and query.strip():
+        # One passage even when the chat is nearly full: the overflow policy makes room
+        # by dropping older turns, and an answer without its source is worse.
+        k = max(1, min(MAX_PASSAGES, (room_tokens // 4) // PASSAGE_TOKENS))
+        if search and query.strip():
             out += self._retrieve(search, query, k, len(out), cancel)
         return out
 
