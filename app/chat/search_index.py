@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.chat.conversation import Conversation, Message, is_valid_id
-from app.util.datafiles import kind_of, os_reason, set_aside
+from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,6 @@ HIT_START, HIT_END = "\ue000", "\ue001"
 _TERM = re.compile(r"\w+", re.UNICODE)
 # What a damaged file can raise on the way: bytes that are not text, rows of the wrong type.
 DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, TypeError)
-SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's own, next to the index file
 NO_FTS5 = "This Python's SQLite has no full-text search (FTS5)"
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -166,23 +165,12 @@ class SearchIndex:
         return db
 
     def _check_files(self) -> None:
-        """The index and its side files are regular files or absent: SQLite would follow a
-        link out of the data folder, and fail on a directory or a pipe every time.
+        """The index and its side files are regular files or absent (``check_sqlite_files``).
 
         Raises:
             sqlite3.DatabaseError: one of them is something else (the file is set aside).
         """
-        for suffix in ("", *SIDE_FILES):
-            part = self.path.with_name(self.path.name + suffix)
-            try:
-                mode = part.lstat().st_mode
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise sqlite3.DatabaseError(f"{part.name}: {os_reason(exc)}") from exc
-            if not stat.S_ISREG(mode):
-                what = "a link" if stat.S_ISLNK(mode) else kind_of(mode)
-                raise sqlite3.DatabaseError(f"{part.name} is {what}, not a file")
+        check_sqlite_files(self.path)
 
     def _set_aside(self, why: str) -> None:
         """Move a damaged index (and its side files) out of the way; it is rebuilt.
@@ -192,25 +180,9 @@ class SearchIndex:
         deleted.
         """
         note = f"The search index was damaged ({why}); it is rebuilt from the conversations."
-        for suffix in ("", *SIDE_FILES):
-            part = self.path.with_name(self.path.name + suffix)
-            try:
-                mode = part.lstat().st_mode
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                note = f"The search index is damaged and cannot be moved ({os_reason(exc)})."
-                continue
-            try:
-                if suffix and stat.S_ISREG(mode):
-                    part.unlink()
-                else:
-                    set_aside(part)
-            except OSError as exc:
-                note = (
-                    f"The search index is damaged and {part.name} cannot be moved "
-                    f"({os_reason(exc)})."
-                )
+        failed = set_aside_sqlite(self.path)
+        if failed:
+            note = f"The search index is damaged and {failed}."
         log.warning("%s", note)
         self.notes.append(note)
 

@@ -14,19 +14,17 @@ import contextlib
 import functools
 import logging
 import sqlite3
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.util.datafiles import kind_of, os_reason, set_aside
 from app.util.errors import DocumentError
+from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 # What a damaged file can raise on the way: bytes that are not text, rows of the wrong type.
 DAMAGE = (sqlite3.DatabaseError, UnicodeDecodeError, ValueError, TypeError)
-SIDE_FILES = ("-wal", "-shm", "-journal")
 _TABLES = frozenset({"meta", "documents", "chunks", "chunk_fts", "chunk_vocab"})
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -108,38 +106,16 @@ class IndexFile:
         Raises:
             sqlite3.DatabaseError: one of them is something else.
         """
-        for suffix in ("", *SIDE_FILES):
-            part = self.path.with_name(self.path.name + suffix)
-            try:
-                mode = part.lstat().st_mode
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise sqlite3.DatabaseError(f"{part.name}: {os_reason(exc)}") from exc
-            if not stat.S_ISREG(mode):
-                what = "a link" if stat.S_ISLNK(mode) else kind_of(mode)
-                raise sqlite3.DatabaseError(f"{part.name} is {what}, not a file")
+        check_sqlite_files(self.path)
 
     def set_aside(self, why: str) -> None:
         """Move the index (and its side files) out of the way, with a note; a regular
         journal of a damaged file is no use and is deleted."""
         self.close()
         note = f"The document index was damaged ({why}); the documents will be indexed again."
-        for suffix in ("", *SIDE_FILES):
-            part = self.path.with_name(self.path.name + suffix)
-            try:
-                mode = part.lstat().st_mode
-                if suffix and stat.S_ISREG(mode):
-                    part.unlink()
-                else:
-                    set_aside(part)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                note = (
-                    f"The document index is damaged and {part.name} cannot be moved "
-                    f"({os_reason(exc)})."
-                )
+        failed = set_aside_sqlite(self.path)
+        if failed:
+            note = f"The document index is damaged and {failed}."
         log.warning("%s", note)
         self.notes.append(note)
 

@@ -17,12 +17,12 @@ from PySide6.QtGui import (
     QColor,
     QTextBlockFormat,
     QTextCharFormat,
-    QTextCursor,
     QTextFrame,
     QTextFrameFormat,
 )
 
 from app.documents.sources import MAX_SOURCES, Source, source_from_dict
+from ui.common.qt_util import remove_text_frame
 
 MARK = QTextFrameFormat.Property.UserProperty + 31  # marks a message's sources frame
 PREVIEW_CHARS = 120
@@ -79,12 +79,8 @@ def sources_frame(message: QTextFrame) -> QTextFrame | None:
 def remove_frame(message: QTextFrame) -> None:
     """Remove the sources list from ``message`` (if there)."""
     frame = sources_frame(message)
-    if frame is None:
-        return
-    cursor = QTextCursor(frame.document())
-    cursor.setPosition(frame.firstPosition() - 1)
-    cursor.setPosition(frame.lastPosition() + 1, QTextCursor.MoveMode.KeepAnchor)
-    cursor.removeSelectedText()
+    if frame is not None:
+        remove_text_frame(frame)
 
 
 def insert_frame(message: QTextFrame, body: str, dark: bool) -> QTextFrame:

@@ -13,11 +13,12 @@ from PySide6.QtWidgets import (
     QLabel,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
+
+from ui.common.qt_util import chip_row
 
 ERROR_STYLE = "color: #d1242f;"
 STATE_TEXT = {
@@ -119,17 +120,7 @@ class DocumentBar(QWidget):
         super().__init__(parent)
         self.setObjectName("documentBar")
         self.chips: list[DocumentChip] = []
-        self.row = QHBoxLayout()
-        self.row.setContentsMargins(0, 0, 0, 0)
-        self.row.addStretch(1)
-        inner = QWidget(self)
-        inner.setLayout(self.row)
-        self.area = QScrollArea(self)
-        self.area.setWidget(inner)
-        self.area.setWidgetResizable(True)
-        self.area.setFrameShape(QFrame.Shape.NoFrame)
-        self.area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.area.setFixedHeight(52)
+        self.row, self.area = chip_row(self, 52)
         self.progress_label = QLabel(self)
         self.progress_label.setObjectName("documentProgress")
         self.progress_bar = QProgressBar(self)

@@ -39,7 +39,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMenu,
-    QScrollArea,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -54,6 +53,7 @@ from app.util.sysinfo import size_text
 from ui.chat.chat_pane import ChatPane
 from ui.chat.image_viewer import CHIP_SIDE, THUMB_SIDE, read_image
 from ui.common.context import Context
+from ui.common.qt_util import chip_row
 
 log = logging.getLogger(__name__)
 
@@ -209,17 +209,7 @@ class AttachmentStrip(QWidget):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("attachmentStrip")
-        self.row = QHBoxLayout()
-        self.row.setContentsMargins(0, 0, 0, 0)
-        self.row.addStretch(1)
-        inner = QWidget(self)
-        inner.setLayout(self.row)
-        self.area = QScrollArea(self)
-        self.area.setWidget(inner)
-        self.area.setWidgetResizable(True)
-        self.area.setFrameShape(QFrame.Shape.NoFrame)
-        self.area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.area.setFixedHeight(CHIP_SIDE + 26)
+        self.row, self.area = chip_row(self, CHIP_SIDE + 26)
         self.tokens = QLabel(self)
         self.tokens.setObjectName("imageTokens")
         self.note = QLabel(self)

@@ -24,6 +24,7 @@ from PySide6.QtGui import (
 
 from app.chat.markdown_render import breakable
 from app.engine.metrics import MessageMetrics
+from ui.common.qt_util import remove_text_frame
 
 MARK = QTextFormat.Property.UserProperty + 28  # set on a thinking frame's format
 LINK_STYLE = "color:#6b7a90; text-decoration:none"
@@ -177,9 +178,6 @@ def close_frame(message: QTextFrame) -> None:
     frame = thinking_frame(message)
     if frame is None:
         return
-    cursor = QTextCursor(frame.document())
-    cursor.setPosition(frame.firstPosition() - 1)
-    cursor.setPosition(frame.lastPosition() + 1, QTextCursor.MoveMode.KeepAnchor)
-    cursor.removeSelectedText()
+    cursor = remove_text_frame(frame)
     # The frame separated the toggle line from what follows: keep them apart.
     cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from PySide6.QtCore import QObject
+from PySide6.QtCore import QObject, Qt
+from PySide6.QtGui import QTextCursor, QTextFrame
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QScrollArea, QWidget
 
 
 @contextmanager
@@ -17,3 +19,29 @@ def blocked(*widgets: QObject) -> Iterator[None]:
     finally:
         for w, was in zip(widgets, before, strict=True):
             w.blockSignals(was)
+
+
+def chip_row(parent: QWidget, height: int) -> tuple[QHBoxLayout, QScrollArea]:
+    """A row of chips that scrolls sideways (no frame, no vertical bar), ``height`` high:
+    its layout (ends in a stretch: insert chips before it) and its scroll area."""
+    row = QHBoxLayout()
+    row.setContentsMargins(0, 0, 0, 0)
+    row.addStretch(1)
+    inner = QWidget(parent)
+    inner.setLayout(row)
+    area = QScrollArea(parent)
+    area.setWidget(inner)
+    area.setWidgetResizable(True)
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    area.setFixedHeight(height)
+    return row, area
+
+
+def remove_text_frame(frame: QTextFrame) -> QTextCursor:
+    """Remove ``frame`` and what it holds from its document; a cursor where it was."""
+    cursor = QTextCursor(frame.document())
+    cursor.setPosition(frame.firstPosition() - 1)
+    cursor.setPosition(frame.lastPosition() + 1, QTextCursor.MoveMode.KeepAnchor)
+    cursor.removeSelectedText()
+    return cursor
