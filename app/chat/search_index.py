@@ -27,12 +27,13 @@ import re
 import sqlite3
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.chat.conversation import Conversation, Message, is_valid_id
 from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite
+from app.util.sqlite_files import transaction as _transaction
 
 log = logging.getLogger(__name__)
 
@@ -339,18 +340,6 @@ def _meta(db: sqlite3.Connection, key: str) -> str | None:
             return None
         raise
     return None if row is None else str(row[0])
-
-
-@contextlib.contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
 
 
 def _ms(since: float) -> float:

@@ -28,12 +28,13 @@ import numpy as np
 import numpy.typing as npt
 
 from app.documents.chunking import Chunk
-from app.documents.index_schema import DAMAGE, IndexFile, transaction
+from app.documents.index_schema import DAMAGE, IndexFile
 from app.documents.parse import ParsedDocument
 from app.documents.retrieval import fts_query, rrf, top_k_cosine
 from app.documents.vectors import Layout, VectorCache, to_blob
 from app.util.datafiles import os_reason
 from app.util.errors import DocumentError
+from app.util.sqlite_files import transaction
 
 CANDIDATES = 50  # from each ranking, before fusion
 COMMON_SHARE = 0.10  # a term in more of the chunks than this is left out of BM25 queries

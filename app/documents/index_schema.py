@@ -14,11 +14,10 @@ import contextlib
 import functools
 import logging
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
 
 from app.util.errors import DocumentError
-from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite
+from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite, transaction
 
 log = logging.getLogger(__name__)
 
@@ -151,15 +150,3 @@ def _connect(path: Path) -> sqlite3.Connection:
 def meta(db: sqlite3.Connection, key: str) -> str | None:
     row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
     return None if row is None else str(row[0])
-
-
-@contextlib.contextmanager
-def transaction(db: sqlite3.Connection) -> Iterator[None]:
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(sqlite3.Error):
-            db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")

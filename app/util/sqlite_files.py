@@ -1,10 +1,13 @@
 """A derived SQLite file in the data folder (an index): checked before SQLite opens it,
-and moved out of the way when it is damaged, with SQLite's side files."""
+moved out of the way when it is damaged, with SQLite's side files, and written in
+whole transactions."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from app.util.datafiles import kind_of, os_reason, set_aside
@@ -54,3 +57,17 @@ def set_aside_sqlite(path: Path) -> str:
         except OSError as exc:
             failed = f"{part.name} cannot be moved ({os_reason(exc)})"
     return failed
+
+
+@contextlib.contextmanager
+def transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction (taken at once, so readers never block it halfway); rolled
+    back when the block raises."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
