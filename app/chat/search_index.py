@@ -20,7 +20,6 @@ all-or-nothing update per conversation that the promise above needs.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import re
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.chat.conversation import Conversation, Message, is_valid_id
-from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite
+from app.util.sqlite_files import check_sqlite_files, fts5_available, set_aside_sqlite
 from app.util.sqlite_files import transaction as _transaction
 
 log = logging.getLogger(__name__)
@@ -87,17 +86,6 @@ def fts_query(text: str) -> str:
     quoted = [f'"{t}"' for t in terms]
     quoted[-1] += " *"
     return " AND ".join(quoted)
-
-
-@functools.cache
-def fts5_available() -> bool:
-    """Whether this Python's SQLite has FTS5 (asked once, of an in-memory database)."""
-    try:
-        with contextlib.closing(sqlite3.connect(":memory:")) as db:
-            db.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
-    except sqlite3.Error:
-        return False
-    return True
 
 
 class SearchIndex:

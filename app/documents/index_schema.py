@@ -11,13 +11,12 @@ folder is read or written through a planted link.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import sqlite3
 from pathlib import Path
 
 from app.util.errors import DocumentError
-from app.util.sqlite_files import check_sqlite_files, set_aside_sqlite, transaction
+from app.util.sqlite_files import check_sqlite_files, fts5_available, set_aside_sqlite, transaction
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +44,6 @@ NO_FTS5 = (
     "This Python's SQLite has no full-text search (FTS5), so documents cannot be indexed. "
     "Use a Python build whose SQLite includes FTS5."
 )
-
-
-@functools.cache
-def fts5_available() -> bool:
-    """Whether this Python's SQLite has FTS5 (asked once, of an in-memory database)."""
-    try:
-        with contextlib.closing(sqlite3.connect(":memory:")) as db:
-            db.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
-    except sqlite3.Error:
-        return False
-    return True
 
 
 class IndexFile:

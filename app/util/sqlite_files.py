@@ -5,6 +5,7 @@ whole transactions."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sqlite3
 import stat
 from collections.abc import Iterator
@@ -13,6 +14,17 @@ from pathlib import Path
 from app.util.datafiles import kind_of, os_reason, set_aside
 
 SIDE_FILES = ("-wal", "-shm", "-journal")  # SQLite's own, next to the database file
+
+
+@functools.cache
+def fts5_available() -> bool:
+    """Whether this Python's SQLite has FTS5 (asked once, of an in-memory database)."""
+    try:
+        with contextlib.closing(sqlite3.connect(":memory:")) as db:
+            db.execute("CREATE VIRTUAL TABLE probe USING fts5(text)")
+    except sqlite3.Error:
+        return False
+    return True
 
 
 def check_sqlite_files(path: Path) -> None:
