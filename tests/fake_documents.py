@@ -9,30 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.documents.library import DocumentStatus, Progress
 from app.documents.sources import Source
 from app.util.errors import DocumentCancelled, DocumentError
 
 SUFFIXES = frozenset({".pdf", ".md", ".txt", ".html", ".docx", ".py"})
-
-
-@dataclass(frozen=True)
-class FakeStatus:
-    path: str
-    name: str
-    kind: str
-    state: str
-    error: str = ""
-    n_chunks: int = 0
-    pages: int | None = None
-
-
-@dataclass(frozen=True)
-class FakeProgress:
-    done: int
-    total: int
-    current: str
-    fraction: float
-    stage: str
 
 
 @dataclass
@@ -65,7 +46,7 @@ class FakeLibrary:
         self.gate = threading.Event()
         self.gate.set()  # open: nothing waits unless a test clears it
         self.errors: dict[str, str] = {}
-        self.indexed: dict[str, FakeStatus] = {}
+        self.indexed: dict[str, DocumentStatus] = {}
         self.add_calls: list[list[str]] = []
         self.context_calls: list[tuple[list[str], str, int, set[str]]] = []
         self.context_error: Exception | None = None
@@ -95,28 +76,28 @@ class FakeLibrary:
         paths: Sequence[Path],
         progress: Callable[[Any], None],
         cancel: threading.Event,
-    ) -> list[FakeStatus]:
+    ) -> list[DocumentStatus]:
         self.add_calls.append([str(p) for p in paths])
         out = []
         for i, p in enumerate(paths):
-            progress(FakeProgress(i, len(paths), p.name, i / max(1, len(paths)), "embedding"))
+            progress(Progress(i, len(paths), p.name, i / max(1, len(paths)), "embedding"))
             self._wait(cancel)
             reason = self.errors.get(p.name, "")
             state = "error" if reason else "ready"
-            status = FakeStatus(str(p), p.name, "text", state, reason, 0 if reason else 3, None)
+            status = DocumentStatus(str(p), p.name, "text", state, reason, 0 if reason else 3, None)
             self.indexed[str(p)] = status
             out.append(status)
-        progress(FakeProgress(len(paths), len(paths), "", 1.0, "done"))
+        progress(Progress(len(paths), len(paths), "", 1.0, "done"))
         return out
 
-    def status(self, paths: Sequence[str]) -> list[FakeStatus]:
+    def status(self, paths: Sequence[str]) -> list[DocumentStatus]:
         out = []
         for p in paths:
             name = Path(p).name
             if not Path(p).exists():
-                out.append(FakeStatus(p, name, "text", "error", f"{name} is missing."))
+                out.append(DocumentStatus(p, name, "text", "error", f"{name} is missing."))
             else:
-                out.append(self.indexed.get(p, FakeStatus(p, name, "text", "queued")))
+                out.append(self.indexed.get(p, DocumentStatus(p, name, "text", "queued")))
         return out
 
     def context_for(
