@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import threading
 import time
@@ -23,9 +22,9 @@ from app.models.downloader import (
     FileFetcher,
 )
 from app.models.names import (
-    MAX_PATH_BYTES,
     UnsafeNameError,
     check_file_name,
+    check_path_length,
     check_repo_id,
     destination,
     repo_dir_name,
@@ -406,11 +405,7 @@ class DownloadQueue:
             raise UnsafeNameError(
                 f"Refusing the file name {name!r}: it would be written outside {root}."
             )
-        if len(os.fsencode(str(target) + PART_SUFFIX)) > MAX_PATH_BYTES:
-            raise UnsafeNameError(
-                f"Refusing the file name {name!r}: the full path would be longer than this "
-                f"system allows ({MAX_PATH_BYTES} bytes). Choose a shorter data folder."
-            )
+        check_path_length(target, repr(name), "data folder")
         return target
 
     def _note(self, text: str) -> None:

@@ -150,12 +150,22 @@ def destination(models_dir: Path, repo_id: str, relative: str) -> Path:
         raise UnsafeNameError(
             f"Refusing the file name {_shown(relative)}: it would be written outside {root}."
         )
+    check_path_length(target, _shown(relative), "models folder")
+    return target
+
+
+def check_path_length(target: Path, shown: str, folder: str) -> None:
+    """Refuse ``target`` (its partial download included) when its path is longer than
+    this system allows; ``shown`` names the file, ``folder`` what to choose shorter.
+
+    Raises:
+        UnsafeNameError: the path is too long.
+    """
     if len(os.fsencode(str(target) + PART_SUFFIX)) > MAX_PATH_BYTES:
         raise UnsafeNameError(
-            f"Refusing the file name {_shown(relative)}: the full path would be longer than "
-            f"this system allows ({MAX_PATH_BYTES} bytes). Choose a shorter models folder."
+            f"Refusing the file name {shown}: the full path would be longer than "
+            f"this system allows ({MAX_PATH_BYTES} bytes). Choose a shorter {folder}."
         )
-    return target
 
 
 def _check_component(part: str, shown: str) -> None:
