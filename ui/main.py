@@ -8,7 +8,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +16,7 @@ from app import __version__
 from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
-from app.util import crash_record
+from app.util import crash_record, desktop_libs
 from ui.startup import choose_model, setup_logging
 
 if TYPE_CHECKING:
@@ -121,6 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     dirs = data_dirs(args.data_dir, notes)
     lock = claim_data_dir(dirs, args)  # before anything reads or writes the folder
     if isinstance(lock, int):
+    # Qt aborts (exit 134, no word why) when its platform plugin cannot load: say why first.
+    if not args.smoke_test and (problem := desktop_libs.window_problem()) is not None:
+        print(f"lamplight: {problem.message}", file=sys.stderr, flush=True)
+        return desktop_libs.EXIT_NO_WINDOW
         return lock  # another instance has it (and maybe took the request)
     notes += filter(None, [setup_logging(dirs), lock.note])
     log.info("Lamplight %s starting, data dir %s", __version__, dirs.root)
@@ -224,9 +228,19 @@ def open_window(
 
 
 def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
-    """Load, generate a few tokens through the worker thread, print metrics as JSON."""
+    """Load, generate a few tokens through the worker thread, print metrics as JSON (and
+    whether a window could open here: ``window``)."""
+    window = desktop_libs.summary(desktop_libs.window_problem(desktop_env(os.environ)))
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
+def desktop_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as the window would see it: a headless platform (the tests' offscreen) is
+    left out, so the window's own is checked."""
+    platform = env.get("QT_QPA_PLATFORM", "")
+    desktop = any(p in platform for p in ("xcb", "wayland"))
+    return {k: v for k, v in env.items() if k != "QT_QPA_PLATFORM" or desktop}
+
+
 
     from app.engine.backend import ModelInfo
     from app.engine.metrics import MessageMetrics
@@ -241,7 +255,7 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
 
         def __init__(self) -> None:
             super().__init__()
-            self.result: dict[str, object] = {}
+            self.result: dict[str, object] = {"window": window}
 
         def fail(self, message: str) -> None:
             print(json.dumps({"ok": False, "error": message}), flush=True)
