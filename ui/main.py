@@ -117,14 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return parse_document(argv[1:])
     args = parse_args(argv)
-    notes: list[str] = []  # damaged files set aside or repaired, for the user
-    dirs = data_dirs(args.data_dir, notes)
-    lock = claim_data_dir(dirs, args)  # before anything reads or writes the folder
-    if isinstance(lock, int):
     # Qt aborts (exit 134, no word why) when its platform plugin cannot load: say why first.
     if not args.smoke_test and (problem := desktop_libs.window_problem()) is not None:
         print(f"lamplight: {problem.message}", file=sys.stderr, flush=True)
         return desktop_libs.EXIT_NO_WINDOW
+    notes: list[str] = []  # damaged files set aside or repaired, for the user
+    dirs = data_dirs(args.data_dir, notes)
+    lock = claim_data_dir(dirs, args)  # before anything reads or writes the folder
+    if isinstance(lock, int):
         return lock  # another instance has it (and maybe took the request)
     notes += filter(None, [setup_logging(dirs), lock.note])
     log.info("Lamplight %s starting, data dir %s", __version__, dirs.root)
@@ -227,12 +227,6 @@ def open_window(
     return window
 
 
-def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
-    """Load, generate a few tokens through the worker thread, print metrics as JSON (and
-    whether a window could open here: ``window``)."""
-    window = desktop_libs.summary(desktop_libs.window_problem(desktop_env(os.environ)))
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
 def desktop_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` as the window would see it: a headless platform (the tests' offscreen) is
     left out, so the window's own is checked."""
@@ -241,6 +235,12 @@ def desktop_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k != "QT_QPA_PLATFORM" or desktop}
 
 
+def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
+    """Load, generate a few tokens through the worker thread, print metrics as JSON (and
+    whether a window could open here: ``window``)."""
+    window = desktop_libs.summary(desktop_libs.window_problem(desktop_env(os.environ)))
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
 
     from app.engine.backend import ModelInfo
     from app.engine.metrics import MessageMetrics
