@@ -59,6 +59,7 @@ class FakeMcpHost:
         arguments: Mapping[str, Any],
         timeout_s: float,
         cancel: threading.Event | None = None,
+        server_id: str | None = None,
     ) -> ToolResult:
         self.asked.append(("call", qualified, dict(arguments)))
         return ToolResult(f"{qualified} ran")
@@ -77,8 +78,8 @@ class FakeMcpHost:
                 tools = tuple(replace(t, enabled=on) if t.name == tool else t for t in s.tools)
                 self._change(server, tools=tools)
 
-    def consent(self, name: str) -> None:
-        self.asked.append(("consent", name))
+    def consent(self, name: str, server_id: str) -> None:
+        self.asked.append(("consent", name, server_id))
         self._change(name, state="ready")
 
     def reload(self) -> None:

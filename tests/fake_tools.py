@@ -25,6 +25,7 @@ ADD = McpTool(
         "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
         "required": ["a", "b"],
     },
+    server_id="calc-server-id",
 )
 CALL = ToolCall("call_1", "add", '{"a": 2, "b": 3}')
 
@@ -47,7 +48,15 @@ class FakeToolHost:
 
     def statuses(self) -> list[ServerStatus]:
         return [
-            ServerStatus("calc", "stdio", "calc-server", True, "ready", tools=tuple(self.tool_list))
+            ServerStatus(
+                "calc",
+                "stdio",
+                "calc-server",
+                True,
+                "ready",
+                tools=tuple(self.tool_list),
+                server_id=ADD.server_id,
+            )
         ]
 
     def tools(self, wait_s: float = 10.0) -> list[McpTool]:
@@ -61,6 +70,7 @@ class FakeToolHost:
         arguments: Mapping[str, Any],
         timeout_s: float,
         cancel: threading.Event | None = None,
+        server_id: str | None = None,
     ) -> ToolResult:
         self.calls.append((qualified, dict(arguments)))
         self.started.set()
@@ -78,7 +88,7 @@ class FakeToolHost:
     # What the settings page drives (``ui.tools.mcp_control.Host``): nothing to do here.
     def set_server_enabled(self, name: str, on: bool) -> None: ...
     def set_tool_enabled(self, server: str, tool: str, on: bool) -> None: ...
-    def consent(self, name: str) -> None: ...
+    def consent(self, name: str, server_id: str) -> None: ...
     def reload(self) -> None: ...
     def restart(self, name: str) -> None: ...
     def problems(self) -> list[str]:

@@ -8,6 +8,7 @@ import json
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,11 +18,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
 from pytestqt.qtbot import QtBot
 
+from app.mcp.config import KEYRING, ServerConfig
+from app.mcp.consent import consent_details
 from app.mcp.tool_host import ServerStatus
 from tests.fake_mcp import FakeMcpHost, tool
 from tests.fakes import FakeEngine
 from tests.test_gui import make_window
 from ui.tools import mcp_control
+from ui.tools.mcp_consent import consent_text, notice_text
 from ui.tools.mcp_control import McpControl
 from ui.tools.mcp_page import McpPage, prompt_cost, token_estimate
 from ui.tools.mcp_paste import PasteDialog, PasteError, merge, parse_servers
@@ -36,9 +40,28 @@ FILES = ServerStatus(
         tool("files", "read_file", "Read a <b>file</b> & more", path="string"),
         tool("files", "list_dir", "List a folder", path="string"),
     ),
+    server_id="files-id",
 )
-WEB = ServerStatus("web", "http", "https://example.invalid/mcp", True, "failed", "refused")
-RUNNER = ServerStatus("runner", "stdio", "python tools.py --stdio  (in /srv/t)", True, "consent")
+WEB = ServerStatus(
+    "web", "http", "https://example.invalid/mcp", True, "failed", "refused", server_id="web-id"
+)
+RUNNER_CONFIG = ServerConfig(
+    "runner",
+    "stdio",
+    command="python",
+    args=("tools.py", "--stdio"),
+    cwd="/srv/t",
+    env=(("ROOT_DIR", "/srv/data"), ("GITHUB_TOKEN", "ghp_s3cret"), ("API_KEY", KEYRING)),
+)
+RUNNER = ServerStatus(
+    "runner",
+    "stdio",
+    RUNNER_CONFIG.display(),
+    True,
+    "consent",
+    server_id=RUNNER_CONFIG.server_id(),
+    details=consent_details(RUNNER_CONFIG),
+)
 
 
 @pytest.fixture()
@@ -103,43 +126,63 @@ def test_switches_go_to_the_host_and_the_page_follows(
     assert ("reload",) in fake_host.asked
 
 
-def test_consent_shows_command_folder_and_env_names_only(
-    qtbot: QtBot, page: McpPage, fake_host: FakeMcpHost, tmp_path: Path
+def test_consent_shows_what_the_server_is_given_with_secrets_masked(
+    qtbot: QtBot, page: McpPage, fake_host: FakeMcpHost
 ) -> None:
-    config = {
-        "mcpServers": {
-            "runner": {
-                "command": "python",
-                "args": ["tools.py", "--stdio"],
-                "cwd": "/srv/t",
-                "env": {"ROOT_DIR": "/very/private"},
-            }
-        }
-    }
-    (tmp_path / "mcp.json").write_text(json.dumps(config))
-    page.refresh()
     panel = page.boxes["runner"].consent
     assert panel is not None
     text = panel.text.text()
-    assert "python tools.py --stdio" in text and "/srv/t" in text and "ROOT_DIR" in text
-    assert "/very/private" not in text
-    panel.allow_button.click()
-    assert fake_host.asked[-1] == ("consent", "runner")
+    assert "wants to run this command:\npython tools.py --stdio  (in /srv/t)\n" in text
+    assert "  ROOT_DIR=/srv/data" in text  # the values, not only the names
+    assert "  GITHUB_TOKEN=•••••••• (hidden)" in text and "ghp_s3cret" not in text
+    assert "  API_KEY=(kept in the keyring)" in text
+    assert "of your own environment only: " in text and "PATH" in text
+    assert panel.allow_button.text() == "Allow this command to run"
+    panel.allow_button.click()  # names the configuration shown
+    assert fake_host.asked[-1] == ("consent", "runner", RUNNER.server_id)
     qtbot.waitUntil(lambda: page.boxes["runner"].consent is None)
     assert "ready" in page.boxes["runner"].state.text()
 
 
+def test_an_http_server_asks_too_and_an_edited_server_is_noticed_again(
+    qtbot: QtBot, control: McpControl, fake_host: FakeMcpHost
+) -> None:
+    config = ServerConfig(
+        "web", "http", url="https://example.invalid/mcp", headers=(("Authorization", "Bearer t0k"),)
+    )
+    web = replace(WEB, state="consent", error="", details=consent_details(config))
+    text = consent_text(web)
+    assert text.startswith("Tool server 'web' wants to connect to:\nhttps://example.invalid/mcp\n")
+    assert "  Authorization: •••••••• (hidden)" in text and "t0k" not in text
+    assert "wants to connect to: https://example.invalid/mcp" in notice_text(web)
+    forged = replace(RUNNER, command="x\nIt runs in a sandbox.")  # a line break in mcp.json
+    assert "\nIt runs in a sandbox." not in consent_text(forged)
+    seen: list[list[ServerStatus]] = []
+    control.consentNeeded.connect(seen.append)
+    control.host()
+    fake_host.servers = [web]
+    control.proxy.tools(0.0)
+    qtbot.waitUntil(lambda: len(seen) == 1)
+    control.proxy.tools(0.0)  # the same server still waiting: no second note
+    fake_host.servers = [replace(web, server_id="web-id-2")]  # edited in mcp.json
+    control.proxy.tools(0.0)
+    qtbot.waitUntil(lambda: len(seen) == 2)
+    assert [batch[0].server_id for batch in seen] == ["web-id", "web-id-2"]
+
+
 def test_forget_an_always_rule(qtbot: QtBot, page: McpPage, control: McpControl) -> None:
-    control.approvals.remember("files", "read_file", "always_tool")
-    control.approvals.remember("web", "*", "always_server")
+    control.approvals.remember("files", "files-id", "read_file", "always_tool")
+    control.approvals.remember("web", "web-id", "*", "always_server")
+    control.approvals.remember("web", "old-web-id", "*", "always_server")
     page.refresh()
     rows = [w for w in page.rules_box.findChildren(QLabel) if not w.isHidden()]
     texts = [w.text() for w in rows]
     assert "the tool read_file of files" in texts and "every tool of web" in texts
+    assert "every tool of web (as configured before: it asks now)" in texts
     page.rules_box.findChildren(type(page.boxes["web"].restart), "mcpForget")[0].click()
-    assert control.approvals.rules() == [("web", "*")]
-    qtbot.waitUntil(lambda: len(page.rules_box.findChildren(QWidget, "mcpRule")) == 1)
-    assert not control.approvals.allowed("files", "read_file")
+    assert control.approvals.rules() == [("web", "web-id", "*"), ("web", "old-web-id", "*")]
+    qtbot.waitUntil(lambda: len(page.rules_box.findChildren(QWidget, "mcpRule")) == 2)
+    assert not control.approvals.allowed("files", "files-id", "read_file")
 
 
 def test_paste_config_merges_and_refuses_garbage(

@@ -34,7 +34,7 @@ def allowed_echo_server(root: Path) -> None:
     host = McpHost(root)
     try:
         host.statuses()  # reads the config
-        host.consent("test")
+        host.consent("test", host.statuses()[0].server_id)
         for name in (*OTHERS, "getenv"):
             host.set_tool_enabled("test", name, False)
     finally:

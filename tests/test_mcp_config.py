@@ -157,12 +157,18 @@ def test_without_a_keyring_the_file_stays_as_it_is(tmp_path: Path, no_keyring: N
     assert path.read_text() == raw
 
 
-def test_consent_hash_follows_the_command() -> None:
-    a = parse_config(json.dumps({"mcpServers": {"s": {"command": "x", "args": ["1"]}}}))
-    b = parse_config(json.dumps({"mcpServers": {"s": {"command": "x", "args": ["2"]}}}))
-    c = parse_config(json.dumps({"mcpServers": {"s": {"command": "x", "args": ["1"]}}}))
-    assert a.servers[0].command_hash() != b.servers[0].command_hash()
-    assert a.servers[0].command_hash() == c.servers[0].command_hash()
+def test_server_id_follows_what_runs_or_where_it_connects() -> None:
+    def server_id(entry: dict[str, Any], name: str = "s") -> str:
+        return parse_config(json.dumps({"mcpServers": {name: entry}})).servers[0].server_id()
+
+    base = {"command": "x", "args": ["1"], "env": {"A": "1"}, "cwd": "/a"}
+    assert server_id(base) == server_id(dict(base)) == server_id(base, "renamed")
+    for change in ({"command": "y"}, {"args": ["2"]}, {"env": {"A": "2"}}, {"cwd": "/b"}):
+        assert server_id({**base, **change}) != server_id(base), change
+    web = {"url": "http://127.0.0.1:1/mcp", "headers": {"X": "1"}}
+    assert server_id(web) == server_id({**web, "disabled": True})
+    assert server_id(web) != server_id({**web, "url": "http://127.0.0.1:2/mcp"})
+    assert server_id(web) != server_id({**web, "headers": {"X": "2"}})
 
 
 _json = st.recursive(
@@ -222,22 +228,24 @@ def test_state_file_round_trip_and_damage(tmp_path: Path) -> None:
 def test_approvals_round_trip_and_damage(tmp_path: Path) -> None:
     path = tmp_path / "mcp_approvals.json"
     store = ApprovalStore(path)
-    store.remember("srv", "echo", "always_tool")
-    store.remember("other", "x", "always_server")
-    store.remember("srv", "add", "once")
-    store.remember("srv", "add", "deny")
+    store.remember("srv", "id1", "echo", "always_tool")
+    store.remember("other", "id2", "x", "always_server")
+    store.remember("srv", "id1", "add", "once")
+    store.remember("srv", "id1", "add", "deny")
+    store.remember("srv", "", "add", "always_tool")  # no configuration to name: not kept
     again = ApprovalStore(path)
-    assert again.allowed("srv", "echo") and not again.allowed("srv", "add")
-    assert again.allowed("other", "anything")
-    assert again.rules() == [("srv", "echo"), ("other", "*")]
-    again.forget("other", "*")
-    assert not ApprovalStore(path).allowed("other", "anything")
+    assert again.allowed("srv", "id1", "echo") and not again.allowed("srv", "id1", "add")
+    assert again.allowed("other", "id2", "anything")
+    assert not again.allowed("other", "id3", "anything")  # the name alone grants nothing
+    assert again.rules() == [("srv", "id1", "echo"), ("other", "id2", "*")]
+    again.forget(again.rules()[1])
+    assert not ApprovalStore(path).allowed("other", "id2", "anything")
     path.write_bytes(b"\x00\xff not json")
     damaged = ApprovalStore(path)
     assert damaged.rules() == [] and damaged.note
     assert (tmp_path / "mcp_approvals.json.bad").exists()
-    path.write_text('{"always": [["a"], ["a", 1], ["s", "t"], "x"]}')
-    assert ApprovalStore(path).rules() == [("s", "t")]
+    path.write_text('{"always": [["a"], ["a", 1, "t"], ["s", "i", "t"], "x"]}')
+    assert ApprovalStore(path).rules() == [("s", "i", "t")]
 
 
 def _tool(server: str, name: str) -> McpTool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -38,8 +39,13 @@ def open_host(data_dir: Path, servers: dict[str, Any], consent: bool = True) -> 
     host = McpHost(data_dir, FAST)
     if consent:
         for name in servers:
-            host.consent(name)
+            allow(host, name)
     return host
+
+
+def allow(host: McpHost, name: str) -> None:
+    """Consent to server ``name`` as the host has it configured now."""
+    host.consent(name, next(s.server_id for s in host.statuses() if s.name == name))
 
 
 @pytest.fixture()
@@ -115,13 +121,13 @@ def test_consent_gates_stdio_servers_and_starts_lazily(tmp_path: Path) -> None:
         assert _state(host, "s") == "consent"
         assert host.tools(0.5) == []
         assert not _our_servers()
-        host.consent("s")
+        allow(host, "s")
         assert _state(host, "s") == "idle"  # lazily: nothing runs until tools are wanted
         assert host.tools(30) and _state(host, "s") == "ready"
         write_config(tmp_path, {"s": stdio("--prefix", "p_")})  # an edited command asks again
         host.reload()
         _wait(lambda: _state(host, "s") == "consent")
-        host.consent("s")
+        allow(host, "s")
         assert {t.qualified for t in host.tools(30)} >= {"p_add", "p_echo"}
     finally:
         host.close()
@@ -205,9 +211,16 @@ def _running(pid: int) -> bool:
 
 @pytest.fixture()
 def http_server() -> Iterator[str]:
+    with running_http_server() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_http_server(prefix: str = "h_") -> Iterator[str]:
+    """The test server over streamable HTTP on 127.0.0.1 (its URL); stopped on exit."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, SERVER, "--http", str(port), "--prefix", "h_"],
+        [sys.executable, SERVER, "--http", str(port), "--prefix", prefix],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -233,7 +246,7 @@ def http_server() -> Iterator[str]:
 def test_streamable_http_round_trip(tmp_path: Path, http_server: str) -> None:
     host = open_host(tmp_path, {"web": {"url": http_server, "headers": {"X-Test": "1"}}})
     try:
-        assert _state(host, "web") == "idle"  # no consent needed: nothing runs here
+        assert _state(host, "web") == "idle"  # allowed by open_host
         tools = {t.qualified for t in host.tools(30)}
         assert {"h_add", "h_echo"} <= tools
         assert host.call("h_add", {"a": 20, "b": 22}, 10).text == "42"

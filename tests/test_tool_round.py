@@ -107,6 +107,7 @@ class Host:
         arguments: Mapping[str, Any],
         timeout_s: float,
         cancel: threading.Event | None = None,
+        server_id: str | None = None,
     ) -> ToolResult:
         self.ran.append((qualified, dict(arguments)))
         cancel = cancel or threading.Event()
@@ -126,10 +127,10 @@ class Rules:
         self.rules = set(allow or ())
         self.remembered: list[tuple[str, str, str]] = []
 
-    def allowed(self, server: str, tool: str) -> bool:
+    def allowed(self, server: str, server_id: str, tool: str) -> bool:
         return (server, tool) in self.rules or (server, "*") in self.rules
 
-    def remember(self, server: str, tool: str, decision: str) -> None:
+    def remember(self, server: str, server_id: str, tool: str, decision: str) -> None:
         self.remembered.append((server, tool, decision))
         if decision != "once" and decision != "deny":
             self.rules.add((server, tool if decision == "always_tool" else "*"))

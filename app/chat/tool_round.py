@@ -47,11 +47,12 @@ BAD_ARGUMENTS = "The arguments must be a JSON object."
 
 
 class Approvals(Protocol):
-    """What the loop uses of ``app.mcp.approvals.ApprovalStore``."""
+    """What the loop uses of ``app.mcp.approvals.ApprovalStore`` (rules name the server's
+    configuration, ``McpTool.server_id``, as well as its name)."""
 
-    def allowed(self, server: str, tool: str) -> bool: ...
+    def allowed(self, server: str, server_id: str, tool: str) -> bool: ...
 
-    def remember(self, server: str, tool: str, decision: Decision) -> None: ...
+    def remember(self, server: str, server_id: str, tool: str, decision: Decision) -> None: ...
 
 
 def rounds_notice(rounds: int) -> str:
@@ -193,7 +194,8 @@ class ToolLoop:
             return ""
         if decision != "once" and self.approvals is not None and entry.tool is not None:
             try:
-                self.approvals.remember(entry.tool.server, entry.tool.name, decision)  # type: ignore[arg-type]
+                tool = entry.tool
+                self.approvals.remember(tool.server, tool.server_id, tool.name, decision)  # type: ignore[arg-type]
             except OSError as exc:  # still runs: the user allowed it
                 log.warning("remembering an approval failed: %s", exc)
         entry.call["state"] = "running"
@@ -220,7 +222,7 @@ class ToolLoop:
         if self.approvals is None:
             return False
         try:
-            return self.approvals.allowed(tool.server, tool.name)
+            return self.approvals.allowed(tool.server, tool.server_id, tool.name)
         except Exception:  # a damaged rules file asks, it does not allow
             log.exception("reading approvals failed")
             return False
@@ -234,7 +236,10 @@ class ToolLoop:
         def work() -> None:
             start = time.monotonic()
             try:
-                result = host.call(tool.qualified, args, timeout_s, cancel=entry.cancel)
+                # Bound to the server as offered: one edited since runs nothing.
+                result = host.call(
+                    tool.qualified, args, timeout_s, cancel=entry.cancel, server_id=tool.server_id
+                )
             except Exception as exc:  # the host promises not to raise; a bug still ends it
                 log.exception("tool call failed")
                 result = ToolResult(f"The tool failed: {str(exc)[:500]}", is_error=True)

@@ -55,9 +55,14 @@ class ServerConfig:
         line = " ".join(_quote(p) for p in (self.command, *self.args))
         return f"{line}  (in {self.cwd})" if self.cwd else line
 
-    def command_hash(self) -> str:
-        """Identifies what the user allowed to run: an edited command asks again."""
-        what = [self.command, list(self.args), self.cwd, sorted(self.env)]
+    def server_id(self) -> str:
+        """What the user allows: the command, its arguments, folder and environment, or
+        the URL and headers. Consent and "always" rules are bound to it, never to the
+        name alone, so a server edited in ``mcp.json`` asks again."""
+        if self.transport == "http":
+            what: list[Any] = ["http", self.url, sorted(self.headers)]
+        else:
+            what = ["stdio", self.command, list(self.args), self.cwd, sorted(self.env)]
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
     def identity(self) -> str:
@@ -84,6 +89,20 @@ def is_secret(key: str, value: str) -> bool:
         return False  # empty, already moved, or a reference (VS Code's ${input:...})
     upper = key.upper()
     return any(w in upper for w in _SECRET_WORDS) or value.lower().startswith(("bearer ", "basic "))
+
+
+def shown_value(key: str, value: str) -> str:
+    """An env var's or header's value as the consent shows it: printable, at most 200
+    characters, and masked when its name (or a Bearer/Basic value) looks secret."""
+    if value == KEYRING:
+        return "(kept in the keyring)"
+    upper = key.upper()
+    if value and (
+        any(w in upper for w in _SECRET_WORDS) or value.lower().startswith(("bearer ", "basic "))
+    ):
+        return "•••••••• (hidden)"
+    text = "".join(c if c.isprintable() else "?" for c in value[:200])
+    return text + ("…" if len(value) > 200 else "")
 
 
 def resolved(server: str, pairs: tuple[tuple[str, str], ...]) -> tuple[dict[str, str], list[str]]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED
 
 from app.mcp.config import ServerConfig, resolved
+from app.mcp.consent import server_environment
 from app.mcp.process import ProcessTree, StderrLog
 from app.mcp.results import MAX_TOOLS, bounded_tools, tool_result
 from app.mcp.tool_host import McpTool, ServerState, ToolResult
@@ -218,7 +218,7 @@ class Connection:
         params = StdioServerParameters(
             command=self.config.command,
             args=list(self.config.args),
-            env={**os.environ, **env, **tree.env()},
+            env=server_environment(env, tree.env()),  # not Lamplight's: least privilege
             cwd=self.config.cwd or None,
             encoding_error_handler="replace",
         )

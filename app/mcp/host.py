@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from app.mcp.config import McpConfig, ServerConfig, load_config, move_secrets, resolved
 from app.mcp.connection import Connection, Limits
+from app.mcp.consent import consent_details
 from app.mcp.results import qualify
 from app.mcp.state import McpState
 from app.mcp.tool_host import McpTool, ServerState, ServerStatus, ToolResult
@@ -65,6 +66,8 @@ class McpHost:
                     state=self._state_of(conn),
                     error=conn.error,
                     tools=tuple(by_server.get(name, ())),
+                    server_id=conn.config.server_id(),
+                    details=consent_details(conn.config),
                 )
                 for name, conn in self._conns.items()
             ]
@@ -99,6 +102,7 @@ class McpHost:
         arguments: Mapping[str, Any],
         timeout_s: float,
         cancel: threading.Event | None = None,
+        server_id: str | None = None,
     ) -> ToolResult:
         """Run a tool; a failure, timeout or cancel comes back as ``is_error``."""
         with self._cond:
@@ -109,6 +113,10 @@ class McpHost:
             return ToolResult("The MCP host has been closed.", is_error=True)
         if tool is None or conn is None:
             return ToolResult(f"There is no tool named {qualified[:80]!r}.", is_error=True)
+        if server_id is not None and conn.config.server_id() != server_id:
+            # mcp.json changed since the call was offered or approved: not what was allowed.
+            text = f"The server {tool.server} was changed in mcp.json; the call was not run."
+            return ToolResult(text, is_error=True)
         if not tool.enabled:
             return ToolResult(f"The tool {tool.name} is switched off.", is_error=True)
         if state not in ("ready", "starting"):
@@ -152,12 +160,14 @@ class McpHost:
         self._state.set_tool_enabled(server, tool, on)
         self._requalify()
 
-    def consent(self, name: str) -> None:
-        """The user has seen the command of stdio server ``name`` and lets it run."""
+    def consent(self, name: str, server_id: str) -> None:
+        """The user has read what server ``name`` runs or connects to (``server_id``:
+        the configuration shown) and allows it; a server configured otherwise by now
+        is not allowed (it asks again)."""
         with self._cond:
             conn = self._conns.get(name)
-        if conn is not None:
-            self._state.consent(name, conn.config.command_hash())
+        if conn is not None and conn.config.server_id() == server_id:
+            self._state.consent(name, server_id)
             self._changed()
 
     def restart(self, name: str) -> None:
@@ -232,8 +242,8 @@ class McpHost:
     def _state_of(self, conn: Connection) -> ServerState:
         if not self._enabled(conn.config):
             return "off"
-        consented = self._state.consented(conn.config.name, conn.config.command_hash())
-        if conn.config.transport == "stdio" and not consented and not conn.running:
+        consented = self._state.consented(conn.config.name, conn.config.server_id())
+        if not consented and not conn.running:
             return "consent"
         return conn.state
 
@@ -253,6 +263,7 @@ class McpHost:
                         t.description,
                         t.input_schema,
                         self._state.tool_enabled(name, t.name),
+                        conn.config.server_id(),
                     )
                     for t in conn.tools
                 ]

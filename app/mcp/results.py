@@ -7,6 +7,7 @@ most ``MAX_RESULT_CHARS``; images and other binary blocks become a short placeho
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -96,9 +97,7 @@ def qualify(by_server: Iterable[tuple[str, Sequence[McpTool]]]) -> list[McpTool]
             suffix = f"_{n}"
             name, n = base[: 64 - len(suffix)] + suffix, n + 1
         taken.add(name)
-        out.append(
-            McpTool(server, tool.name, name, tool.description, tool.input_schema, tool.enabled)
-        )
+        out.append(dataclasses.replace(tool, server=server, qualified=name))  # keeps server_id
     return out
 
 

@@ -1,8 +1,10 @@
 """Lamplight's own MCP switches, kept apart from the user's ``mcp.json``.
 
 ``mcp_state.json``: which servers and tools the user switched on or off, and which
-stdio commands the user allowed to run (by ``ServerConfig.command_hash``). Written
-atomically; a damaged file is set aside as ``.bad`` and the state starts empty.
+servers the user allowed, each by the ``ServerConfig.server_id`` of what was shown (a
+server edited since, or a consent of an older Lamplight, which named a hash of the
+command alone, does not match: it asks again). Written atomically; a damaged file is
+set aside as ``.bad`` and the state starts empty.
 """
 
 from __future__ import annotations
@@ -76,13 +78,13 @@ class McpState:
             entry["disabled_tools"] = off if on else [*off, tool]
         self._save()
 
-    def consented(self, server: str, command_hash: str) -> bool:
+    def consented(self, server: str, server_id: str) -> bool:
         with self._lock:
-            return self._consent.get(server) == command_hash
+            return bool(server_id) and self._consent.get(server) == server_id
 
-    def consent(self, server: str, command_hash: str) -> None:
+    def consent(self, server: str, server_id: str) -> None:
         with self._lock:
-            self._consent[server] = command_hash
+            self._consent[server] = server_id
         self._save()
 
     def _save(self) -> None:

@@ -15,15 +15,18 @@ from typing import Any, Literal, Protocol
 from app.engine.tool_spec import ToolSpec
 
 # off: switched off by the user; idle: not started yet (servers start when first
-# needed); consent: a stdio server whose command the user has not yet allowed to run;
-# starting / ready; failed: gave up (``error`` says why; restarts with backoff first).
+# needed); consent: a server the user has not yet allowed as configured now (a stdio
+# command to run, an HTTP address to connect to); starting / ready; failed: gave up
+# (``error`` says why; restarts with backoff first).
 ServerState = Literal["off", "idle", "consent", "starting", "ready", "failed"]
 
 
 @dataclass(frozen=True)
 class McpTool:
     """A tool of a server. ``name`` is the server's; ``qualified`` the name the model
-    is offered (unique across servers: ``name``, or ``server__name`` on a clash)."""
+    is offered (unique across servers: ``name``, or ``server__name`` on a clash);
+    ``server_id`` the server's configuration (``ServerConfig.server_id``) it came from:
+    approvals name it, and a call runs only on that configuration."""
 
     server: str
     name: str
@@ -31,6 +34,7 @@ class McpTool:
     description: str = ""
     input_schema: Mapping[str, Any] = field(default_factory=dict)
     enabled: bool = True
+    server_id: str = ""
 
     def spec(self) -> ToolSpec:
         schema = dict(self.input_schema) or {"type": "object", "properties": {}}
@@ -40,7 +44,9 @@ class McpTool:
 @dataclass(frozen=True)
 class ServerStatus:
     """A configured server as the settings page shows it. ``command``: what runs (a
-    stdio server's command line, with ``cwd``), or the URL of an HTTP one."""
+    stdio server's command line, with ``cwd``), or the URL of an HTTP one; ``details``:
+    what it is given (``app.mcp.consent.consent_details``); ``server_id``: the
+    configuration these describe, which a consent names."""
 
     name: str
     transport: Literal["stdio", "http"]
@@ -49,6 +55,8 @@ class ServerStatus:
     state: ServerState
     error: str = ""
     tools: tuple[McpTool, ...] = ()
+    server_id: str = ""
+    details: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,9 +87,12 @@ class ToolHost(Protocol):
         arguments: Mapping[str, Any],
         timeout_s: float,
         cancel: threading.Event | None = None,
+        server_id: str | None = None,
     ) -> ToolResult:
         """Run a tool; never raises for a tool's failure (``is_error``). Setting
-        ``cancel`` ends the wait promptly (the server is told to cancel)."""
+        ``cancel`` ends the wait promptly (the server is told to cancel). With
+        ``server_id``, the call runs only if the tool's server is still configured
+        so (what the user approved); otherwise it comes back as an error."""
 
     def subscribe(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` (on the host's thread) whenever a status changes."""

@@ -1,77 +1,66 @@
-"""Consent before a stdio server's command first runs: the full command line, its
-folder and the names (never the values) of the environment it is given."""
+"""Consent before a server is first used: a stdio server's full command line with its
+folder, or an HTTP server's address, and what it is given (environment variables or
+headers, with their values; secret-looking ones masked), as the host configured it.
+Allowing names that configuration (``ServerStatus.server_id``): an edit asks again."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFrame, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from app.mcp.config import load_config
 from app.mcp.tool_host import ServerStatus
 
 
-@dataclass(frozen=True)
-class RunDetails:
-    """What the config says about how a server runs, beside its command line."""
-
-    cwd: str = ""
-    env_names: tuple[str, ...] = ()
-
-
-def run_details(config_path: Path, name: str) -> RunDetails:
-    """``cwd`` and the ``env`` names of server ``name`` in the config (empty when the
-    config cannot be read: the command line alone is still shown)."""
-    for server in load_config(config_path).servers:
-        if server.name == name:
-            return RunDetails(server.cwd, tuple(sorted(k for k, _ in server.env)))
-    return RunDetails()
+def consent_text(status: ServerStatus) -> str:
+    """The lines the user reads before allowing ``status``'s server."""
+    if status.transport == "http":
+        head = f"Tool server '{status.name}' wants to connect to:"
+        rights = "It sees what the model sends its tools. Allow it only if you trust it."
+    else:
+        head = f"Tool server '{status.name}' wants to run this command:"
+        rights = "It runs with your user's rights. Allow it only if you trust it."
+    return "\n".join([head, _printable(status.command), *status.details, rights])
 
 
-def consent_text(status: ServerStatus, details: RunDetails) -> str:
-    """The lines the user reads before allowing ``status``'s command to run."""
-    lines = [f"Tool server '{status.name}' wants to run this command:", status.command]
-    if details.cwd and f"(in {details.cwd})" not in status.command:
-        lines.append(f"in the folder: {details.cwd}")
-    if details.env_names:
-        lines.append("with these environment variables: " + ", ".join(details.env_names))
-    lines.append("It runs with your user's rights. Allow it only if you trust it.")
-    return "\n".join(lines)
+def _printable(text: str) -> str:
+    # The config is untrusted: a line break in it must not pass for a line of ours.
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 class ConsentPanel(QFrame):
-    """The command a server would run, and ``Allow this command to run``."""
+    """What a server would run or connect to, and the button that allows it:
+    ``allow(name, server_id)``."""
 
     def __init__(
         self,
         status: ServerStatus,
-        details: RunDetails,
-        allow: Callable[[str], None],
+        allow: Callable[[str, str], None],
         parent: QWidget | None = None,
     ) -> None:
         super().__init__(parent)
         self.setObjectName("mcpConsent")
         self.setFrameShape(QFrame.Shape.StyledPanel)
         layout = QVBoxLayout(self)
-        self.text = QLabel(consent_text(status, details), self)
+        self.text = QLabel(consent_text(status), self)
         self.text.setTextFormat(Qt.TextFormat.PlainText)  # the config is untrusted
         self.text.setObjectName("mcpConsentText")
         self.text.setWordWrap(True)
         self.text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         layout.addWidget(self.text)
-        self.allow_button = QPushButton("Allow this command to run", self)
+        label = "Allow this server" if status.transport == "http" else "Allow this command to run"
+        self.allow_button = QPushButton(label, self)
         self.allow_button.setObjectName("mcpAllow")
-        self.allow_button.clicked.connect(lambda: allow(status.name))
+        self.allow_button.clicked.connect(lambda: allow(status.name, status.server_id))
         layout.addWidget(self.allow_button)
 
 
 def notice_text(status: ServerStatus) -> str:
     """The window's note when the chat wanted tools from a server still waiting."""
     command = status.command if len(status.command) <= 200 else status.command[:200] + "…"
+    wants = "to connect to" if status.transport == "http" else "to run"
     return (
-        f"Tool server '{status.name}' wants to run: {command} — review it under "
+        f"Tool server '{status.name}' wants {wants}: {_printable(command)} — review it under "
         "Tools → Tools (MCP servers)… before its tools can be used."
     )

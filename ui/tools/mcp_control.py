@@ -8,7 +8,7 @@ the ``ToolHost`` the chat gets at once; it forwards to the host once there is on
 Signals (``McpControl``, on the GUI thread):
     changed(): a server's status changed, or the host appeared.
     consentNeeded(object): the chat asked for tools while these ``ServerStatus`` wait for
-        the user's OK to run their command.
+        the user's OK (to run their command, or to connect to their address).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Host(ToolHost, Protocol):
 
     def set_server_enabled(self, name: str, on: bool) -> None: ...
     def set_tool_enabled(self, server: str, tool: str, on: bool) -> None: ...
-    def consent(self, name: str) -> None: ...
+    def consent(self, name: str, server_id: str) -> None: ...
     def reload(self) -> None: ...
     def restart(self, name: str) -> None: ...
     def problems(self) -> list[str]: ...
@@ -126,11 +126,12 @@ class HostProxy:
         arguments: Mapping[str, Any],
         timeout_s: float,
         cancel: threading.Event | None = None,
+        server_id: str | None = None,
     ) -> ToolResult:
         host = self._needed()
         if host is None:
             return ToolResult(f"No tool host to run {qualified!r}.", is_error=True)
-        return host.call(qualified, arguments, timeout_s, cancel)
+        return host.call(qualified, arguments, timeout_s, cancel, server_id)
 
     def subscribe(self, fn: Callable[[], None]) -> None:
         with self._lock:
@@ -162,7 +163,7 @@ class McpControl(QObject):
         self.proxy = HostProxy(data_dir, lambda s: self.post(lambda: self._consent(s)))
         self.proxy.subscribe(lambda: self.post(self.changed.emit))
         self.approvals = ApprovalStore(data_dir / APPROVALS_NAME)
-        self._noticed: set[str] = set()
+        self._noticed: set[tuple[str, str]] = set()  # (name, server_id): an edit asks anew
         self._starter: threading.Thread | None = None
 
     def post(self, fn: Callable[[], None]) -> None:
@@ -189,8 +190,8 @@ class McpControl(QObject):
         return self.proxy.ensure()
 
     def _consent(self, waiting: list[ServerStatus]) -> None:
-        new = [s for s in waiting if s.name not in self._noticed]
-        self._noticed.update(s.name for s in new)
+        new = [s for s in waiting if (s.name, s.server_id) not in self._noticed]
+        self._noticed.update((s.name, s.server_id) for s in new)
         if new:
             self.consentNeeded.emit(new)
 

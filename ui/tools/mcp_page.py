@@ -1,5 +1,6 @@
 """Tools (MCP servers): each server's state, its tools and what they cost, switches for
-both, consent to run a command, the config file, and the "always allowed" rules.
+both, consent to run a command or connect to an address, the config file, and the
+"always allowed" rules.
 
 The page reads the host (``McpControl``) and redraws on its ``changed`` signal, which
 arrives on the GUI thread; every action goes to the host, which says what changed.
@@ -29,9 +30,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.mcp.approvals import Rule
 from app.mcp.tool_host import McpTool, ServerStatus
 from app.util.atomic import atomic_write_text
-from ui.tools.mcp_consent import ConsentPanel, run_details
+from ui.tools.mcp_consent import ConsentPanel
 from ui.tools.mcp_control import Host, McpControl
 from ui.tools.mcp_paste import PasteDialog
 
@@ -47,7 +49,7 @@ STATE_TEXT = {
     "ready": "ready",
     "starting": "starting…",
     "idle": "starts when tools are first needed",
-    "consent": "waits for your OK to run",
+    "consent": "waits for your OK",
     "failed": "failed",
     "off": "off",
 }
@@ -132,8 +134,7 @@ class ServerBox(QGroupBox):
         layout.addWidget(self.error)
         self.consent: ConsentPanel | None = None
         if status.state == "consent":
-            details = run_details(page.control.proxy.config_path, status.name)
-            self.consent = ConsentPanel(status, details, page.allow, self)
+            self.consent = ConsentPanel(status, page.allow, self)
             layout.addWidget(self.consent)
         self.tool_switches: dict[str, QCheckBox] = {}
         self.tool_tokens: dict[str, QLabel] = {}
@@ -276,16 +277,21 @@ class McpPage(QDialog):
         rules = self.control.approvals.rules()
         if not rules:
             self.rules_layout.addWidget(QLabel("No tool is allowed without asking.", self))
-        for server, tool in rules:
+        host = self.host
+        current = {(s.name, s.server_id) for s in host.statuses()} if host is not None else set()
+        for rule in rules:
             row = QWidget(self.rules_box)
             row.setObjectName("mcpRule")
             line = QHBoxLayout(row)
             line.setContentsMargins(0, 0, 0, 0)
-            what = "every tool" if tool == "*" else f"the tool {tool}"
-            line.addWidget(_plain(f"{what} of {server}", row), 1)
+            what = "every tool" if rule.tool == "*" else f"the tool {rule.tool}"
+            text = f"{what} of {rule.server}"
+            if (rule.server, rule.server_id) not in current:
+                text += " (as configured before: it asks now)"
+            line.addWidget(_plain(text, row), 1)
             forget = QPushButton("Forget", row)
             forget.setObjectName("mcpForget")
-            forget.clicked.connect(partial(self.forget, server, tool))
+            forget.clicked.connect(partial(self.forget, rule))
             line.addWidget(forget)
             self.rules_layout.addWidget(row)
 
@@ -307,10 +313,10 @@ class McpPage(QDialog):
         if host is not None:
             host.set_tool_enabled(server, tool, on)
 
-    def allow(self, name: str) -> None:
+    def allow(self, name: str, server_id: str) -> None:
         host = self._with_host()
         if host is not None:
-            host.consent(name)
+            host.consent(name, server_id)
             self.start_servers()
 
     def restart(self, name: str) -> None:
@@ -324,8 +330,8 @@ class McpPage(QDialog):
             host.reload()
         self.refresh()
 
-    def forget(self, server: str, tool: str) -> None:
-        self.control.approvals.forget(server, tool)
+    def forget(self, rule: Rule) -> None:
+        self.control.approvals.forget(rule)
         self.control.post(self._show_rules)  # posted: its Forget button is asking
 
     def open_config(self) -> None:

@@ -24,7 +24,7 @@ class McpWindow:
         self.review = QPushButton("Review tool servers…", ctx.parent)
         self.review.setObjectName("mcpReview")
         self.review.setFlat(True)
-        self.review.setToolTip("A tool server waits for your OK before its command runs")
+        self.review.setToolTip("A tool server waits for your OK before it is used")
         self.review.clicked.connect(self.show_page)
         self.review.hide()
         if isinstance(ctx.parent, QMainWindow):
