@@ -29,7 +29,7 @@ from app.engine.hardware import HardwareInfo
 from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
-from app.engine.templates import AUTO, ChatMessage, TemplateOverride
+from app.engine.templates import AUTO, ChatMessage, TemplateOverride, plain_template
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import (
@@ -328,6 +328,8 @@ class FakeEngine:
             raise NoModelLoaded("No model is loaded. Open a model first.")
         self.template = override
         label = "fake" if override.kind == "auto" else f"fake {override.kind}"
+        if override.kind == "plain":  # as the engine says it: continue-the-text mode's label
+            label = plain_template().label
         self._model = replace(self._model, template=label)
         return self._model
 

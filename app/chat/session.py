@@ -498,7 +498,7 @@ class ChatSession(ToolRounds):
             edit_index=edit_index,
             params=params,
         )
-        if self._tools.wanted(params):
+        if self._tools.wanted(params) and not (self.model and self.model.continues_text):
             self._request = req  # busy while the tools are listed (off this thread)
             self._tools.fetch(lambda tools: self._offered(req, tools))
         else:

@@ -24,7 +24,7 @@ from app.engine.hardware import HardwareInfo
 from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning_format import ReasoningFormat
-from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride
+from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride, plain_template
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
@@ -131,6 +131,12 @@ class ModelInfo:
     # server parses them), for the UI to show.
     tool_format: str = ""
     projector: str = ""  # the vision projector's file name ("" when it sees no images)
+
+    @property
+    def continues_text(self) -> bool:
+        """Continue-the-text mode (the plain template): the prompt is the conversation
+        as one text, with no turns, so no tools are offered."""
+        return self.template == plain_template().label
 
 
 @dataclass(frozen=True)

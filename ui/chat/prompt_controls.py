@@ -221,10 +221,12 @@ class PromptControls(QObject):
         else:
             self.notice.hide()
         self.bar.set_completion(completion)
-        self._chat.chat_input.setPlaceholderText(
-            COMPLETION_INPUT_HINT if completion else CHAT_INPUT_HINT
-        )
-        self._chat.transcript.role_names = dict(COMPLETION_NAMES) if completion else {}
+        box = self._chat.chat_input
+        box.setPlaceholderText(COMPLETION_INPUT_HINT if completion else CHAT_INPUT_HINT)
+        # Qt repaints a hint only as it appears or goes: one already shown kept the old text.
+        box.viewport().update()
+        # The chat shown before the mode was known (at start) is named for it too.
+        self._chat.transcript.rename_roles(dict(COMPLETION_NAMES) if completion else {})
 
     def set_completion(self, on: bool) -> None:
         """Switch continue-the-text mode for the loaded model (saved for it)."""
@@ -243,8 +245,6 @@ class PromptControls(QObject):
         self._ctx.client.set_template(override)
         conv = self._ctx.session.conversation
         if was != completion and conv.messages:
-            if not self._ctx.session.busy:  # a streaming reply keeps its frame
-                self._chat.transcript.show_messages(conv.messages)
             self._ctx.notice(
                 "Continue-the-text mode is on: from the next reply, this chat is read as one "
                 "text and the model continues it."

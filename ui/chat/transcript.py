@@ -90,6 +90,7 @@ class TranscriptView(QTextBrowser):
         self._texts: dict[int, str] = {}  # message index -> its source text (for Copy)
         self._times: dict[int, float] = {}  # message index -> when it was written
         self._versions: dict[int, tuple[int, int]] = {}  # message index -> (position, count)
+        self._heads: dict[int, tuple[str, tuple[str, ...], str]] = {}  # role, actions, note
         self._last_reply = -1
         self._key = secrets.token_hex(8)
         # Header names by role instead of You/Assistant (continue-the-text mode's).
@@ -133,6 +134,7 @@ class TranscriptView(QTextBrowser):
     def clear_conversation(self) -> None:
         self._stream_frame, self._stream_cursor = None, None
         self._frames, self._texts, self._times, self._versions = [], {}, {}, {}
+        self._heads = {}
         self._last_reply = -1
         self._thoughts, self._thought_heads, self._open_thoughts = {}, {}, set()
         self._thought_notes = {}
@@ -210,7 +212,15 @@ class TranscriptView(QTextBrowser):
         cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
         cursor.insertHtml(self._header(role, index, actions, note))
 
+    def rename_roles(self, names: dict[str, str]) -> None:
+        """Name the senders ``names`` (continue-the-text mode's; {}: You and Assistant),
+        in the headers drawn so far too: redrawn in place, the app's notes kept."""
+        self.role_names = names
+        for index, (role, actions, note) in list(self._heads.items()):
+            self._set_header(index, role, actions, note)
+
     def _header(self, role: str, index: int, actions: tuple[str, ...], note: str) -> str:
+        self._heads[index] = (role, actions, note)  # for rename_roles
         return header_html(
             self._key,
             role,

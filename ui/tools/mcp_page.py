@@ -150,6 +150,7 @@ class ServerBox(QGroupBox):
             box.toggled.connect(partial(page.set_tool_enabled, status.name, tool.name))
             tokens = QLabel(f"≈ {token_estimate(tool)} tokens", self)
             tokens.setObjectName("mcpToolTokens")
+            tokens.setVisible(not page.unused)  # not offered: it costs nothing
             about = _plain(_short(tool.description, MAX_DESCRIPTION), self)
             about.setWordWrap(True)
             about.setToolTip(_tip(tool.description))
@@ -171,6 +172,7 @@ class McpPage(QDialog):
         self.setWindowTitle("Tools (MCP servers)")
         self.resize(760, 620)
         self.control = control
+        self.unused = ""  # why the model in use is offered no tools ("": it is)
         self.boxes: dict[str, ServerBox] = {}
         layout = QVBoxLayout(self)
         self.problems = self._label("mcpProblems", "color: #c62828")
@@ -238,6 +240,13 @@ class McpPage(QDialog):
         if host is not None:
             threading.Thread(target=host.tools, args=(0.0,), name="mcp-start", daemon=True).start()
 
+    def set_unused(self, why: str) -> None:
+        """The model in use is offered no tools, for this reason ("": it is): said in
+        place of their cost, which is then none."""
+        if why != self.unused:
+            self.unused = why
+            self.refresh()
+
     def refresh(self) -> None:
         """Redraw from the host's statuses and the approval rules."""
         host = self.host
@@ -249,7 +258,8 @@ class McpPage(QDialog):
         self.problems.setVisible(bool(problems))
         total, unknown = prompt_cost(statuses)
         more = " (servers not started yet are not counted)" if unknown else ""
-        self.total.setText(f"Tools add ≈ {total} tokens to every prompt{more}.")
+        # Continue-the-text mode offers no tools: nothing is added to the prompt then.
+        self.total.setText(self.unused or f"Tools add ≈ {total} tokens to every prompt{more}.")
         if not statuses:
             self.note.setText(
                 "No tool servers yet: Paste config… adds the ones you use in another app, "

@@ -6,11 +6,24 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QMainWindow, QPushButton
 
+from app.engine.backend import ModelInfo
 from app.mcp.tool_host import ServerStatus
 from ui.common.context import Context
 from ui.tools.mcp_consent import notice_text
 from ui.tools.mcp_control import McpControl
 from ui.tools.mcp_page import McpPage
+
+
+def unused_reason(info: ModelInfo | None) -> str:
+    """Why ``info`` is offered no tools ("" when it is): continue-the-text mode has no
+    turns to call from, so the engine leaves the tools out."""
+    if info is None or not info.continues_text:
+        return ""
+    return (
+        f"Tools are used in chat mode; {info.name} is in continue-the-text mode, so its "
+        "replies are offered no tools and they add nothing to the prompt. "
+        "Use chat turns (the note above the chat, or Model → Chat template…) to use them."
+    )
 
 
 class McpWindow:
@@ -31,6 +44,7 @@ class McpWindow:
             ctx.parent.statusBar().addPermanentWidget(self.review)
         control.consentNeeded.connect(self._on_consent_needed)
         control.changed.connect(self._on_changed)
+        ctx.model.changed.connect(self._on_model_changed)
         if control.approvals.note:
             ctx.notice(control.approvals.note)
 
@@ -38,11 +52,16 @@ class McpWindow:
         """Tools → Tools (MCP servers)…: the host is made now if it was not yet."""
         if self.page is None:
             self.page = McpPage(self.control, self._ctx.parent)
+            self.page.set_unused(unused_reason(self._ctx.model.info))
         self.control.host()
         self.page.show()
         self.page.raise_()
         self.page.activateWindow()
         return self.page
+
+    def _on_model_changed(self, info: ModelInfo | None) -> None:
+        if self.page is not None:
+            self.page.set_unused(unused_reason(info))
 
     def _on_consent_needed(self, waiting: list[ServerStatus]) -> None:
         for status in waiting:
