@@ -3,6 +3,7 @@ engine link, a fake MCP host, calls run on real threads and posted back to the t
 
 from __future__ import annotations
 
+import json
 import queue
 import tempfile
 import threading
@@ -370,6 +371,30 @@ def test_an_unknown_tool_and_repeated_ids_get_error_results(tmp_path: Path) -> N
     assert calls[0]["id"] != calls[1]["id"]
     assert rig.messages[2].content == "There is no tool named nope."
     assert rig.messages[3].tool_call_id == calls[1]["id"]
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_arguments_too_long_or_not_an_object_are_refused_and_never_run(
+    tmp_path: Path, allowed: bool
+) -> None:
+    # Over 100,000 characters the arguments used to be replaced by {} and the call run
+    # (a write_file wrote an empty file); text that is not an object ran with {} too.
+    rig = Rig(tmp_path, rules=Rules({("files", "*")}) if allowed else None)
+    rig.send()
+    huge = json.dumps({"path": "a", "text": "x" * 100_000})
+    rig.finish("", [call("read", huge, cid="a"), call("read", "[1, 2]", cid="b")])
+    rig.wait_round(2)
+    assert rig.host.ran == []
+    calls = rig.messages[1].tool_calls
+    assert [c["state"] for c in calls] == ["error", "error"]
+    assert calls[0]["arguments"] == "{}"  # the transcript keeps no 100 KB of arguments
+    first, second = rig.messages[2], rig.messages[3]
+    assert first.is_error and first.content == (
+        f"The arguments were {len(huge):,} characters, over the limit of 100,000; "
+        "the call was not run."
+    )
+    assert second.is_error and "not a JSON object" in second.content
+    assert rig.link.calls[1][0][-2].content == first.content  # what the model reads next
 
 
 def test_calls_without_a_tool_host_get_error_results(tmp_path: Path) -> None:

@@ -105,6 +105,7 @@ class ToolLoop:
         self._done = done
         self._turn: _Turn | None = None
         self._tools: dict[str, McpTool] = {}
+        self._refused: dict[str, str] = {}  # call id: why ``prepare`` refused its arguments
         self._timeout_s = 60.0
 
     @property
@@ -136,18 +137,23 @@ class ToolLoop:
 
     def prepare(self, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
         """The stored form of a round's calls, each "ask", "running" or "error" (no such
-        tool), with ids unique in the round; ``begin`` runs them."""
+        tool, or arguments that cannot be run), with ids unique in the round; ``begin``
+        runs them."""
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
+        self._refused = {}
         for n, c in enumerate(calls[:MAX_CALLS]):
             call_id = c.id if is_call_id(c.id) and c.id not in seen else ""
             call_id = call_id or f"call_{int(time.time() * 1000)}_{n}"
             seen.add(call_id)
             name = c.name[:TOOL_NAME_CHARS]
             tool = self._tools.get(name)
-            args = c.arguments if len(c.arguments) <= ARGUMENT_CHARS else "{}"
-            state = "error" if tool is None else "ask"
-            if tool is not None and self._allowed(tool):
+            refused = argument_problem(c.arguments)
+            args = "{}" if refused else c.arguments  # too long to keep, or not an object
+            state = "error" if tool is None or refused else "ask"
+            if tool is not None and refused:
+                self._refused[call_id] = refused
+            elif tool is not None and self._allowed(tool):
                 state = "running"
             server = tool.server if tool else ""
             out.append(
@@ -161,6 +167,7 @@ class ToolLoop:
         self._timeout_s = float(params.tool_timeout_s)
         entries = [_Entry(c, self._tools.get(c["name"])) for c in message.tool_calls]
         turn = self._turn = _Turn(message, entries)
+        refused, self._refused = self._refused, {}
         for e in entries:
             if e.tool is None:
                 text = (
@@ -169,6 +176,8 @@ class ToolLoop:
                     else f"There is no tool named {e.call['name']}."
                 )
                 e.result = _result(e.call, text, True)
+            elif e.call["id"] in refused:  # the tool is never called with other arguments
+                e.result = _result(e.call, refused[e.call["id"]], True)
         for e in entries:
             if e.call["state"] == "running":
                 self._run(turn, e)
@@ -272,6 +281,19 @@ class ToolLoop:
 
 def _result(call: dict[str, Any], text: str, is_error: bool) -> Message:
     return Message("tool", text, tool_call_id=call["id"], name=call["name"], is_error=is_error)
+
+
+def argument_problem(text: str) -> str:
+    """Why a call's arguments are not run ("" when they can be): over ``ARGUMENT_CHARS``
+    (kept neither in the transcript nor run as something else) or not a JSON object."""
+    if len(text) > ARGUMENT_CHARS:
+        return (
+            f"The arguments were {len(text):,} characters, over the limit of "
+            f"{ARGUMENT_CHARS:,}; the call was not run."
+        )
+    if text.strip() and _object(text) is None:  # no arguments at all read as {}
+        return "The arguments were not a JSON object; the call was not run."
+    return ""
 
 
 def _object(text: str) -> dict[str, Any] | None:
