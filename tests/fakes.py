@@ -14,6 +14,7 @@ from app.api.gateway import ApiFailure, ApiJob, EngineGateway
 from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
     Backend,
+    CallProgress,
     Capabilities,
     DraftInfo,
     EngineEvent,
@@ -279,6 +280,10 @@ class FakeEngine:
         metrics.stop_reason = "eos"
         self.kv_tokens = prompt + _words("assistant " + "".join(parts))
         if self.tool_calls and tools and tools.active and messages[-1].role != "tool":
+            # Written unseen, as the engine's parser holds a call: its progress shows.
+            for n, call in enumerate(self.tool_calls, 1):
+                time.sleep(self.delay)
+                yield CallProgress(n, n * len(call.arguments))
             metrics.stop_reason = "tool_calls"
             yield Finished("".join(parts), metrics, thought, self.tool_calls)
             return

@@ -28,6 +28,7 @@ from ui.chat.tool_card import CardCall, CardState, calls_of, card_html, parse_ar
 from ui.chat.transcript import TranscriptView
 from ui.tools import mcp_control
 from ui.window.main_window import MainWindow
+from ui.window.reply_events import call_progress_text
 
 
 def call_dict(state: str = "ask", call_id: str = "call_1", **extra: Any) -> dict[str, Any]:
@@ -458,3 +459,22 @@ def test_stop_while_the_tools_are_listed_ends_the_reply_at_once(
     qtbot.wait(100)
     assert fake.requests == [] and not window.busy
     assert [m.role for m in window.conversation.messages] == ["user", "assistant"]
+
+
+def test_a_call_being_written_shows_its_progress(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the status bar said "writing the reply…" and nothing more while a call was
+    written (a small model forced to call wrote one for 15 minutes); now the call's
+    tokens and characters count up, from the engine's ``CallProgress`` events."""
+    seen: list[str] = []
+    label = window.status_speed
+    set_text = label.setText
+    monkeypatch.setattr(label, "setText", lambda text: (seen.append(text), set_text(text)))
+    ask(qtbot, window)
+    progress = [t for t in seen if t.startswith("writing a tool call…")]
+    assert progress and progress[0].startswith("writing a tool call… 1 token, 16 characters")
+    assert call_progress_text(2, 1, 0.0) == "writing a tool call… 2 tokens, 1 character"
+    assert call_progress_text(3000, 12000, 10.0).endswith(
+        "3,000 tokens, 12,000 characters · 300.0 tok/s"
+    )

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from app.config.params import SamplingParams
-from app.engine.backend import Finished, Token
+from app.engine.backend import CallProgress, Finished, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.llama import Engine
 from app.engine.templates import AUTO, TemplateOverride
@@ -56,7 +56,7 @@ def run(
             tokens.append(event)
         elif isinstance(event, Finished):
             done = event
-        elif stop_when_read and event.done == event.total:
+        elif stop_when_read and isinstance(event, PrefillProgress) and event.done == event.total:
             stop.set()  # the prompt is read: the reply is stopped before its call ends
     assert done is not None
     assert done.text == "".join(t.text for t in tokens if not t.reasoning)
@@ -81,6 +81,26 @@ def test_a_named_choice_makes_the_base_model_call_that_tool(tools_engine: Engine
     assert tools_engine.model is not None and tools_engine.model.tool_format == "generic"
     # The generic form described the tools in the prompt.
     assert '"get_weather"' in tools_engine._map.text
+
+
+def test_a_call_being_written_reports_its_progress(tools_engine: Engine) -> None:
+    """Each token of a call (held back until the call can be read) is a ``CallProgress``:
+    before, nothing came while a call was written, and the window said "writing the
+    reply…" for as long as the model wrote (15 minutes for a rambling small model)."""
+    request = ToolRequest((TIME, WEATHER), choice="get_weather", parallel=False)
+    events = list(tools_engine.generate(ASK, GREEDY, threading.Event(), tools=request))
+    done = events[-1]
+    assert isinstance(done, Finished) and done.metrics.stop_reason == TOOL_CALLS
+    progress = [e for e in events if isinstance(e, CallProgress)]
+    assert [p.tokens for p in progress] == list(range(1, len(progress) + 1))
+    # Forced from the first token: every token is the call's (the marker's first few are
+    # held as a possible marker until it is whole), none is shown as text.
+    assert 0 <= done.metrics.generated_tokens - len(progress) <= 8, progress
+    assert not any(isinstance(e, Token) and e.text.strip() for e in events)
+    chars = [p.chars for p in progress]
+    assert chars == sorted(chars) and 0 < chars[-1] <= 4 * len(progress) * 16
+    assert json.loads(done.tool_calls[0].arguments)  # and the call was read whole
+    assert chars[-1] >= len(done.tool_calls[0].arguments)
 
 
 def test_required_with_the_template_s_own_format_then_the_follow_up_reads_only_the_result(

@@ -178,7 +178,16 @@ class Finished:
     tool_calls: tuple[ToolCall, ...] = ()
 
 
-EngineEvent = Token | PrefillProgress | Finished
+@dataclass(frozen=True)
+class CallProgress:
+    """A tool call is being written: its text is held back until the whole call can be
+    read, so this tells how far it got (``tokens`` and ``chars`` of it so far)."""
+
+    tokens: int
+    chars: int
+
+
+EngineEvent = Token | PrefillProgress | CallProgress | Finished
 """What ``Backend.generate`` yields: progress and tokens, then exactly one ``Finished``."""
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from app.config.params import SamplingParams
-from app.engine.backend import EngineEvent, Finished, Token
+from app.engine.backend import CallProgress, EngineEvent, Finished, Token
 from app.engine.context_map import ContextMap
 from app.engine.draft_length import RETRY, DraftLength
 from app.engine.drafting import Drafter
@@ -32,6 +32,8 @@ from app.util.sysinfo import rss_bytes
 if TYPE_CHECKING:
     from app.engine.tool_binding import ToolDecoding
     from app.engine.tool_parser import ToolCallParser
+
+Shown = Token | CallProgress  # what a sampled token shows: text, or a call's progress
 
 
 class Reply:
@@ -69,6 +71,7 @@ class Reply:
         self._raw_len = 0
         self._piece = ""
         self.count = 0
+        self._call_tokens = 0  # of the tool call being written (its text is held back)
 
     @property
     def hit(self) -> bool:
@@ -82,7 +85,7 @@ class Reply:
     def reasoning(self) -> str:
         return "".join(self._thought).strip()
 
-    def emit(self, token: int) -> list[Token]:
+    def emit(self, token: int) -> list[Shown]:
         now = (time.perf_counter() - self._t0) * 1000
         self._metrics.token_times_ms.append(now)
         self._metrics.generated_tokens += 1
@@ -96,14 +99,24 @@ class Reply:
             if text:
                 self._parts.append(text)
                 return [Token(text)]
-            return []
+            return self._call_progress()
         was = think.splitter.inside
         out = self._split(think.splitter.feed(self._piece, token in think.markers))
         if was or think.splitter.inside:
             self._metrics.reasoning_tokens += 1
         if not self._metrics.first_answer_ms and any(not t.reasoning for t in out):
             self._metrics.first_answer_ms = now
-        return out
+        shown: list[Shown] = [*out]
+        return shown or self._call_progress()
+
+    def _call_progress(self) -> list[Shown]:
+        """A token that went into a tool call shows nothing: say how far the call got
+        (a small model can write one for minutes)."""
+        parser = self.tools
+        if parser is None or not parser.started:
+            return []
+        self._call_tokens += 1
+        return [CallProgress(self._call_tokens, parser.call_chars)]
 
     def _split(self, parts: list[tuple[bool, str]]) -> list[Token]:
         out: list[Token] = []
@@ -256,7 +269,7 @@ def read_perf(native: Native, metrics: MessageMetrics) -> None:
     metrics.rss_mb = rss_bytes() / 1e6
 
 
-def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, None, str]:
+def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Shown, None, str]:
     """One token per llama_decode (the fastest path when nothing can be drafted)."""
     import llama_cpp
 
@@ -293,7 +306,7 @@ def loop_plain(job: DecodeJob, sampler: Any, reply: Reply) -> Generator[Token, N
 
 def end_thinking(
     job: DecodeJob, sampler: Any, reply: Reply, why: str, drafter: Drafter | None = None
-) -> Generator[Token, None, str]:
+) -> Generator[Shown, None, str]:
     """Close the thinking block now (``why``: "budget" spent, or "user" Stop thinking): evaluate the
     budget message and the template's closing text, so the model goes on to answer.
     Returns a stop reason when the reply must end instead ("" to go on).
@@ -327,7 +340,7 @@ def end_thinking(
 
 def loop_draft(
     job: DecodeJob, sampler: Any, reply: Reply, drafter: Drafter, length: DraftLength
-) -> Generator[Token, None, str]:
+) -> Generator[Shown, None, str]:
     """Speculative decoding: ``drafter`` guesses, the target checks the guesses in one batch
     (``_Checker``: every token is still the target's own sample). Rejected guesses are
     removed from the KV cache. A step with no guesses (``length`` says 0, or the drafter

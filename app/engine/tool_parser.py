@@ -82,13 +82,14 @@ class ToolCallParser:
         self.started = False
         self._held = ""
         self._tail: list[str] = []
+        self.call_chars = 0  # of the calls' text held so far (progress while one is written)
         self._answered = False  # non-whitespace answer text has been shown
         self._ids: set[str] = set()
 
     def feed(self, text: str) -> str:
         """The part of the answer that is safe to show now."""
         if self.started:
-            self._tail.append(text)
+            self._hold(text)
             return ""
         text = self._held + text
         self._held = ""
@@ -99,16 +100,20 @@ class ToolCallParser:
                 return ""
             if stripped.startswith("{"):
                 self.started = True
-                self._tail.append(text)
+                self._hold(text)
                 return ""
         cut, _ = _next_open(self.fmt.opens, text, 0)
         if cut >= 0:
             self.started = True
-            self._tail.append(text[cut:])
+            self._hold(text[cut:])
             return self._show(text[:cut])
         keep = partial_suffix(text, self.fmt.opens)
         self._held = text[len(text) - keep :]
         return self._show(text[: len(text) - keep])
+
+    def _hold(self, text: str) -> None:
+        self._tail.append(text)
+        self.call_chars += len(text)
 
     def finish(self) -> str:
         """Parse what was held once the reply has ended: the text that was not a call."""

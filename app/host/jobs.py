@@ -3,7 +3,7 @@
 One job type for the window's replies and the API's requests (llama.cpp's
 ``server_task``): the fields say what a job asks for (a conversation's cache and
 snapshot, a template of its own, a model it was checked against). Its ``sink`` gets
-``Token`` and ``PrefillProgress`` events, then exactly one terminal event:
+``Token``, ``PrefillProgress`` and ``CallProgress`` events, then exactly one terminal event:
 ``Finished`` or ``ReplyFailed``. A job refused by the host fails with one of the
 exceptions below; what a client is told (an HTTP status, a line in the window) is
 the caller's choice.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from app.config.params import SamplingParams
-from app.engine.backend import Finished, ModelInfo, PrefillProgress, Token
+from app.engine.backend import CallProgress, Finished, ModelInfo, PrefillProgress, Token
 from app.engine.templates import ChatMessage, TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.util.errors import LamplightError
@@ -65,7 +65,7 @@ class ReplyFailed:
         return f"Generation failed: {self.error}"
 
 
-ReplyEvent = Token | PrefillProgress | Finished | ReplyFailed
+ReplyEvent = Token | PrefillProgress | CallProgress | Finished | ReplyFailed
 ReplySink = Callable[[ReplyEvent], None]
 
 

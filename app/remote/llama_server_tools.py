@@ -24,7 +24,15 @@ from dataclasses import replace
 from typing import Any
 
 from app.config.params import SettingError
-from app.engine.backend import SERVER_ERROR, SIZE_LIMIT, TIME_LIMIT, EngineEvent, Finished, Token
+from app.engine.backend import (
+    SERVER_ERROR,
+    SIZE_LIMIT,
+    TIME_LIMIT,
+    CallProgress,
+    EngineEvent,
+    Finished,
+    Token,
+)
 from app.engine.templates import ChatTemplate
 from app.engine.tool_binding import ToolDecoding, bind_tools, tool_decoding
 from app.engine.tool_format import ToolFormat, detect_tool_format
@@ -89,6 +97,7 @@ class ServerTools:
         """``events`` with the calls taken out of the answer text; the calls end the
         reply (``Finished.tool_calls``, ``stop_reason`` "tool_calls")."""
         shown: list[str] = []
+        call_pieces = 0  # of a call being written: shown as progress, not text
         for event in events:
             decoding = self.decoding
             if decoding is None:
@@ -100,6 +109,9 @@ class ServerTools:
                 if text:
                     shown.append(text)
                     yield replace(event, text=text)
+                elif parser.started:
+                    call_pieces += 1
+                    yield CallProgress(call_pieces, parser.call_chars)
             elif isinstance(event, Finished):
                 tail = parser.finish()
                 if tail:

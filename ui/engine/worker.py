@@ -19,7 +19,15 @@ from PySide6.QtCore import QObject, QThread, Signal
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
-from app.engine.backend import Backend, DraftInfo, Finished, ModelInfo, PrefillProgress, Token
+from app.engine.backend import (
+    Backend,
+    CallProgress,
+    DraftInfo,
+    Finished,
+    ModelInfo,
+    PrefillProgress,
+    Token,
+)
 from app.engine.crash_steps import EngineSteps
 from app.engine.kv_pool import DEFAULT_POOL_MB
 from app.engine.templates import ChatMessage, TemplateOverride
@@ -79,6 +87,8 @@ class EngineWorker(QObject):
             previous model is still loaded.
         loadNote(str): something to tell the user about a load (no fit, CPU fallback).
         prefillProgress(int, int, int): request id, prompt tokens done, total.
+        callProgress(int, int, int): request id, tokens and characters of the tool call
+            being written so far (its text shows only once the call is read).
         tokens(int, str): request id and reply text (the answer).
         thoughts(int, str): request id and thinking text (before the answer).
         finished(int, str, object, str, object): request id, the answer,
@@ -114,6 +124,7 @@ class EngineWorker(QObject):
     loadFailed = Signal(str, bool)
     loadNote = Signal(str)
     prefillProgress = Signal(int, int, int)
+    callProgress = Signal(int, int, int)
     tokens = Signal(int, str)
     thoughts = Signal(int, str)
     finished = Signal(int, str, object, str, object)
@@ -158,6 +169,8 @@ class EngineWorker(QObject):
                 (self.thoughts if event.reasoning else self.tokens).emit(request, event.text)
             elif isinstance(event, PrefillProgress):
                 self.prefillProgress.emit(request, event.done, event.total)
+            elif isinstance(event, CallProgress):
+                self.callProgress.emit(request, event.tokens, event.chars)
             elif isinstance(event, Finished):
                 stopped = event.metrics.stop_reason == "cancelled"
                 (self.cancelled if stopped else self.finished).emit(

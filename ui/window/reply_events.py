@@ -1,7 +1,8 @@
 """The engine's reply signals, taken on the GUI thread and passed to the session and views.
 
-A reply streams thinking (``thoughts``) and answer (``tokens``) pieces, then ends with
-one of ``finished``, ``cancelled`` or ``failed`` (``ui.engine.worker.EngineWorker``).
+A reply streams thinking (``thoughts``) and answer (``tokens``) pieces (a tool call being
+written shows as its count, ``callProgress``), then ends with one of ``finished``,
+``cancelled`` or ``failed`` (``ui.engine.worker.EngineWorker``).
 Only the reply the session waits for counts; a stale request's events are dropped.
 """
 
@@ -20,6 +21,13 @@ from ui.chat.chat_pane import ChatPane
 from ui.common.context import Context
 from ui.perf.perf_panel import PerfPanel
 from ui.window.session_view import WindowView
+
+
+def call_progress_text(tokens: int, chars: int, elapsed: float) -> str:
+    """The status line while a tool call is written (its text shows once it is read)."""
+    speed = f" · {tokens / elapsed:.1f} tok/s" if elapsed > 0 else ""
+    words = f"{tokens:,} token{'s' * (tokens != 1)}, {chars:,} character{'s' * (chars != 1)}"
+    return f"writing a tool call… {words}{speed}"
 
 
 class ReplyHost(Protocol):
@@ -49,6 +57,7 @@ class ReplyEvents(QObject):
         # Bound methods, never lambdas: a lambda would run on the worker's thread.
         w.tokens.connect(self._on_tokens)
         w.thoughts.connect(self._on_thoughts)
+        w.callProgress.connect(self._on_call_progress)
         w.finished.connect(self._on_finished)
         w.cancelled.connect(self._on_cancelled)
         w.failed.connect(self._on_failed)
@@ -68,6 +77,11 @@ class ReplyEvents(QObject):
         if self._current(request):
             self._win.ctx.session.on_tokens(request, text, reasoning=True)
             self._win.chat.add_thoughts(text)
+            self._win.perf_panel.add_tokens()
+
+    def _on_call_progress(self, request: int, tokens: int, chars: int) -> None:
+        if self._current(request):
+            self._win.status_speed.setText(call_progress_text(tokens, chars, self._elapsed()))
             self._win.perf_panel.add_tokens()
 
     def _elapsed(self) -> float:
