@@ -4,6 +4,7 @@ Run ``python tests/mcp_server.py --stdio`` or ``--http PORT`` (on 127.0.0.1).
 ``--garbage``: write a line that is not JSON-RPC on stdout before speaking MCP (a
 server that breaks the protocol). ``--exit-at-start``: write to stderr and exit 3.
 ``--prefix P``: every tool name starts with P (two servers without a clash).
+``--json``: over HTTP, answer with JSON bodies instead of server-sent events.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def main() -> None:
     parser.add_argument("--prefix", default="")
     parser.add_argument("--garbage", action="store_true")
     parser.add_argument("--exit-at-start", action="store_true")
+    parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.exit_at_start:
         sys.stderr.write("cannot start: no configuration\n")
@@ -112,7 +114,7 @@ def main() -> None:
     if args.stdio:
         server.run("stdio")
     else:
-        server.run("streamable-http", host="127.0.0.1", port=args.http)
+        server.run("streamable-http", host="127.0.0.1", port=args.http, json_response=args.json)
 
 
 if __name__ == "__main__":

@@ -11,14 +11,17 @@ from pathlib import Path
 from app.config.paths import DataDirs
 from app.config.settings import AppSettings
 from app.util.datafiles import os_reason
+from app.util.redact import secure_logging
 
 
 def setup_logging(dirs: DataDirs) -> str:
-    """Log to ``logs/lamplight.log`` (and errors to the console); a note if the file cannot be."""
+    """Log to ``logs/lamplight.log`` (and errors to the console); a note if the file cannot
+    be. Every line is redacted (``app.util.redact``: no URL query, credential or key)."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     console = logging.StreamHandler()
     console.setLevel(logging.ERROR)
+    secure_logging(console)
     root.addHandler(console)
     try:
         handler = logging.handlers.RotatingFileHandler(
@@ -27,6 +30,7 @@ def setup_logging(dirs: DataDirs) -> str:
     except OSError as exc:
         return f"The log file cannot be written ({os_reason(exc)}); nothing is logged."
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    secure_logging(handler)
     root.addHandler(handler)
     return ""
 

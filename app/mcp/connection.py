@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,17 +24,20 @@ from typing import Any
 import anyio
 import httpx2
 from mcp import ClientSession, types
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import CONNECTION_CLOSED
 
 from app.mcp.config import ServerConfig, resolved
 from app.mcp.consent import server_environment
+from app.mcp.http_transport import http_transport
+from app.mcp.oversize import TOO_LARGE, oversize_result
 from app.mcp.process import ProcessTree, StderrLog
-from app.mcp.results import MAX_TOOLS, bounded_tools, tool_result
+from app.mcp.results import MAX_RESULT_CHARS, MAX_TOOLS, bounded_tools, tool_result
+from app.mcp.stdio_transport import stdio_transport
 from app.mcp.tool_host import McpTool, ServerState, ToolResult
+from app.util.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -122,9 +126,13 @@ class Connection:
         try:
             result = await session.call_tool(name, arguments)
         except MCPError as exc:
+            if exc.error.code == TOO_LARGE:  # read within the bound, cut (oversize.py)
+                found = oversize_result(exc.error.data, MAX_RESULT_CHARS)
+                return dataclasses.replace(found, ms=(time.monotonic() - start) * 1000)
             if self._broken.is_set() or exc.error.code == CONNECTION_CLOSED:
                 return ToolResult(self._stopped_text(), is_error=True)
-            return ToolResult(f"The server refused the call: {exc.error.message[:500]}", True)
+            why = redact_text(exc.error.message[:500])  # the SDK's may name a redirect's URL
+            return ToolResult(f"The server refused the call: {why}", True)
         ms = (time.monotonic() - start) * 1000
         return tool_result(result, ms)
 
@@ -135,7 +143,7 @@ class Connection:
 
     def _tail(self) -> str:
         lines = self.stderr.tail(3) if self.stderr else []
-        return (" Its last words: " + " | ".join(lines)) if lines else ""
+        return redact_text(" Its last words: " + " | ".join(lines)) if lines else ""
 
     def _set(self, state: ServerState, error: str) -> None:
         self.state, self.error = state, error
@@ -205,11 +213,7 @@ class Connection:
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
         if self.config.transport == "http":
             headers, _ = resolved(self.config.name, self.config.headers)
-            timeout = httpx2.Timeout(30.0, read=300.0)
-            async with (
-                httpx2.AsyncClient(headers=headers, timeout=timeout) as client,
-                streamable_http_client(self.config.url, http_client=client) as streams,
-            ):
+            async with http_transport(self.config.url, headers) as streams:
                 yield streams
             return
         env, _ = resolved(self.config.name, self.config.env)
@@ -223,7 +227,7 @@ class Connection:
             encoding_error_handler="replace",
         )
         try:
-            async with stdio_client(params, errlog=self.stderr.writer) as streams:
+            async with stdio_transport(params, self.stderr.writer) as streams:
                 self.stderr.spawned()
                 tree.find()
                 try:
@@ -254,7 +258,12 @@ async def _list_tools(session: ClientSession) -> list[types.Tool]:
 
 
 def describe(exc: BaseException) -> str:
-    """A short sentence for what went wrong (exception groups unwrapped)."""
+    """A short sentence for what went wrong (exception groups unwrapped), without the
+    secrets a URL in it may carry (it is shown, logged and may reach a transcript)."""
+    return redact_text(_describe(exc))
+
+
+def _describe(exc: BaseException) -> str:
     inner = getattr(exc, "exceptions", None)  # an exception group (3.10: anyio's backport)
     while isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
         exc = inner[0]

@@ -26,6 +26,7 @@ from app.mcp.consent import consent_details
 from app.mcp.results import qualify
 from app.mcp.state import McpState
 from app.mcp.tool_host import McpTool, ServerState, ServerStatus, ToolResult
+from app.util.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +342,7 @@ def _outcome(future: concurrent.futures.Future[ToolResult], start: float) -> Too
         return ToolResult("Cancelled.", is_error=True, ms=_ms(start))
     except Exception as exc:  # the SDK raises what it likes; a call never raises
         log.warning("MCP call failed", exc_info=True)
-        text = f"The call failed: {type(exc).__name__}: {str(exc)[:300]}"
+        text = f"The call failed: {type(exc).__name__}: {redact_text(str(exc)[:300])}"
         return ToolResult(text, is_error=True, ms=_ms(start))
 
 

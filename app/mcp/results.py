@@ -21,7 +21,7 @@ MAX_TOOLS = 256
 MAX_DESCRIPTION = 8 * 1024
 MAX_SCHEMA_CHARS = 32 * 1024
 MAX_SCHEMA_DEPTH = 16
-MAX_RESULT_CHARS = 4 * 1024 * 1024
+MAX_RESULT_CHARS = 2_000_000  # the transcript keeps as much (tool_records.RESULT_CHARS)
 MAX_STRUCTURED_CHARS = 1024 * 1024
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")
 
@@ -110,10 +110,16 @@ def tool_result(result: types.CallToolResult, ms: float) -> ToolResult:
         structured = None
     if not text and structured is not None:
         text = _dumps(structured)
-    if len(text) > MAX_RESULT_CHARS:
-        cut = len(text) - MAX_RESULT_CHARS
-        text = text[:MAX_RESULT_CHARS] + f"\n[… {cut} more characters left out]"
-    return ToolResult(text, bool(result.is_error), structured, ms)
+    return ToolResult(cut_with_note(text, MAX_RESULT_CHARS), bool(result.is_error), structured, ms)
+
+
+def cut_with_note(text: str, limit: int, why: str = "") -> str:
+    """``text`` in at most ``limit`` characters, with a note saying what was left out
+    when it is cut (the note fits inside, so nothing downstream cuts it off)."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 64 - len(why))
+    return text[:keep] + f"\n[… {len(text) - keep:,} more characters left out{why}]"
 
 
 def block_text(block: Any) -> str:

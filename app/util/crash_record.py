@@ -49,6 +49,7 @@ import psutil
 
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, open_regular, read_json, reason
+from app.util.redact import redact_text
 
 log = logging.getLogger(__name__)
 
@@ -258,10 +259,10 @@ class CrashRecorder:
                 step=step,
                 since=self._clock(),
                 thread=threading.get_ident(),
-                model=model[-MAX_TEXT:],
-                load=dict(list((load or {}).items())[:MAX_FIELDS]),
+                model=redact_text(model[-MAX_TEXT:]),  # a server's address may carry a key
+                load=_redacted(load),
                 paths=list(paths)[:8],
-                request=dict(list((request or {}).items())[:MAX_FIELDS]),
+                request=_redacted(request),
             )
             self._write()
 
@@ -477,7 +478,7 @@ def summary(report: CrashReport) -> str:
         f"Fault: {report.fault or 'none recorded (the process was killed, or lost power)'}",
         f"Inside llama.cpp: {'yes' if report.in_native else 'no'}",
     ]
-    return "\n".join(lines) + "\n"
+    return redact_text("\n".join(lines)) + "\n"  # a marker from an older version, too
 
 
 def prune_crash_files(logs: Path, keep: int, besides: Path | None = None) -> None:
@@ -566,6 +567,11 @@ def _number(value: object) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) and 0 <= number < 1e11 else None
+
+
+def _redacted(table: Mapping[str, Scalar] | None) -> dict[str, Scalar]:
+    items = list((table or {}).items())[:MAX_FIELDS]
+    return {k: redact_text(v) if isinstance(v, str) else v for k, v in items}
 
 
 def _text(value: object) -> str:

@@ -41,6 +41,7 @@ from app.util import crash_record
 from app.util.datafiles import os_reason
 from app.util.errors import ModelFileError, ProjectorError
 from app.util.instance_lock import AlreadyRunning, acquire
+from app.util.redact import secure_logging
 
 if TYPE_CHECKING:
     from app.api.runner import ApiConfig, ApiServer
@@ -268,6 +269,7 @@ def _log_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+    secure_logging(handler)
     for name in ("lamplight.serve", "app.api"):
         logging.getLogger(name).addHandler(handler)
 
