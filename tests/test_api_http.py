@@ -16,6 +16,7 @@ import pytest
 
 from app.api.gateway import ApiFailure
 from app.api.runner import THREAD_NAME, ApiConfig, ApiConfigError, ApiServer
+from app.engine.kv_pool import GUI, LOCAL_API
 from tests.conftest import Serve
 from tests.fakes import FakeGateway
 
@@ -256,6 +257,22 @@ def test_auth(serve: Serve) -> None:
     assert gw.submitted == []
     good = client(server, "s3cret-key")
     assert good.chat.completions.create(model=MODEL, messages=USER).choices[0].message.content
+
+
+def test_each_key_is_its_own_cache_party(serve: Serve) -> None:
+    """A request reuses only caches made with its server's key (``KvPool``): the party
+    is a digest of the key (never the key itself), another key's differs, and no key
+    is the one local party; none is the window's."""
+    parties = []
+    for key in ("", "key-a", "key-b", "key-a"):
+        server, gw = serve(api_key=key) if key else serve()
+        client(server, key or "none").chat.completions.create(model=MODEL, messages=USER)
+        (job,) = gw.submitted
+        parties.append(job.party)
+        server.stop()
+    assert parties[0] == LOCAL_API and parties[1] == parties[3]
+    assert len({*parties, GUI}) == 4
+    assert not any("key-" in p for p in parties)
 
 
 def test_host_check_and_cors(serve: Serve) -> None:

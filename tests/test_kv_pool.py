@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from app.config.params import SamplingParams
 from app.engine.backend import Backend, Capabilities, Finished, KvState
-from app.engine.kv_pool import KvPool, is_prefix
+from app.engine.kv_pool import GUI, LOCAL_API, KvPool, is_prefix
 from app.engine.llama import Engine
 from app.engine.templates import AUTO, PLAIN, ChatMessage
 
@@ -47,13 +47,17 @@ def eng(one_engine: Engine) -> Iterator[Engine]:
 
 
 def turn(
-    engine: Backend, pool: KvPool, key: str | None, messages: Sequence[ChatMessage]
+    engine: Backend,
+    pool: KvPool,
+    key: str | None,
+    messages: Sequence[ChatMessage],
+    party: str = LOCAL_API,
 ) -> Finished:
     """One request as the worker runs it: prepare, generate, finish."""
-    pool.prepare(key, messages)
+    pool.prepare(key, messages, party)
     ended = [e for e in engine.generate(messages, GREEDY) if isinstance(e, Finished)]
     assert len(ended) == 1
-    pool.finish(key, messages, ChatMessage("assistant", ended[0].text))
+    pool.finish(key, messages, ChatMessage("assistant", ended[0].text), party)
     return ended[0]
 
 
@@ -103,11 +107,44 @@ def test_a_plain_follow_up_keeps_the_live_cache(eng: Engine) -> None:
 def test_a_gui_conversation_comes_back_after_an_api_request(eng: Engine) -> None:
     pool = KvPool(eng)
     gui = [user(TOPIC_A + "What do you think?")]
-    rg = turn(eng, pool, "gui:c1", gui)
+    rg = turn(eng, pool, "gui:c1", gui, GUI)
     turn(eng, pool, None, [user(TOPIC_B + "Summarise it.")])
-    rg2 = turn(eng, pool, "gui:c1", follow_up(gui, rg))
+    rg2 = turn(eng, pool, "gui:c1", follow_up(gui, rg), GUI)
     assert pool.stats.restored == 1
     assert_only_new(rg2, rg)
+
+
+@pytest.mark.slow
+def test_no_party_reuses_another_partys_cache(eng: Engine) -> None:
+    """An API client that repeats the window's chat, or another key's, finds nothing
+    cached (neither ``cached_tokens`` nor the time tells it the guess was right); each
+    party's own conversations still come back whole."""
+    pool = KvPool(eng)
+    gui = [user(TOPIC_A + "What do you think?")]
+    rg = turn(eng, pool, "gui:c1", gui, GUI)
+    guess = follow_up(gui, rg)  # the window's conversation, word for word
+    ra = turn(eng, pool, None, guess, "api:a")
+    assert ra.metrics.cached_tokens == 0
+    a2 = follow_up(guess, ra)
+    ra2 = turn(eng, pool, None, a2, "api:a")  # its own follow-up: the live cache
+    assert_only_new(ra2, ra)
+    rb = turn(eng, pool, None, a2, "api:b")  # key B repeats key A's
+    assert rb.metrics.cached_tokens == 0
+    assert turn(eng, pool, None, a2, LOCAL_API).metrics.cached_tokens == 0  # no key: its own
+    assert_only_new(turn(eng, pool, None, follow_up(a2, ra2), "api:a"), ra2)  # restored
+    # The window's chat comes back from its own entry, not from the API's copy of it.
+    rg2 = turn(eng, pool, "gui:c1", guess, GUI)
+    assert_only_new(rg2, rg)
+    assert pool.stats.restored == 2
+
+
+def test_with_the_pool_off_no_party_reuses_another_partys_cache(eng: Engine) -> None:
+    pool = KvPool(eng, pool_mb=0)
+    gui = [user(TOPIC_A + "What do you think?")]
+    rg = turn(eng, pool, "gui:c1", gui, GUI)
+    ra = turn(eng, pool, None, follow_up(gui, rg), LOCAL_API)
+    assert ra.metrics.cached_tokens == 0
+    assert_only_new(turn(eng, pool, None, follow_up(follow_up(gui, rg), ra)), ra)
 
 
 def test_a_template_or_lora_change_is_not_restored(
@@ -246,6 +283,13 @@ class _TokenBackend:
     def import_state(self, kv: KvState) -> None:
         self.held = self.by_state[id(kv)]
 
+    def reset(self) -> None:
+        self.held = ()
+
+
+# Fuzzed clients: two API keys, the keyless client, and the window.
+PARTIES = ("api:a", "api:b", LOCAL_API, GUI)
+
 
 @settings(max_examples=200, deadline=None)
 @given(
@@ -257,7 +301,11 @@ class _TokenBackend:
 def test_the_pool_only_restores_what_the_request_extends(
     steps: list[tuple[int, str]],
 ) -> None:
+    """Whatever the clients do, a request starts from its own party's cache or an empty
+    one, and an entry of its own that it extends is never passed over."""
     backend = _TokenBackend()
+    made_by: dict[tuple[ChatMessage, ...], str] = {}  # each cache: the party that made it
+    keys: dict[int, str | None] = {}  # each client's conversation key (the window's)
     pool = KvPool(cast(Backend, backend), max_entries=3, min_tokens=2)
     pool.budget = 100 * 12  # 12 messages' worth
     chats: dict[int, list[ChatMessage]] = {}
@@ -274,31 +322,37 @@ def test_the_pool_only_restores_what_the_request_extends(
             backend.sig = [{"scale": float(n)}]
             pool.forget_live()
             continue
+        party = PARTIES[client]
         chat = chats.get(client, [])
         if op == "follow" and chat:
             chat = [*chat, user(f"more {n}")]
         elif op != "again" or not chat:
             chat = [user(f"client {client} asks {n}"), user("x")]
+            keys[client] = f"gui:{n}" if party == GUI else None  # a new conversation
+        key = keys.get(client)
         before = backend.held
         usable = any(
             e.owner.messages is not None
             and is_prefix(e.owner.messages, chat)
             and e.config == backend.cache_config()
+            and e.owner.party == party
             for e in pool.entries
         )
-        done = pool.prepare(None, chat)
+        done = pool.prepare(key, chat, party)
         if usable:  # an entry this request extends is never passed over
             assert done in ("live", "restored")
         held = backend.held
+        assert not held or made_by[held] == party  # never another party's tokens
         if done == "restored":
             assert is_prefix(held, chat)  # only a full prefix is restored
         elif done == "live":
             assert held == before
             assert is_prefix(held, chat) or is_prefix(held[:-1], chat)
-        else:
-            assert done == "none" and held == before  # left for the engine's prefix match
+        else:  # left for the engine's prefix match, if the party's own
+            assert done == "none" and held in (before, ())
         assert len(pool.entries) <= pool.max_entries and pool.bytes_used <= pool.budget
         reply = f"reply {n}"
         backend.held = (*chat, ChatMessage("assistant", reply))  # what generate leaves
-        pool.finish(None, chat, ChatMessage("assistant", reply))
+        made_by[backend.held] = party
+        pool.finish(key, chat, ChatMessage("assistant", reply), party)
         chats[client] = [*chat, ChatMessage("assistant", reply)]

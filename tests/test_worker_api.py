@@ -14,6 +14,7 @@ import pytest
 from PySide6.QtCore import QObject, Slot
 from pytestqt.qtbot import QtBot
 
+from app.api.config import api_party
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
 from app.api.host_gateway import HostGateway, reply_job
 from app.config.params import SamplingParams
@@ -126,6 +127,7 @@ def make_job(
     messages: list[ChatMessage] | None = None,
     reuse: bool = True,
     model: str = "",
+    key: str = "",
 ) -> tuple[ApiJob, Sink]:
     sink = Sink()
     job = ApiJob(
@@ -137,6 +139,7 @@ def make_job(
         reuse=reuse,
         client="127.0.0.1:5000",
         emit=sink.emit,
+        party=api_party(key),
     )
     return job, sink
 
@@ -282,6 +285,43 @@ def test_the_gui_conversation_keeps_its_cache_across_an_api_job(
     assert m2.cached_tokens >= m1.prompt_tokens + m1.generated_tokens  # type: ignore[attr-defined]
     assert m2.evaluated_tokens <= 16  # type: ignore[attr-defined]
     assert client.host.pool.stats.restored == 1
+
+
+def test_an_api_client_never_reuses_the_windows_cache_nor_another_keys(
+    qtbot: QtBot, client: EngineClient, gateway: HostGateway
+) -> None:
+    """A client that sends the window's conversation word for word, or another key's,
+    finds nothing cached: ``cached_tokens`` (and the time) cannot confirm a guess. Its
+    own follow-up, and the window's, still read only their new tokens."""
+    info = gateway.model()
+    assert info is not None
+    rec = Recorder(client)
+    chat = [ChatMessage("user", SYSTEM * 2 + "Which light is the oldest?")]
+    first = client.generate("c1", chat, GREEDY)
+    qtbot.waitUntil(lambda: first in rec.ended, timeout=WAIT_MS)
+    reply = rec.ended[first][0]
+    assert isinstance(reply, str)
+    guess = [*chat, ChatMessage("assistant", reply), ChatMessage("user", "Why?")]
+
+    a1, s1 = make_job(info, "", messages=guess, key="key-a")
+    run(qtbot, client, a1, s1)
+    m1 = s1.finished().metrics
+    assert m1.cached_tokens == 0 and m1.evaluated_tokens == m1.prompt_tokens
+    more = [*guess, ChatMessage("assistant", s1.text), ChatMessage("user", "And then?")]
+    a2, s2 = make_job(info, "", messages=more, key="key-a")
+    run(qtbot, client, a2, s2)
+    assert s2.finished().metrics.cached_tokens >= m1.prompt_tokens + m1.generated_tokens
+    b, sb = make_job(info, "", messages=more, key="key-b")  # another key sees nothing
+    run(qtbot, client, b, sb)
+    assert sb.finished().metrics.cached_tokens == 0
+
+    second = client.generate("c1", guess, GREEDY)  # the window's own follow-up
+    qtbot.waitUntil(lambda: second in rec.ended, timeout=WAIT_MS)
+    client.drain()
+    g1, g2 = rec.ended[first][1], rec.ended[second][1]
+    assert g1 is not None and g2 is not None
+    assert g2.cached_tokens >= g1.prompt_tokens + g1.generated_tokens  # type: ignore[attr-defined]
+    assert g2.evaluated_tokens <= 16  # type: ignore[attr-defined]
 
 
 def test_api_jobs_use_their_template_and_put_the_windows_back(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from app.config.params import is_host, is_loopback, is_origin
+from app.engine.kv_pool import LOCAL_API
 from app.util.errors import LamplightError
 
 MIN_BODY = 1024
@@ -14,6 +16,15 @@ MIN_BODY = 1024
 # by the size (a long base64 string parses at memory speed).
 MAX_BODY_MB = 64
 MAX_WAIT_S = 300.0  # a request still waiting after this gets 503 + Retry-After
+
+
+def api_party(api_key: str) -> str:
+    """The KV cache party of requests made with ``api_key`` (``KvPool``): one per key, so
+    a client never reuses, or learns of, a conversation made with another key (or the
+    window's). A digest, so the key itself is kept nowhere else."""
+    if not api_key:
+        return LOCAL_API
+    return "api:" + hashlib.sha256(api_key.encode()).hexdigest()[:32]
 
 
 class ApiConfigError(LamplightError):

@@ -19,6 +19,7 @@ from typing import Literal, Protocol
 
 from app.config.params import SamplingParams, SettingError
 from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.kv_pool import LOCAL_API
 from app.engine.templates import ChatMessage, ChatTemplateError
 from app.engine.tool_spec import ToolRequest
 from app.host.jobs import HostClosed, ModelGone, NoResult, TemplateUnavailable, model_id
@@ -65,6 +66,8 @@ class ApiJob:
     emit: Callable[[ApiEvent], None] = lambda _event: None
     stopped_by: StopCause = ""  # the first ``halt`` reason ("" while nobody stopped it)
     tools: ToolRequest | None = None  # what the model may call (a chat request's ``tools``)
+    # Whose cached conversations it may reuse: the server's key (``config.api_party``).
+    party: str = LOCAL_API
 
     def halt(self, why: StopCause) -> None:
         """Stop the job for ``why`` (the first reason given is the one kept)."""

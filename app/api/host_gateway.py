@@ -60,4 +60,5 @@ def reply_job(job: ApiJob) -> ReplyJob:
         next_turn=job.kind == "chat",
         client=job.client,
         tools=job.tools,
+        party=job.party,
     )

@@ -41,6 +41,7 @@ from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from app.api import limits
+from app.api.config import api_party
 from app.api.embeddings import (
     EmbedService,
     no_embedder,
@@ -55,6 +56,7 @@ from app.api.scheduler import ApiScheduler, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
 from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.kv_pool import LOCAL_API
 from app.engine.tool_spec import ToolRequest
 
 if TYPE_CHECKING:
@@ -121,12 +123,14 @@ class Handlers:
         max_wait_s: float,
         parser: Executor,
         embedder: EmbedService | None = None,
+        party: str = LOCAL_API,
     ) -> None:
         self.gateway = gateway
         self.scheduler = scheduler
         self.max_wait_s = max_wait_s
         self.parser = parser  # one thread: bodies are parsed one at a time, off the loop
         self.embedder = embedder  # None: /v1/embeddings answers 503
+        self.party = party  # whose cached conversations its requests reuse (the key's)
 
     # -- models ------------------------------------------------------------------------
 
@@ -275,6 +279,7 @@ class Handlers:
             reuse=req.reuse,
             client=req.user or address,
             tools=self.tools_for(req, info),
+            party=self.party,
         )
         queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
         job.emit = make_emit(asyncio.get_running_loop(), queue, job)
@@ -478,7 +483,8 @@ def build_app(
     """The app for ``config``; ``url`` is the base URL of the address it is bound to,
     ``parser`` the one thread that parses request bodies, ``embedder`` the worker that
     answers ``/v1/embeddings`` (None: 503)."""
-    handlers = Handlers(gateway, scheduler, config.max_wait_s, parser, embedder)
+    party = api_party(config.api_key)
+    handlers = Handlers(gateway, scheduler, config.max_wait_s, parser, embedder, party)
     routes = [
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),

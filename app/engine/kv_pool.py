@@ -8,14 +8,20 @@ whose messages extend it, so only the new tokens are evaluated.
 
 Rules (see docs/notes/api_server.md):
 
-- ``prepare(key, messages)`` before every request. The live cache stays when its
-  owner has the same key (a GUI conversation: ``"gui:<id>"``), its messages are a
-  prefix of ``messages`` (a follow-up), or they are but for the reply (the same
-  request again) and no entry covers more; rewinding the live cache is exact. Otherwise
-  the longest entry of the same template and cache settings whose messages are all a
-  prefix of ``messages`` (or whose key is ``key``) is imported, and the live cache is
-  stashed first. Otherwise the live cache is stashed and left in place: the engine's
-  text/token prefix match still reuses what the two share (a system prompt).
+- Every cache has a *party*, who made it: ``GUI`` (the window) or an API client
+  (``LOCAL_API``, or one per API key). A request reuses only its own party's caches,
+  live or pooled: another party's conversation is never a prefix source, so neither
+  the cache's speed nor ``cached_tokens`` tells a client what another one said. When
+  the live cache is another party's it is stashed, then emptied (``holder``).
+- ``prepare(key, messages, party)`` before every request. The live cache stays when
+  it is the party's and its owner has the same key (a GUI conversation:
+  ``"gui:<id>"``), its messages are a prefix of ``messages`` (a follow-up), or they are
+  but for the reply (the same request again) and no entry covers more; rewinding the
+  live cache is exact. Otherwise the party's longest entry of the same template and
+  cache settings whose messages are all a prefix of ``messages`` (or whose key is
+  ``key``) is imported, and the live cache is stashed first. Otherwise the live cache
+  is stashed and, if it is the party's, left in place: the engine's text/token prefix
+  match still reuses what the two share (a system prompt).
 - Only *full-prefix* entries are restored: a restored Gemma 3 state holds only the
   last window of its sliding-window layers, so it can continue from its end but not
   rewind (NOTES: "Sliding-window layers and snapshots").
@@ -45,16 +51,20 @@ log = logging.getLogger(__name__)
 DEFAULT_POOL_MB = 256
 DEFAULT_ENTRIES = 8
 MIN_TOKENS = 64  # a smaller cache is cheaper to evaluate again than to keep
+GUI = "gui"  # the window's party: every conversation of the window
+LOCAL_API = "api"  # the API's party when the server has no key (one local user)
 
 
 @dataclass(frozen=True)
 class Owner:
     """Whose conversation a cache holds: a key (``"gui:<id>"``, None for the API), the
-    messages it covers (request + reply; None when not known) and the template label."""
+    messages it covers (request + reply; None when not known), the template label and
+    the party that made it (``GUI``, ``LOCAL_API``, an API key's party)."""
 
     key: str | None
     messages: tuple[ChatMessage, ...] | None
     label: str
+    party: str
 
 
 @dataclass
@@ -110,6 +120,9 @@ class KvPool:
         self.max_entries = max(0, max_entries)
         self.min_tokens = min_tokens
         self.live: Owner | None = None
+        # The party whose tokens the backend's cache may hold (None: empty), known even
+        # when ``live`` is not (a LoRA change, the pool off): what ``prepare`` empties.
+        self.holder: str | None = None
         self.stats = PoolStats()
         self._entries: list[PoolEntry] = []
         self._clock = itertools.count(1)
@@ -137,19 +150,26 @@ class KvPool:
 
     # -- the protocol ------------------------------------------------------------------
 
-    def prepare(self, key: str | None, messages: Sequence[ChatMessage]) -> str:
-        """Get the cache ready for a request by ``key`` for ``messages``.
+    def prepare(
+        self, key: str | None, messages: Sequence[ChatMessage], party: str = LOCAL_API
+    ) -> str:
+        """Get the cache ready for a request by ``key`` of ``party`` for ``messages``.
 
         Returns what was done: ``"off"``, ``"live"`` (kept), ``"restored"`` or ``"none"``.
         Call it with the request's template already in place.
         """
         if not self.enabled:
             self.live = None
+            self._claim(party)
             return "off"
         label = self._label()
         live = self.live
-        best = self._best(key, messages, label, self._config_now())
-        if live is not None and self._keep(live, best, key, messages, label):
+        best = self._best(key, messages, label, self._config_now(), party)
+        if (
+            live is not None
+            and live.party == party == self.holder
+            and self._keep(live, best, key, messages, label)
+        ):
             self.stats.kept += 1
             return "live"
         if best is not None:
@@ -158,7 +178,9 @@ class KvPool:
         self.stash_live()
         self.live = None
         if best is None:
+            self._claim(party)
             return "none"
+        self.holder = party  # an import replaces the whole cache, or leaves it empty
         t0 = time.perf_counter()
         try:
             self.backend.import_state(best.state)
@@ -176,16 +198,37 @@ class KvPool:
         )
         return "restored"
 
-    def finish(self, key: str | None, messages: Sequence[ChatMessage], reply: ChatMessage) -> None:
-        """The request by ``key`` for ``messages`` ended with ``reply``: the live cache is its."""
+    def finish(
+        self,
+        key: str | None,
+        messages: Sequence[ChatMessage],
+        reply: ChatMessage,
+        party: str = LOCAL_API,
+    ) -> None:
+        """The request by ``key`` of ``party`` for ``messages`` ended with ``reply``: the
+        live cache is its."""
+        self.holder = party
         if not self.enabled:
             self.live = None
             return
-        self.live = Owner(key, (*messages, reply), self._label())
+        self.live = Owner(key, (*messages, reply), self._label(), party)
 
     def set_live(self, key: str) -> None:
-        """The live cache was just loaded for ``key`` (a conversation's snapshot)."""
-        self.live = Owner(key, None, self._label()) if self.enabled else None
+        """The live cache was just loaded for the window's ``key`` (a conversation's
+        snapshot)."""
+        self.holder = GUI
+        self.live = Owner(key, None, self._label(), GUI) if self.enabled else None
+
+    def start_empty(self, party: str) -> None:
+        """A request by ``party`` starts from an empty cache (``cache_prompt: false``):
+        the live cache is stashed, then emptied.
+
+        Raises:
+            LamplightError: the backend could not empty its cache.
+        """
+        self.stash_live()
+        self.backend.reset()
+        self.holder = party
 
     def stash_live(self) -> None:
         """Keep a copy of the live cache in the pool when its owner is known."""
@@ -223,9 +266,20 @@ class KvPool:
     def clear(self) -> None:
         """Drop everything (another model or backend)."""
         self.live = None
+        self.holder = None
         self._entries.clear()
 
     # -- internals ---------------------------------------------------------------------
+
+    def _claim(self, party: str) -> None:
+        """Empty the backend's cache if it may hold another party's tokens: the engine's
+        prefix match would reuse them, and the time and ``cached_tokens`` would tell."""
+        if self.holder is not None and self.holder != party:
+            try:
+                self.backend.reset()
+            except LamplightError as exc:  # no model: nothing is cached either
+                log.info("the cache was not emptied: %s", exc)
+        self.holder = party
 
     def _label(self) -> str:
         model = self.backend.model
@@ -244,11 +298,12 @@ class KvPool:
         messages: Sequence[ChatMessage],
         label: str,
         config: dict[str, Any],
+        party: str,
     ) -> PoolEntry | None:
         best: PoolEntry | None = None
         rank = (False, 0)
         for entry in self._entries:
-            if entry.owner.label != label or entry.config != config:
+            if entry.owner.party != party or entry.owner.label != label or entry.config != config:
                 continue
             full = entry.owner.messages is not None and is_prefix(entry.owner.messages, messages)
             if not full and (key is None or entry.owner.key != key):
@@ -305,6 +360,8 @@ def _retries(live: Owner, messages: Sequence[ChatMessage], label: str) -> bool:
 
 def _superseded(entry: PoolEntry, live: Owner, config: dict[str, Any]) -> bool:
     if entry.config != config or entry.owner.label != live.label:
+        return False
+    if entry.owner.party != live.party:
         return False
     if live.key is not None and entry.owner.key == live.key:
         return True

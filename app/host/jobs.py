@@ -78,6 +78,8 @@ class ReplyJob:
     is loaded ("" accepts any, as the window's replies do). ``template``: the template
     for this job only (None: the window's choice). ``reuse``: False starts from an
     empty cache. ``next_turn``: prepare the next turn after a reply that ended.
+    ``party``: whose cached conversations an API job may reuse ("" for the server's
+    one keyless client; ``KvPool``); a window reply reuses only the window's.
     """
 
     id: str
@@ -94,6 +96,7 @@ class ReplyJob:
     next_turn: bool = True
     client: str = ""  # who asked: "127.0.0.1:54321", an API request's `user`
     tools: ToolRequest | None = None  # what the model may call in this reply
+    party: str = ""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Iterator
 
 from app.engine.backend import EngineEvent, Finished, Token
+from app.engine.kv_pool import GUI, LOCAL_API
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import AUTO, ChatMessage
 from app.host.core import EngineCore, gui_key
@@ -91,15 +92,14 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
     want = job.template
     swapped = want is not None and caps.template_override and want != core.template_choice
     key = gui_key(job.conv_id) if job.conv_id else None
+    party = job_party(job)
     try:
         if swapped:
             core.engine.set_template(want or AUTO)
         if job.reuse:
-            core.pool.prepare(key, job.messages)
+            core.pool.prepare(key, job.messages, party)
         else:
-            core.pool.stash_live()
-            core.engine.reset()
-            core.pool.forget_live()
+            core.pool.start_empty(party)
         events = core.engine.generate(
             job.messages, job.params, job.stop, job.end_thinking, tools=job.tools
         )
@@ -109,7 +109,7 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
             raise NoResult()
         if job.origin == "gui":
             relay.send(ended)
-        _after(core, job, key, ended)
+        _after(core, job, key, party, ended)
     finally:
         if swapped:
             core.restore_template()
@@ -127,13 +127,18 @@ def _stream(core: EngineCore, relay: Relay, events: Iterator[EngineEvent]) -> Fi
     return None
 
 
-def _after(core: EngineCore, job: ReplyJob, key: str | None, ended: Finished) -> None:
+def job_party(job: ReplyJob) -> str:
+    """Whose caches ``job`` may reuse (``KvPool``): the window's, or its API client's."""
+    return GUI if job.origin == "gui" else job.party or LOCAL_API
+
+
+def _after(core: EngineCore, job: ReplyJob, key: str | None, party: str, ended: Finished) -> None:
     """Name the cache's owner, prepare the next turn, save the snapshot; the reply
     stands whatever happens here."""
     metrics = ended.metrics
     try:
         reply = ChatMessage("assistant", ended.text, ended.reasoning, ended.tool_calls)
-        core.pool.finish(key, job.messages, reply)
+        core.pool.finish(key, job.messages, reply, party)
         if metrics.stop_reason == "connection_lost":
             core.listener.connection_state("lost", metrics.notes[-1] if metrics.notes else "")
             return
