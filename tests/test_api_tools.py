@@ -83,8 +83,19 @@ def test_tools_become_a_tool_request() -> None:
     assert forced.tools == ToolRequest(req.tools.tools, "clock", parallel=False)
     # No tools: nothing to offer ("none" and empty lists are what clients send by default).
     fields: dict[str, Any]
-    for fields in ({}, {"tools": []}, {"tool_choice": "none"}, {"functions": []}):
+    for fields in (
+        {},
+        {"tools": []},
+        {"tool_choice": "none"},
+        {"functions": []},
+        {"function_call": "none"},
+        {"functions": None, "function_call": None},
+    ):
         assert parse_chat(chat(**fields)).tools is None
+    # A client that sends `tool_choice` alone is told how the common clients leave it out.
+    with pytest.raises(ApiError, match=r"NOT_GIVEN.*bind_tools") as err:
+        parse_chat(chat(tool_choice="auto"))
+    assert err.value.param == "tool_choice"
 
 
 REFUSED: list[tuple[dict[str, Any], str]] = [
@@ -117,6 +128,11 @@ REFUSED: list[tuple[dict[str, Any], str]] = [
     ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ({"functions": [{"name": "f"}]}, "functions"),
     ({"function_call": "auto"}, "function_call"),
+    # Values that are not "nothing" in their own field's type: not honoured, so refused.
+    ({"function_call": []}, "function_call"),
+    ({"function_call": {}}, "function_call"),
+    ({"functions": "none"}, "functions"),
+    ({"functions": {}}, "functions"),
 ]
 
 
@@ -279,6 +295,9 @@ def test_any_tool_json_raises_only_api_error(body: dict[str, Any]) -> None:
         assert exc.status == 400 and exc.message
         json.dumps(exc.body())
     else:
+        # The legacy fields pass only when they ask for nothing.
+        assert body.get("functions") in (None, [])
+        assert body.get("function_call") in (None, "none")
         called = {c.id for m in req.messages for c in m.tool_calls}
         for m in req.messages:
             assert m.role != "tool" or (m.tool_call_id in called and m.name)
