@@ -126,7 +126,8 @@ def _texts(value: object) -> tuple[str, ...]:
         if all(isinstance(t, int | list) and not isinstance(t, bool) for t in items):
             raise bad(
                 "This server takes text input for embeddings: send `input` as a string or "
-                "a list of strings, not token ids.",
+                "a list of strings, not token ids (LangChain's `OpenAIEmbeddings` sends "
+                "token ids unless it is made with `check_embedding_ctx_length=False`).",
                 "input",
                 "unsupported_parameter",
             )

@@ -55,9 +55,10 @@ def parse_tools(data: dict[str, Any]) -> ToolRequest | None:
     Raises:
         ApiError: 400 naming the field.
     """
-    for name in ("functions", "function_call"):
+    # Only the values that ask for nothing pass: no functions, or none to call.
+    for name, nothing in (("functions", []), ("function_call", "none")):
         value = data.get(name)
-        if value is not None and value not in ([], "none"):
+        if value is not None and value != nothing:
             raise unsupported(name, f"The legacy `{name}` field (send `tools` / `tool_choice`)")
     parallel = data.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):
@@ -162,7 +163,13 @@ def _choice(value: object, names: set[str]) -> str:
         )
     assert isinstance(choice, str)
     if not names and choice != NONE:
-        raise bad("`tool_choice` needs `tools`: this request offers none.", "tool_choice")
+        raise bad(
+            "`tool_choice` needs `tools`: this request offers none. Leave `tool_choice` "
+            "out when there are no tools, as OpenAI does (the openai SDK: do not pass it, "
+            "or pass `NOT_GIVEN`; LangChain: set it with `bind_tools(tools, "
+            "tool_choice=...)`, not in `model_kwargs`).",
+            "tool_choice",
+        )
     if choice not in CHOICES and choice not in names:
         raise bad(
             f"`tool_choice` names {short_repr(choice)}, which is not among `tools`.",
