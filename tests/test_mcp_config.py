@@ -153,7 +153,9 @@ def test_without_a_keyring_the_file_stays_as_it_is(tmp_path: Path, no_keyring: N
     raw = json.dumps({"mcpServers": {"s": {"command": "x", "env": {"API_KEY": "k"}}}})
     path.write_text(raw)
     notes = move_secrets(path)
-    assert len(notes) == 1 and "stay" in notes[0]
+    assert len(notes) == 1 and "stay in the file, as no system keyring" in notes[0]
+    # Not the API key's wording: the secrets are not "kept only until Lamplight quits".
+    assert "API key" not in notes[0] and "quits" not in notes[0]
     assert path.read_text() == raw
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from app.remote.keys import get_key, keyring_problem, set_key
+from app.remote.keys import get_key, keyring_reason, set_key
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, parse_json, read_limited, reason
 
@@ -156,12 +156,12 @@ def move_secrets(path: Path) -> list[str]:
     found = list(_secret_slots(data))
     if not found:
         return []
-    if keyring_problem():
-        return [f"{path.name} has secrets in it; they stay there: {keyring_problem()}"]
+    if why := keyring_reason():
+        return [f"{path.name} has secrets in it; they stay in the file, as {why}."]
     for server, key, holder in found:
         set_key(secret_id(server, key), holder[key])
-    if keyring_problem():
-        return [f"The secrets in {path.name} stay there: {keyring_problem()}"]
+    if why := keyring_reason():
+        return [f"The secrets in {path.name} stay in the file, as {why}."]
     for _server, key, holder in found:
         holder[key] = KEYRING
     try:

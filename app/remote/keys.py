@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 SERVICE = "Lamplight"
 MAX_KEY_CHARS = 8192  # far above any real API key or JWT; an HTTP header must stay sane
 NO_KEYRING = "No system keyring is available, so the API key is kept only until Lamplight quits."
+_NO_KEYRING_REASON = "no system keyring is available"
 
 _lock = threading.Lock()
 _memory: dict[str, str] = {}  # keys the keyring could not take (this session only)
@@ -108,19 +109,26 @@ def delete_key(conn_id: str) -> None:
         _note_failure(backend, exc)
 
 
-def keyring_problem() -> str:
-    """A sentence for the user when keys cannot be kept between runs; "" when they can."""
+def keyring_reason() -> str:
+    """Why the keyring cannot keep secrets, as a clause for any caller to word its own
+    consequence around (an ``mcp.json`` secret stays in the file); "" when it can."""
     backend = _active()
     if backend is None or _is_fail(backend):
-        return NO_KEYRING
+        return _NO_KEYRING_REASON
     with _lock:
         if _failed and _failed[0] is backend:
             why = f" ({_reason[0]})" if _reason and _reason[0] else ""
-            return (
-                f"The system keyring refused the API key{why}, so it is kept only "
-                "until Lamplight quits."
-            )
+            return f"the system keyring failed{why}"
     return ""
+
+
+def keyring_problem() -> str:
+    """A sentence for the user when API keys cannot be kept between runs; "" when they
+    can."""
+    reason = keyring_reason()
+    if not reason or reason == _NO_KEYRING_REASON:
+        return NO_KEYRING if reason else ""
+    return f"{reason[0].upper()}{reason[1:]}, so the API key is kept only until Lamplight quits."
 
 
 def _active() -> Any:
