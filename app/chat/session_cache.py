@@ -5,6 +5,10 @@ restore, a stack that differs from the engine's (in what changes the output) is
 re-applied first when all of its adapter files are still there, unchanged; a
 missing or changed adapter leaves the engine's stack alone and the cache unused,
 and the transcript is evaluated again on the next message.
+
+A cache that holds pictures also records the fingerprint of the vision projector that
+read them: under another projector (or none) it is not used. A cache of text alone
+restores whatever projector is loaded.
 """
 
 from __future__ import annotations
@@ -59,13 +63,19 @@ class SessionCache:
         self.store = store
         self.fingerprints = fingerprints
 
-    def header(self) -> SnapshotHeader:
-        """What the cache as it stands depends on, including the stack it was computed under."""
+    def header(self, images: bool = False) -> SnapshotHeader:
+        """What the cache as it stands depends on, including the stack it was computed under
+        and, for a cache with ``images``, the projector that read them.
+
+        Raises:
+            LamplightError: no model is loaded, or the projector file cannot be read.
+        """
         model = self.engine.model
         if model is None:
             raise LamplightError("No model is loaded.")
         cache = dict(self.engine.cache_config())
         lora = cache.pop("lora", [])  # the header has a field of its own for it
+        projector = str(cache.pop("projector", "") or "")  # and for this, fingerprinted
         return SnapshotHeader(
             # A model on a server has no local file: its backend says what identifies it.
             model=dict(model.fingerprint) or self.fingerprints.fingerprint(Path(model.path)),
@@ -74,7 +84,18 @@ class SessionCache:
             lora=list(lora),
             # A record only: another draft, or none, never refuses the cache.
             draft=draft_record(self.engine.draft_info),
+            projector=self._projector(projector) if images else {},
         )
+
+    def _projector(self, path: str) -> dict[str, Any]:
+        """The fingerprint of the projector file ``path`` ({} for none), remembered across
+        runs like the model's, so only a changed file is hashed again."""
+        if not path:
+            return {}
+        try:
+            return self.fingerprints.fingerprint(Path(path))
+        except OSError as exc:
+            raise LamplightError(f"the vision projector could not be read ({exc})") from exc
 
     def save(self, conv_id: str, keep: frozenset[str] = frozenset()) -> tuple[int, list[str]]:
         """Snapshot the cache for ``conv_id``; returns (bytes, ids pruned to fit the budget)."""
@@ -83,7 +104,7 @@ class SessionCache:
         if not kv.tokens:
             # An empty cache (after a reload, say) says nothing about the saved one: keep it.
             return self.store.snapshot_bytes(conv_id), []
-        size = write_snapshot(path, self.header(), kv)
+        size = write_snapshot(path, self.header(images=min(kv.tokens) < 0), kv)
         dropped = self.store.prune(keep | {conv_id})
         return size, dropped
 
@@ -106,7 +127,7 @@ class SessionCache:
         try:
             path = self.store.snapshot_path(conv_id)
             saved, _, _ = read_header(path)
-            expected = self._expected(saved.lora, apply_lora)
+            expected = self._expected(saved, apply_lora)
             kv = read_snapshot(path, expected)
             self.engine.import_state(kv)
         except (SnapshotError, LamplightError, OSError) as exc:
@@ -122,14 +143,16 @@ class SessionCache:
     def _applied(self) -> list[dict[str, Any]]:
         return self.engine.lora_signature() if self.engine.capabilities.lora else []
 
-    def _expected(self, saved: Sequence[Mapping[str, Any]], apply_lora: bool) -> SnapshotHeader:
-        """The header a snapshot made with stack ``saved`` must match, after applying it."""
-        if stack_key(saved) != stack_key(self._applied()):
+    def _expected(self, saved: SnapshotHeader, apply_lora: bool) -> SnapshotHeader:
+        """The header the snapshot ``saved`` must match, after applying its LoRA stack."""
+        if stack_key(saved.lora) != stack_key(self._applied()):
             if not apply_lora:
                 raise SnapshotError("it was made with other LoRA adapters")
-            self._apply_saved_stack(saved)
-        # Equal keys: order and inactive entries do not change the cache.
-        return replace(self.header(), lora=[dict(s) for s in saved])
+            self._apply_saved_stack(saved.lora)
+        # Equal keys: order and inactive entries do not change the cache. The loaded
+        # projector is hashed only for a snapshot that says it holds pictures.
+        current = self.header(images=bool(saved.projector))
+        return replace(current, lora=[dict(s) for s in saved.lora])
 
     def _apply_saved_stack(self, saved: Sequence[Mapping[str, Any]]) -> None:
         """Apply the stack a snapshot was made with, if its active adapters are unchanged.

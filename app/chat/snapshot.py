@@ -7,7 +7,8 @@ Layout (little-endian)::
 The payload is the sequence state, then the token ids (int32), the text
 (UTF-8) and the token/text marks (int32 pairs); the header gives each part's
 length, what the state depends on (model fingerprint, llama.cpp version,
-context settings, LoRA stack), the draft model loaded when it was made (a record
+context settings, LoRA stack, and the vision projector's fingerprint when the cache
+holds pictures), the draft model loaded when it was made (a record
 only: see ``SnapshotHeader.mismatch``) and a CRC-32 of the payload. No logits are
 stored, so the size follows the KV cache. Files are written atomically.
 
@@ -71,6 +72,9 @@ class SnapshotHeader:
     lora: list[dict[str, Any]]
     n_tokens: int = 0
     draft: dict[str, Any] = field(default_factory=dict)  # ``draft_record``; {} for none
+    # The projector that read the cache's pictures ({"name", "size", "sha256"}); {} when
+    # it holds none, so a cache of text restores whatever projector is loaded.
+    projector: dict[str, Any] = field(default_factory=dict)
 
     def mismatch(self, current: SnapshotHeader) -> str:
         """Why this snapshot does not fit ``current`` (empty when it does).
@@ -97,6 +101,11 @@ class SnapshotHeader:
                 )
         if self.lora != current.lora:
             return "the LoRA adapters changed"
+        if self.projector and self.projector.get("sha256") != current.projector.get("sha256"):
+            name = short_repr(self.projector.get("name", "unknown"))
+            if not current.projector:
+                return f"its pictures were read by the vision projector {name}, not loaded now"
+            return f"its pictures were read by another vision projector, {name}"
         return ""
 
 
@@ -131,6 +140,7 @@ def write_snapshot(path: Path, header: SnapshotHeader, kv: KvState) -> int:
         "cache": header.cache,
         "lora": header.lora,
         "draft": header.draft,
+        "projector": header.projector,
         "n_tokens": len(kv.tokens),
         "lengths": [len(p) for p in parts],
         "crc32": crc,
@@ -202,6 +212,9 @@ def _checked_header(head: Any) -> SnapshotHeader:
     draft = head.get("draft", {})  # absent in files from before drafting with a model
     if not _is_flat(draft):
         raise _damaged("draft")
+    projector = head.get("projector", {})  # absent in files from before it was recorded
+    if not (_is_flat(projector) and isinstance(projector.get("sha256", ""), str)):
+        raise _damaged("projector")
     return SnapshotHeader(
         model=dict(head["model"]),
         runtime=dict(head["runtime"]),
@@ -209,6 +222,7 @@ def _checked_header(head: Any) -> SnapshotHeader:
         lora=[dict(entry) for entry in lora],
         n_tokens=n_tokens,
         draft=dict(draft),
+        projector=dict(projector),
     )
 
 
@@ -276,6 +290,10 @@ def read_snapshot(path: Path, expected: SnapshotHeader, max_bytes: int | None = 
         raise SnapshotError("the saved cache file is inconsistent (token count)")
     if tokens and min(tokens) < 0 and not _images_named(tokens, text):
         raise SnapshotError("the saved cache file is inconsistent (images)")
+    if tokens and min(tokens) < 0 and not header.projector.get("sha256"):
+        # Saved before projectors were recorded (or the record was cut out): which
+        # projector read its pictures cannot be told, so it is read again.
+        raise SnapshotError("it holds pictures but does not say which vision projector read them")
     return KvState(state=parts[0], tokens=tokens.tolist(), text=text, marks=pairs)
 
 

@@ -18,7 +18,13 @@ from app.engine.adapters import AdapterSet
 from app.engine.backend import KvState, PrefillProgress
 from app.engine.chat_message import ChatMessage
 from app.engine.context_map import ContextMap
-from app.engine.image_part import ImagePart, has_markers, is_image_token, split_markers
+from app.engine.image_part import (
+    ImagePart,
+    has_markers,
+    image_token_id,
+    is_image_token,
+    split_markers,
+)
 from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.native import Native
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
@@ -185,6 +191,10 @@ class EngineCache:
             "flash_attn": self._config.flash_attn or self._config.kv_type != "f16",
             "swa_full": True,
             "n_swa": self._n_swa,
+            # The vision projector's file, which read any picture in the cache ("" for
+            # none). SessionCache moves it to the snapshot header's own ``projector`` field,
+            # fingerprinted; the KV pool compares it as it is.
+            "projector": str(self._projector.path) if self._projector is not None else "",
             # The adapters the cached tokens were evaluated with (SessionCache moves this
             # to the snapshot header's own ``lora`` field).
             "lora": [
@@ -282,24 +292,59 @@ class EngineCache:
         self._require()
         return len(self.image_seq(image).tokens)
 
+    def _kept_image(self, token_id: int) -> ImageSeq | None:
+        """The tokenized image whose pseudo-token is ``token_id``: the projector's, or the
+        request's image of that id tokenized again (the projector keeps only the last
+        few). Valid until the next tokenization; None when no image of the request has
+        that id.
+
+        Raises:
+            ImageError: the request's image can no longer be read.
+        """
+        if self._projector is None:
+            return None
+        seq = self._projector.known(token_id)
+        if seq is not None:
+            return seq
+        for image in self._images.values():
+            if image_token_id(image.digest) == token_id:
+                return self._projector.sequence(image)
+        return None
+
+    def _image_shape(self, token_id: int) -> tuple[int, int] | None:
+        """``(n_tokens, n_pos)`` of the image ``token_id`` (None: not one this engine knows)."""
+        if self._projector is None:
+            return None
+        shape = self._projector.shape(token_id)
+        if shape is None:
+            seq = self._kept_image(token_id)
+            shape = (seq.n_tokens, seq.n_pos) if seq is not None else None
+        return shape
+
     def _segments(
         self, tokens: Sequence[int], n_batch: int
-    ) -> Iterator[tuple[int, int, ImageSeq | None]]:
-        """``tokens`` cut into text batches and whole images: ``(start, end, image)``."""
+    ) -> Iterator[tuple[int, int, int | None]]:
+        """``tokens`` cut into text batches and whole images: ``(start, end, image id)``.
+
+        Raises:
+            DecodeError: an image run that no image of the request makes.
+            ImageError: the request's image can no longer be read.
+        """
         at = 0
         while at < len(tokens):
-            if not is_image_token(tokens[at]):
+            token = tokens[at]
+            if not is_image_token(token):
                 end = at
                 while end < len(tokens) and end - at < n_batch and not is_image_token(tokens[end]):
                     end += 1
                 yield at, end, None
                 at = end
                 continue
-            seq = self._projector.known(tokens[at]) if self._projector is not None else None
-            if seq is None or tokens[at : at + seq.n_tokens] != [seq.token_id] * seq.n_tokens:
+            shape = self._image_shape(token)
+            if shape is None or tokens[at : at + shape[0]] != [token] * shape[0]:
                 raise DecodeError("An image in the prompt could not be read again.")
-            yield at, at + seq.n_tokens, seq
-            at += seq.n_tokens
+            yield at, at + shape[0], token
+            at += shape[0]
 
     def _pos(self, n: int) -> int:
         """The KV position after the first ``n`` cached tokens (fewer with M-RoPE images)."""
@@ -307,13 +352,16 @@ class EngineCache:
             return n
         tokens, pos, at = self._map.tokens, n, 0
         while at < min(n, len(tokens)):
-            seq = self._projector.known(tokens[at]) if is_image_token(tokens[at]) else None
-            if seq is None:
+            try:
+                shape = self._image_shape(tokens[at]) if is_image_token(tokens[at]) else None
+            except ImageError:
+                shape = None
+            if shape is None:
                 at += 1
                 continue
-            if at + seq.n_tokens <= n:
-                pos -= seq.n_tokens - seq.n_pos
-            at += seq.n_tokens
+            if at + shape[0] <= n:
+                pos -= shape[0] - shape[1]
+            at += shape[0]
         return pos
 
     def _image_start(self, n: int) -> int:
@@ -345,7 +393,11 @@ class EngineCache:
                 else:
                     assert self._projector is not None
                     at = self._pos(len(self._map.tokens))
-                    rc = self._projector.evaluate(native.ctx, image, at, n_batch)
+                    # Fetched last: nothing may tokenize (and let go of it) before it is read.
+                    seq = self._kept_image(image)
+                    if seq is None:
+                        raise DecodeError("An image in the prompt could not be read again.")
+                    rc = self._projector.evaluate(native.ctx, seq, at, n_batch)
                 if rc == 2 or (rc != 0 and stop.is_set()):
                     # Aborted: some ubatches may be in memory; drop what we cannot vouch for.
                     self._rewind(len(self._map.tokens))
