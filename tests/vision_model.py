@@ -28,35 +28,53 @@ IMAGE_TOKENS = (IMAGE_SIZE // PATCH // MERGE) ** 2
 BUILDER_VERSION = 1
 
 
-def build_projector(out: Path, width: int = TEXT_WIDTH, *, seed: int = 7) -> Path:
-    """Write a random Gemma 3 projector whose output width is ``width`` to ``out``."""
+def build_projector(
+    out: Path,
+    width: int = TEXT_WIDTH,
+    *,
+    seed: int = 7,
+    header: dict[str, Any] | None = None,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Path:
+    """Write a random Gemma 3 projector whose output width is ``width`` to ``out``.
+
+    ``header`` overrides header values without changing the tensors, as a file whose
+    header disagrees with its weights would: an int is written as u32, a float as f32,
+    a bool, a str, a list as an array, ``(gguf.GGUFValueType, value)`` as that type,
+    and None leaves the key out. ``shapes`` gives tensors other (numpy-order) shapes.
+    """
     import gguf
     import numpy as np
 
     rng = np.random.default_rng(seed)
     n_embd, n_ff, n_head = 32, 64, 2
     n_patches = (IMAGE_SIZE // PATCH) ** 2
+    shapes = shapes or {}
 
     def rand(*shape: int, scale: float = 0.05) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
     tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), "clip")
-    writer.add_string("general.name", "lamplight test projector")
-    writer.add_string("clip.projector_type", "gemma3")
-    writer.add_bool("clip.has_vision_encoder", True)
-    writer.add_bool("clip.use_gelu", True)
-    writer.add_uint32("clip.vision.image_size", IMAGE_SIZE)
-    writer.add_uint32("clip.vision.patch_size", PATCH)
-    writer.add_uint32("clip.vision.embedding_length", n_embd)
-    writer.add_uint32("clip.vision.feed_forward_length", n_ff)
-    writer.add_uint32("clip.vision.block_count", 1)
-    writer.add_uint32("clip.vision.projection_dim", width)
-    writer.add_uint32("clip.vision.attention.head_count", n_head)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    writer.add_uint32("clip.vision.projector.scale_factor", MERGE)
-    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    values: dict[str, Any] = {
+        "general.name": "lamplight test projector",
+        "clip.projector_type": "gemma3",
+        "clip.has_vision_encoder": True,
+        "clip.use_gelu": True,
+        "clip.vision.image_size": IMAGE_SIZE,
+        "clip.vision.patch_size": PATCH,
+        "clip.vision.embedding_length": n_embd,
+        "clip.vision.feed_forward_length": n_ff,
+        "clip.vision.block_count": 1,
+        "clip.vision.projection_dim": width,
+        "clip.vision.attention.head_count": n_head,
+        "clip.vision.attention.layer_norm_epsilon": 1e-6,
+        "clip.vision.projector.scale_factor": MERGE,
+        "clip.vision.image_mean": [0.5, 0.5, 0.5],
+        "clip.vision.image_std": [0.5, 0.5, 0.5],
+    }
+    for key, value in {**values, **(header or {})}.items():
+        _write_value(writer, key, value)
     tensors = {
         "v.patch_embd.weight": rand(n_embd, 3, PATCH, PATCH),
         "v.patch_embd.bias": rand(n_embd),
@@ -80,13 +98,30 @@ def build_projector(out: Path, width: int = TEXT_WIDTH, *, seed: int = 7) -> Pat
         tensors[f"v.blk.0.{name}.weight"] = np.ones(n_embd, np.float32)
         tensors[f"v.blk.0.{name}.bias"] = np.zeros(n_embd, np.float32)
     for name, array in tensors.items():
-        writer.add_tensor(name, array)
+        writer.add_tensor(name, rand(*shapes[name]) if name in shapes else array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     os.replace(tmp, out)
     return out
+
+
+def _write_value(writer: Any, key: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, tuple):
+        writer.add_key_value(key, value[1], value[0])
+    elif isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, value)
 
 
 def projector_path(width: int = TEXT_WIDTH) -> Path:

@@ -112,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.engine.path_probe import main as probe
 
         return probe(argv[1:])
+    if argv and argv[0] == "probe-projector":  # the frozen app's projector check child
+        from app.engine.projector_probe import main as probe_projector
+
+        return probe_projector(argv[1:])
     if argv and argv[0] == "parse-document":  # the frozen app's bounded document reader
         from app.documents.parse_child import main as parse_document
 

@@ -8,6 +8,9 @@ whose child crashed, or that the user turned off after a crash, is switched off
 for the load, and the load's notes say so and what it costs. Only paths a load
 uses are checked: the repacked weights (always, on the CPU), flash attention
 (when asked for, or for the q8_0 KV cache) and GPU offload (with a GPU).
+
+A load with a vision projector has it checked too (``projector_guard``: loaded in a
+child first, once per file), and a projector that ends the process is left out.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from pathlib import Path
 from app.config.params import LoadConfig
 from app.engine.native_paths import FILE_NAME, PathVerdicts, RiskyPath
 from app.engine.path_probe import ProbeResult, run_probe
+from app.engine.projector_guard import ProjectorGuard
+from app.gguf.projector_checks import FILE_NAME as CHECKS_FILE
+from app.gguf.projector_checks import ProjectorChecks
 from app.util.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -64,6 +70,11 @@ def store_file(data_root: Path) -> Path:
     return Path(override) if override else data_root / FILE_NAME
 
 
+def projector_checks_file(data_root: Path) -> Path:
+    """Where the verdicts on projector files live: beside the native paths' verdicts."""
+    return store_file(data_root).with_name(CHECKS_FILE)
+
+
 CONTROL_CRASH = (
     "Loading a model crashed llama.cpp in a test process even with every risky path off "
     "({detail}), so it would crash Lamplight too: it was not loaded, and nothing is lost. "
@@ -92,8 +103,11 @@ class NativeGuard:
         probe: ProbeFn | None = None,
         key: Callable[[], str] | None = None,
         probe_model: Callable[[], Path | None] | None = None,
+        projectors: ProjectorGuard | None = None,
     ) -> None:
         self._file = file
+        # Projector files, with their verdicts beside this file's.
+        self.projectors = projectors or ProjectorGuard(ProjectorChecks(file.with_name(CHECKS_FILE)))
         self._probe = probe or (lambda p, m, t: run_probe(p, m, threads=t))
         self._key = key
         self._probe_model = probe_model
@@ -121,7 +135,8 @@ class NativeGuard:
         return out
 
     def prepare(self, model: Path, config: LoadConfig, gpu: bool) -> Prepared:
-        """``config`` with what crashes here switched off; unknown paths are checked first.
+        """``config`` with what crashes here switched off (a projector among them);
+        unknown paths and projectors are checked first.
 
         Raises:
             ModelLoadError: a load crashed even with every risky path off (the control
@@ -146,6 +161,8 @@ class NativeGuard:
             config = replace(config, flash_attn=False, kv_type="f16")
         if RiskyPath.GPU_OFFLOAD in off:
             config = replace(config, n_gpu_layers=0)
+        config, left_out = self.projectors.vet(model, config)  # loaded as the engine would
+        notes += (left_out,) if left_out else ()
         return Prepared(config, RiskyPath.EXTRA_BUFTS not in off, notes, frozenset(off))
 
     def _check(self, path: RiskyPath, model: Path, threads: int) -> None:

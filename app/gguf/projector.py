@@ -10,6 +10,8 @@ shape of the family's last projection tensor, else ``clip.vision.projection_dim`
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from app.gguf.header import (
     shown,
 )
 from app.gguf.info import _check_tensors, checked_header
+from app.gguf.projector_shapes import check_geometry, check_types
 from app.util.errors import ModelFileError, ProjectorError
 
 # Projector types this build of libmtmd knows (clip-impl.h PROJECTOR_TYPE_NAMES).
@@ -90,6 +93,7 @@ class ProjectorInfo:
     n_embd_out: int  # the width of the embeddings it writes (0: unknown)
     image_size: int
     patch_size: int
+    fingerprint: str = ""  # sha256 of the header, and the size: what libmtmd's asserts read
 
     @property
     def name(self) -> str:
@@ -103,16 +107,23 @@ def read_projector(path: str | Path) -> ProjectorInfo:
         ProjectorError: not a readable GGUF file, or not a vision projector llama.cpp knows.
     """
     p = Path(path)
+    fingerprint: list[str] = []
+
+    def check(name: str, h: Header, buf: mmap.mmap) -> int:
+        n_params = _check_tensors(name, h)
+        fingerprint.append(f"{hashlib.sha256(buf[: h.data_start]).hexdigest()}:{h.size}")
+        return n_params
+
     try:
-        header, _ = checked_header(
-            p, lambda name, h, _buf: _check_tensors(name, h), kind="projector"
-        )
+        header, _ = checked_header(p, check, kind="projector")
     except ModelFileError as exc:
         raise ProjectorError(str(exc)) from exc
-    return _info(p, shown(p.name), header)
+    info = _info(shown(p.name), header)
+    return ProjectorInfo(p, *info, fingerprint=fingerprint[0])
 
 
-def _info(p: Path, name: str, header: Header) -> ProjectorInfo:
+def _info(name: str, header: Header) -> tuple[str, int, int, int]:
+    """Type, output width, image and patch size of a projector libmtmd can load."""
     meta = header.meta
     arch = meta.get("general.architecture") if is_text(header, "general.architecture") else None
     if arch != "clip":
@@ -140,7 +151,9 @@ def _info(p: Path, name: str, header: Header) -> ProjectorInfo:
         raise ProjectorError(
             f"{name} cannot be used: its image size {size} and patch size {patch} make no sense."
         )
-    return ProjectorInfo(p, kind, _width(header, kind), size, patch)
+    check_types(name, header)
+    check_geometry(name, header, kind)
+    return kind, _width(header, kind), size, patch
 
 
 def _width(header: Header, kind: str) -> int:

@@ -4,11 +4,12 @@ A model and a projector in the same folder are paired automatically: files named
 ``mmproj*.gguf`` or ``*mmproj*.gguf``; when several, the one whose name shares the
 model's stem first, then by precision (F16, BF16, Q8_0, F32, others); one that
 does not fit the model (its width, its architecture; from both headers) is passed
-over. A pairing chosen by hand (a file, or none) is remembered per model in
-``projectors.json`` in the data folder, keyed like the model preferences
-(``app.config.model_prefs.model_key``: file name and size). The file is read
-afresh for every question and written atomically, so any number of windows and
-dialogs can use it.
+over, and so is one refused because loading it ended llama.cpp's process
+(``projector_checks.json``, beside this file). A pairing chosen by hand (a file, or
+none) is remembered per model in ``projectors.json`` in the data folder, keyed like
+the model preferences (``app.config.model_prefs.model_key``: file name and size).
+The file is read afresh for every question and written atomically, so any number of
+windows and dialogs can use it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from app.config.model_prefs import model_key
 from app.config.setting_records import LoadConfig
 from app.gguf.header import int_value, parse_header, shown
 from app.gguf.projector import ProjectorInfo, check_fits, read_projector
+from app.gguf.projector_checks import FILE_NAME as CHECKS_FILE
+from app.gguf.projector_checks import ProjectorChecks
 from app.models.quant import quant_of
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, read_json
@@ -107,8 +110,15 @@ def model_shape(model: Path) -> ModelShape | None:
     return ModelShape(arch, int_value(meta.get(f"{arch}.embedding_length")))
 
 
-def check_pair(projector: Path, shape: ModelShape | None, model: str) -> ProjectorInfo:
-    """Read ``projector`` and check it fits a model of ``shape``.
+class ProjectorRefused(ProjectorError):
+    """A projector whose load ended llama.cpp's process (in a test process, or the app's)."""
+
+
+def check_pair(
+    projector: Path, shape: ModelShape | None, model: str, checks: ProjectorChecks | None = None
+) -> ProjectorInfo:
+    """Read ``projector`` and check it fits a model of ``shape`` (and, with ``checks``,
+    that it was not refused for ending llama.cpp's process).
 
     Raises:
         ProjectorError: it is not a usable projector, or does not fit.
@@ -116,30 +126,49 @@ def check_pair(projector: Path, shape: ModelShape | None, model: str) -> Project
     info = read_projector(projector)
     if shape is not None:
         check_fits(info, shape.n_embd, shape.architecture, model=model)
+    refused = checks.refused(info) if checks is not None else ""
+    if refused:
+        raise ProjectorRefused(refused)
     return info
 
 
-def find_projector(model: Path, shape: ModelShape | None = None) -> Path | None:
+def find_projector(
+    model: Path, shape: ModelShape | None = None, checks: ProjectorChecks | None = None
+) -> Path | None:
     """The best projector beside ``model`` that fits it, or None."""
+    return pick_projector(model, shape, checks)[0]
+
+
+def pick_projector(
+    model: Path, shape: ModelShape | None = None, checks: ProjectorChecks | None = None
+) -> tuple[Path | None, str]:
+    """The best projector beside ``model`` that fits it (or None), and why the best one
+    refused by ``checks`` was passed over ('' when none was)."""
     found = candidates(model)
     if not found:
-        return None
+        return None, ""
     shape = shape or model_shape(model)
+    refused = ""
     for path in found:
         try:
-            check_pair(path, shape, shown(model.name))
+            check_pair(path, shape, shown(model.name), checks)
+        except ProjectorRefused as exc:
+            refused = refused or str(exc)
+            continue
         except ProjectorError as exc:
             log.info("projector %s passed over: %s", path.name, exc)
             continue
-        return path
-    return None
+        return path, refused
+    return None, refused
 
 
 class ProjectorPairs:
     """Projectors chosen by hand, per model: a path, or "" for none."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, checks: Path | None = None) -> None:
         self.path = path
+        # What is known against projector files (the engine's guard writes it).
+        self.checks = ProjectorChecks(checks or path.with_name(CHECKS_FILE))
 
     def _read(self) -> dict[str, str]:
         try:
@@ -195,10 +224,11 @@ def projector_for(model: Path, pairs: ProjectorPairs) -> tuple[str, str]:
     if chosen == "":
         return "", ""
     if chosen is None:
-        found = find_projector(model)
-        return (str(found) if found else ""), ""
+        found, refused = pick_projector(model, checks=pairs.checks)
+        note = f"The model is loaded without its vision projector: {refused}" if refused else ""
+        return (str(found) if found else ""), "" if found else note
     try:
-        check_pair(Path(chosen), model_shape(model), shown(model.name))
+        check_pair(Path(chosen), model_shape(model), shown(model.name), pairs.checks)
     except ProjectorError as exc:
         return "", f"The model is loaded without its vision projector: {exc}"
     return chosen, ""

@@ -266,6 +266,16 @@ class CrashRecorder:
             )
             self._write()
 
+    def add_to_load(self, key: str, value: Scalar) -> None:
+        """Add ``key`` to the step's load table (a load that has reached ``key``)."""
+        with self._lock:
+            if self.closed or not self._state or self._state.get("step") != "load":
+                return
+            load = dict(self._state.get("load") or {})
+            load[key] = value
+            self._state["load"] = dict(list(load.items())[:MAX_FIELDS])
+            self._write()
+
     def close(self) -> None:
         """A clean exit: the marker goes, and the fault file too while it is empty."""
         with self._lock:
@@ -384,6 +394,13 @@ def set_step(
     recorder = _current
     if recorder is not None:
         recorder.set_step(step, model, load, paths, request)
+
+
+def add_to_load(key: str, value: Scalar) -> None:
+    """Add ``key`` to the load step's table (nothing without a recorder, or mid-reply)."""
+    recorder = _current
+    if recorder is not None:
+        recorder.add_to_load(key, value)
 
 
 # -- the previous process ------------------------------------------------------------

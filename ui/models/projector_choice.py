@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from app.config.setting_records import LoadConfig
+from app.engine.native_guard import projector_checks_file
 from app.gguf.header import shown
 from app.models.projectors import (
     FILE_NAME,
@@ -29,7 +30,8 @@ from ui.common.context import Context
 
 
 def pairs(ctx: Context) -> ProjectorPairs:
-    return ProjectorPairs(ctx.dirs.root / FILE_NAME)
+    """The pairings by hand, and the verdicts the engine's guard keeps on projector files."""
+    return ProjectorPairs(ctx.dirs.root / FILE_NAME, projector_checks_file(ctx.dirs.root))
 
 
 def load_config(ctx: Context, model: Path) -> LoadConfig:
@@ -48,7 +50,7 @@ def projector_text(ctx: Context, model: Path) -> str:
         return "No vision projector (chosen by hand)."
     if chosen:
         return f"Vision projector: {shown(Path(chosen).name)} (chosen by hand)."
-    found = find_projector(model)
+    found = find_projector(model, checks=pairs(ctx).checks)
     if found is None:
         return "No vision projector beside it: it reads text only."
     return f"Vision projector: {shown(found.name)} (found beside it)."
@@ -84,7 +86,7 @@ def choose_projector(ctx: Context, parent: QWidget, model: Path) -> str | None:
 def choose_file(ctx: Context, parent: QWidget, model: Path, projector: Path) -> str | None:
     """Check ``projector`` fits ``model`` and remember it; a refusal is shown, not stored."""
     try:
-        check_pair(projector, model_shape(model), shown(model.name))
+        check_pair(projector, model_shape(model), shown(model.name), pairs(ctx).checks)
     except ProjectorError as exc:
         QMessageBox.warning(parent, "Not a projector for this model", str(exc))
         return None

@@ -6,7 +6,9 @@ Its buttons: open the crash record; when the fault was inside llama.cpp, turn
 off a risky native path that was running (a ``crash`` verdict for this machine in
 ``native_paths.json``, which the engine's guard honours from the next load on) and
 carry on; and when the app closed mid-reply, answer the message that was left
-without a reply.
+without a reply. A crash inside llama.cpp while a vision projector was loading sets
+that projector aside first (a ``crash`` verdict in ``projector_checks.json``), so no
+choice loads it again.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ from PySide6.QtWidgets import (
 from app.chat.conversation import ConversationError, is_valid_id
 from app.config.paths import DataDirs
 from app.engine.native_paths import PathVerdicts, RiskyPath
+from app.engine.vision import PROJECTOR_KEY
+from app.gguf.header import shown
 from app.util.crash_record import CrashReport
+from app.util.errors import ProjectorError
 
 if TYPE_CHECKING:
     from app.engine.backend import ModelInfo
@@ -68,6 +73,31 @@ def verdicts_here(dirs: DataDirs) -> PathVerdicts:
     from app.engine.native_libs import machine_key
 
     return PathVerdicts(store_file(dirs.root), machine_key())
+
+
+def set_aside_projector(report: CrashReport, dirs: DataDirs) -> str:
+    """After a crash inside llama.cpp while a vision projector was loading, refuse that
+    projector from now on (pairing passes it over, the engine leaves it out). Returns
+    the notice's sentence about it ('' when no projector is to blame)."""
+    from app.engine.native_guard import projector_checks_file
+    from app.gguf.projector import read_projector
+    from app.gguf.projector_checks import ProjectorChecks
+
+    path = report.load.get(PROJECTOR_KEY)
+    if report.step != "load" or not report.in_native or not isinstance(path, str) or not path:
+        return ""
+    fault = report.fault or "a fault"
+    why = f"Lamplight closed unexpectedly while loading it ({fault} inside llama.cpp)"
+    try:
+        info = read_projector(path)
+        ProjectorChecks(projector_checks_file(dirs.root)).record(info, False, why, "crash")
+    except (ProjectorError, OSError, ValueError) as exc:
+        log.warning("the projector %s was not set aside: %s", shown(path), exc)
+        return ""
+    return (
+        f" It was loading the vision projector {shown(info.name)}, which is now set aside: "
+        "the model loads without it."
+    )
 
 
 class CrashNotice(QFrame):
@@ -169,6 +199,8 @@ class CrashFollowUp(QObject):
         self._answer_after_load = False
         self._reload_after_load = False
         self.anyway: QPushButton | None = None  # "Load as before", while the load waits
+        # Before any load: a projector that crashed the load is never loaded again.
+        self.projector_note = set_aside_projector(report, dirs)
         self.conv_id = self._open_conversation()
         safe = self._safe()
         paths: tuple[RiskyPath, ...] = ()
@@ -177,7 +209,8 @@ class CrashFollowUp(QObject):
                 paths = offered_paths(report, verdicts_here(dirs).disabled())
             except Exception as exc:  # no llama.cpp build to name: nothing can be turned off
                 log.warning("native paths cannot be turned off here: %s", exc)
-        self.notice = CrashNotice(report.line(safe), paths, self._pending(), win.chat)
+        text = report.line(safe) + self.projector_note
+        self.notice = CrashNotice(text, paths, self._pending(), win.chat)
         layout = win.chat.layout()
         assert isinstance(layout, QBoxLayout)
         layout.insertWidget(0, self.notice)
@@ -192,8 +225,9 @@ class CrashFollowUp(QObject):
 
     def start_engine(self) -> None:
         """Load the model as the window does at start; a crash while loading inside
-        llama.cpp waits for the user's choice (turning a path off, or loading anyway)."""
-        if self.report.step == "load" and self.notice.off_buttons:
+        llama.cpp waits for the user's choice (turning a path off, or loading anyway), unless
+        the projector that was loading is to blame: the model loads at once without it."""
+        if self.report.step == "load" and self.notice.off_buttons and not self.projector_note:
             self.anyway = self.notice.add_button("Load as before", "crashLoadAnyway")
             self.anyway.setToolTip("Load the model with the same settings")
             self.anyway.clicked.connect(self._load_anyway)
