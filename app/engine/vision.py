@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 _CHUNK_TEXT = 0
 PROJECTOR_KEY = "projector"  # in the crash record's load table: the projector being loaded
 _KEEP = 32  # tokenized images kept (their chunks hold the preprocessed pixels)
+_SHAPES = 4096  # sizes of images let go of, remembered (two ints each) for positions
 
 
 @dataclass
@@ -70,7 +71,11 @@ class Projector:
             raise ProjectorError(f"{path.name} reads no images (an audio projector?).")
         self._ctx = ctx
         self.mrope = bool(m.mtmd_decode_use_mrope(ctx))
+        # At most _KEEP tokenized images, the next to let go of first; an image let go of
+        # is tokenized again from its ImagePart when it must be read (see ``sequence``).
         self._seqs: collections.OrderedDict[str, ImageSeq] = collections.OrderedDict()
+        self._shapes: collections.OrderedDict[int, tuple[int, int]] = collections.OrderedDict()
+        self.tokenized = 0  # images tokenized since the load, for tests and figures
         self.encode_ms = 0.0  # the last image's encode and decode, for figures
 
     def close(self) -> None:
@@ -84,6 +89,11 @@ class Projector:
     def sequence(self, image: ImagePart) -> ImageSeq:
         """``image`` tokenized (cached by digest).
 
+        Only the last ``_KEEP`` images are kept (each chunk holds the preprocessed
+        pixels), so a chat may hold any number of pictures in bounded memory: the one
+        let go of is the least recently used or one already read into the KV cache, and
+        a seq is valid only until the next call (its chunk may be freed then).
+
         Raises:
             ImageError: the image cannot be read, or libmtmd refused it.
         """
@@ -92,18 +102,28 @@ class Projector:
             self._seqs.move_to_end(image.digest)
             return seq
         seq = self._tokenize(image)
+        self.tokenized += 1
         self._seqs[image.digest] = seq
+        self._shapes[seq.token_id] = (seq.n_tokens, seq.n_pos)
+        self._shapes.move_to_end(seq.token_id)
         while len(self._seqs) > _KEEP:
             _digest, old = self._seqs.popitem(last=False)
             self._m.mtmd_input_chunks_free(old.chunks)
+        while len(self._shapes) > _SHAPES:
+            self._shapes.popitem(last=False)
         return seq
 
     def known(self, token_id: int) -> ImageSeq | None:
-        """The tokenized image whose pseudo-token id is ``token_id``, if still cached."""
+        """The tokenized image whose pseudo-token id is ``token_id``, if still kept."""
         for seq in self._seqs.values():
             if seq.token_id == token_id:
                 return seq
         return None
+
+    def shape(self, token_id: int) -> tuple[int, int] | None:
+        """``(n_tokens, n_pos)`` of the image with pseudo-token id ``token_id``, if it was
+        tokenized lately (remembered after its chunk is let go of)."""
+        return self._shapes.get(token_id)
 
     def _tokenize(self, image: ImagePart) -> ImageSeq:
         m = self._m
@@ -156,6 +176,11 @@ class Projector:
             )
         )
         self.encode_ms = (time.perf_counter() - t0) * 1000
+        if rc == 0 and seq.digest in self._seqs:
+            # In the KV cache now: rarely needed again, so the first to let go of. A chat
+            # read from the start then tokenizes again only the images its own
+            # tokenization let go of, not every one after them.
+            self._seqs.move_to_end(seq.digest, last=False)
         log.debug("image %s: %d tokens in %.0f ms", seq.digest[:12], seq.n_tokens, self.encode_ms)
         return rc
 
