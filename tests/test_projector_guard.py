@@ -43,6 +43,7 @@ from tests.fakes import FakeEngine
 from tests.test_crash_recovery import crashed_data, fake_app, notice_of
 from tests.vision_model import build_projector, projector_path
 
+POSIX = pytest.mark.skipif(os.name != "posix", reason="the abort is named by its signal")
 ENDS = re.escape("which would make llama.cpp end Lamplight")
 POST_LN = {"v.post_ln.weight": (24,)}  # passes every header rule; llama.cpp aborts on it
 # Header values that disagree with the test projector's weights, each of which ends
@@ -319,6 +320,7 @@ def guarded(
 
 
 @pytest.mark.slow
+@POSIX
 def test_the_headers_refused_here_do_end_llama_cpp(model_path: Path, bad: dict[str, Path]) -> None:
     """A canary: llama.cpp still aborts on these (drop a rule when it no longer does)."""
     for case in ("head count 3", "embedding width 48", "patch size 8"):
@@ -338,6 +340,7 @@ def test_a_bad_header_through_the_real_load_is_a_sentence_and_the_model_stays(
 
 
 @pytest.mark.slow
+@POSIX
 def test_a_projector_that_ends_llama_cpp_is_left_out_and_not_paired_again(
     guarded: tuple[Engine, Path], tmp_path: Path, model_path: Path
 ) -> None:
