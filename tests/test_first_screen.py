@@ -14,8 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from PIL import Image
 from PySide6.QtCore import QRect, Qt
-from PySide6.QtWidgets import QApplication, QDockWidget, QWidget
+from PySide6.QtWidgets import QApplication, QDockWidget, QPushButton, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
@@ -26,9 +27,10 @@ from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient
 from app.models.library import Library
 from app.models.recommended import default_model_name
-from tests.fakes import FakeEngine
+from tests.fakes import VISION_CAPABILITIES, FakeEngine
 from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
+from ui.models.onboarding import WelcomeCard
 from ui.window.main_window import MainWindow
 
 LAPTOP = (1366, 768)
@@ -153,6 +155,59 @@ def test_the_transcript_is_the_largest_area_at_1366x768(
     check_transcript_dominates(win, tmp_path / "4-new-chat.png")
     for name in ("1-no-model", "2-welcome", "3-first-reply", "4-new-chat"):
         assert (tmp_path / f"{name}.png").stat().st_size > 0
+
+
+def check_card_whole(win: MainWindow, card: WelcomeCard) -> None:
+    """The card lies inside the transcript's visible area, and shows all of itself or
+    scrolls to it (nothing of it is cut off)."""
+    settle()
+    view = win.transcript.viewport().geometry()  # the card is the transcript's child
+    assert card.isVisible() and view.contains(card.geometry()), (card.geometry(), view)
+    hidden = card.full_height(card.width()) - card.height()
+    assert hidden <= 0 or card.scroll_area.verticalScrollBar().maximum() >= hidden, hidden
+
+
+def test_the_welcome_card_stays_whole_when_chips_and_documents_take_room(
+    qtbot: QtBot, window: tuple[MainWindow, FakeEngine], dirs: DataDirs, tmp_path: Path
+) -> None:
+    """Before: the card was placed for the transcript's old size (its resize comes before
+    its viewport has the new one), so an image chip or the documents bar cut its foot
+    off; and a transcript shorter than the card cut it too. Now it is placed for the
+    room there is, and scrolls where it is taller than that room."""
+    win, fake = window
+    fake.caps = VISION_CAPABILITIES
+    model = dirs.models / default_model_name()
+    model.parent.mkdir(parents=True, exist_ok=True)
+    model.write_bytes(b"fake model")
+    with qtbot.waitSignal(win.modelReady, timeout=5000):
+        win.load_model(model)
+    qtbot.waitUntil(lambda: win.onboarding.card is not None, timeout=10_000)
+    card = win.onboarding.card
+    assert card is not None
+    check_card_whole(win, card)
+    picture = tmp_path / "picture.png"
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(picture)
+    win.images.add_files([picture])
+    qtbot.waitUntil(lambda: len(win.images.chips) == 1, timeout=10_000)
+    check_card_whole(win, card)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("Notes for the meeting. " * 40, encoding="utf-8")
+    win.documents.add_paths([notes])
+    qtbot.waitUntil(win.documents.bar.isVisible, timeout=10_000)
+    check_card_whole(win, card)
+    assert (win.width(), win.height()) == LAPTOP  # nothing forced the window taller
+    assert win.grab().save(str(tmp_path / "welcome-with-attachments.png"))
+
+    # Less room than the card needs: it scrolls, down to its last button.
+    win.resize(LAPTOP[0], 620)
+    check_card_whole(win, card)
+    assert card.scroll_area.verticalScrollBar().maximum() > 0
+    manager = card.findChild(QPushButton, "welcomeManager")
+    assert manager is not None
+    card.scroll_area.ensureWidgetVisible(manager)
+    settle()
+    assert not manager.visibleRegion().isEmpty()
+    assert win.height() == 620
 
 
 def test_charts_open_under_the_chat_from_the_view_menu(

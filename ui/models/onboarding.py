@@ -5,7 +5,8 @@
   says plainly what that model is, and offers the three recommended models that
   fit this machine best, one click each to download and switch, plus the model
   manager. It floats at the foot of the empty transcript (it takes no room from
-  the conversation) and steps aside while the open chat has messages. Non-modal;
+  the conversation), scrolls where the transcript is shorter than it (a documents
+  bar, image chips) and steps aside while the open chat has messages. Non-modal;
   closing it is remembered in ``onboarding.json`` in the data dir. Help →
   Recommended models… opens the full list at any time.
 - "Download and use" (from the card or the model manager) loads the model once
@@ -21,14 +22,16 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import shiboken6
 from PySide6.QtCore import QEvent, QObject, QRect, Qt, QTimer, Signal, SignalInstance
-from PySide6.QtGui import QAction, QResizeEvent
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
     QHBoxLayout,
     QLabel,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QSystemTrayIcon,
     QTextEdit,
@@ -63,6 +66,7 @@ ALERT_MS = 8000  # how long a tray message shows
 FIRST_RUN_COUNT = 3
 CARD_MAX_WIDTH = 760  # px: a readable line, centred in a wide transcript
 CARD_MARGIN = 12  # px between the card and the transcript's edges
+CARD_MIN_HEIGHT = 120  # px the card keeps at least (its first lines); the rest scrolls
 
 
 def is_default_model(info: ModelInfo) -> bool:
@@ -124,12 +128,16 @@ class WelcomeCard(QFrame):
         self.memory = QLabel(recommended_view.memory_line(free, sysinfo.physical_memory()), self)
         self.memory.setObjectName("welcomeMemory")
         self.memory.setWordWrap(True)  # beside the buttons in a narrow transcript
-        layout = QVBoxLayout(self)
+        # Inside a scroll area: where the documents bar or image chips leave the empty
+        # transcript less room than the card needs, it scrolls instead of being cut off.
+        self.content = QWidget(self)
+        self.content.setObjectName("welcomeContent")
+        layout = QVBoxLayout(self.content)
         layout.setSpacing(4)
         layout.addLayout(head)
         self.rows: list[EntryRow] = []
         for entry in choices:
-            row = EntryRow(entry, installs, n_ctx, kv_bytes, self, compact=True)
+            row = EntryRow(entry, installs, n_ctx, kv_bytes, self.content, compact=True)
             row.set_free(free)
             self.rows.append(row)
             layout.addWidget(row)
@@ -137,7 +145,7 @@ class WelcomeCard(QFrame):
             none = QLabel(
                 "None of the recommended models fits the memory free now; the model manager "
                 "lists them all, and others.",
-                self,
+                self.content,
             )
             none.setWordWrap(True)
             layout.addWidget(none)
@@ -153,14 +161,40 @@ class WelcomeCard(QFrame):
         buttons.addStretch(1)
         buttons.addWidget(self.memory)
         layout.addLayout(buttons)
+        self.scroll_area = self._scrolling(self.content)
         self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+
+    def _scrolling(self, content: QWidget) -> QScrollArea:
+        """``content`` in a frameless scroll area that fills the card."""
+        area = QScrollArea(self)
+        area.setObjectName("welcomeScroll")
+        area.setFrameShape(QFrame.Shape.NoFrame)
+        area.setWidgetResizable(True)
+        area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        area.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(area)
         # It floats over the transcript: its own background, not the text beneath.
         self.setAutoFillBackground(True)
+        content.setAutoFillBackground(True)
+        return area
 
-    def resizeEvent(self, event: QResizeEvent) -> None:
-        # A word-wrapped label's minimum height ignores its width: keep every line visible.
-        self.body.setMinimumHeight(self.body.heightForWidth(max(1, self.body.width())))
-        super().resizeEvent(event)
+    def least_width(self) -> int:
+        """The narrowest the card reads well at (its buttons side by side)."""
+        inner = self.content.minimumSizeHint().width()
+        bar = self.scroll_area.verticalScrollBar().sizeHint().width()
+        return inner + bar + 2 * self.frameWidth()
+
+    def full_height(self, width: int) -> int:
+        """The height that shows all of it, ``width`` wide (no scrolling)."""
+        inner = max(1, width - 2 * self.frameWidth())
+        layout = self.content.layout()
+        assert layout is not None
+        height = layout.totalHeightForWidth(inner) if layout.hasHeightForWidth() else -1
+        if height < 0:
+            height = layout.totalSizeHint().height()
+        return height + 2 * self.frameWidth()
 
 
 class Onboarding(QObject):
@@ -183,6 +217,7 @@ class Onboarding(QObject):
         self._ctx = ctx
         self._services = services
         self._transcript = transcript
+        self._viewport = transcript.viewport()
         self._listen = listen
         self._show_manager = show_manager
         self.card: WelcomeCard | None = None
@@ -252,6 +287,7 @@ class Onboarding(QObject):
         if not self._watching:
             self._watching = True
             transcript.installEventFilter(self)
+            self._viewport.installEventFilter(self)
             transcript.document().contentsChanged.connect(self.place_card)
             self._listen(self._on_conversation)
         self.place_card()
@@ -283,19 +319,17 @@ class Onboarding(QObject):
             card.hide()
             transcript.setMinimumSize(0, 0)
             return
-        # Room for all of it (a small window grows, as it would for a card in the layout).
-        least = card.minimumSizeHint().width()
+        # Room for its buttons side by side and its first lines (a small window grows that
+        # much); what does not fit scrolls, so the window never outgrows a laptop's screen.
+        least = card.least_width()
         frame = transcript.size() - transcript.viewport().size()
         transcript.setMinimumSize(
             least + 2 * CARD_MARGIN + frame.width(),
-            max(0, card.heightForWidth(least)) + 2 * CARD_MARGIN + frame.height(),
+            min(card.full_height(least), CARD_MIN_HEIGHT) + 2 * CARD_MARGIN + frame.height(),
         )
         view = transcript.viewport().geometry()
         width = max(1, min(view.width() - 2 * CARD_MARGIN, CARD_MAX_WIDTH))
-        height = card.heightForWidth(width)
-        if height < 0:
-            height = card.sizeHint().height()
-        height = max(1, min(height, view.height() - 2 * CARD_MARGIN))
+        height = max(1, min(card.full_height(width), view.height() - 2 * CARD_MARGIN))
         x = view.x() + (view.width() - width) // 2
         y = max(view.y(), view.y() + view.height() - CARD_MARGIN - height)
         card.setGeometry(QRect(x, y, width, height))
@@ -303,10 +337,14 @@ class Onboarding(QObject):
         card.show()
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        if watched is self._transcript and event.type() in (
-            QEvent.Type.Resize,
-            QEvent.Type.Show,
-        ):
+        # The viewport's resize, not the transcript's: that one comes before the viewport
+        # has its new size, and a card placed for the old one was cut off (a chip or the
+        # documents bar taking room).
+        kind = event.type()
+        resized = watched is self._viewport and kind == QEvent.Type.Resize
+        shown = watched is self._transcript and kind == QEvent.Type.Show
+        # Not while the window is torn down: its viewport still gets events then.
+        if (resized or shown) and shiboken6.isValid(self._transcript):
             self.place_card()
         return False
 
