@@ -53,7 +53,7 @@ from app.util.sysinfo import size_text
 from ui.chat.chat_pane import ChatPane
 from ui.chat.image_viewer import CHIP_SIDE, THUMB_SIDE, read_image
 from ui.common.context import Context
-from ui.common.qt_util import chip_row
+from ui.common.qt_util import MenuToolButton, chip_row
 
 log = logging.getLogger(__name__)
 
@@ -257,12 +257,11 @@ class ImageAttach(QObject):
         self._info: ModelInfo | None = None
 
         # The input box's corner: Attach, a menu (the documents add their entries).
-        self.button = QToolButton(chat)
+        self.button = MenuToolButton(chat)
         self.button.setObjectName("attachButton")
         self.button.setText("Attach")
         self.button.setAccessibleName("Attach images or documents")
         self.button.setToolTip("Attach images or documents (or drop them on the message box)")
-        self.button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.menu = QMenu(self.button)
         self.menu.setToolTipsVisible(True)
         self.image_action = QAction("Image…", self)

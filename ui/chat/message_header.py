@@ -6,6 +6,11 @@ import html
 import time
 
 ACTION_SCHEME = "lamplight"
+VERSION_TIPS = {"prev-version": "Previous version", "next-version": "Next version"}
+# A lone "‹" in small type was a 5 px target: the arrows are drawn larger, and the link
+# takes in the no-break spaces around them, so the clickable part is about 24 px wide.
+ARROW_PAD = "&nbsp;&nbsp;"
+ARROW_STYLE = "color:#6b7a90; text-decoration:none; font-size:large; font-weight:bold"
 
 
 def stamp_text(created: float, now: float | None = None) -> str:
@@ -39,14 +44,16 @@ def header_html(
     if count > 1:
         # "‹ 2/3 ›": the other versions regenerate and edit kept (links only where there is one).
         def arrow(sign: str, action: str, live: bool) -> str:
+            padded = f"{ARROW_PAD}{sign}{ARROW_PAD}"
             if not live:
-                return f"<span style='color:#c0c0c0'>{sign}</span>"
+                return f"<span style='color:#c0c0c0'>{padded}</span>"
             href = f"{ACTION_SCHEME}://{key}/{action}/{index}"
-            return f'<a href="{href}" style="color:#6b7a90">{sign}</a>'
+            tip = VERSION_TIPS[action]
+            return f'<a href="{href}" title="{tip}" style="{ARROW_STYLE}">{padded}</a>'
 
         switch = (
-            f"&nbsp;&nbsp;<small>{arrow('‹', 'prev-version', position > 1)} "
-            f"{position}/{count} {arrow('›', 'next-version', position < count)}</small>"
+            f"&nbsp;{arrow('‹', 'prev-version', position > 1)}<small>{position}/{count}</small>"
+            f"{arrow('›', 'next-version', position < count)}"
         )
     # A finished message (one with actions) can always be copied.
     shown = (*actions, "copy") if actions else ()

@@ -11,10 +11,11 @@ from functools import partial
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QAction, QActionGroup
-from PySide6.QtWidgets import QMenu, QToolButton, QWidget
+from PySide6.QtWidgets import QMenu, QWidget
 
 from app.config.params import SamplingParams
 from app.engine.backend import ModelInfo
+from ui.common.qt_util import MenuToolButton
 
 THINKING = {"auto": "Auto (the template's default)", "on": "On", "off": "Off"}
 EFFORTS = {"auto": "Auto", "low": "Low", "medium": "Medium", "high": "High"}
@@ -47,7 +48,7 @@ def reasoning_tip(info: ModelInfo | None) -> tuple[bool, bool, str]:
     return True, fmt.effort, f"Thinks ({fmt.name}): {switch}; it {effort}."
 
 
-class ThinkButton(QToolButton):
+class ThinkButton(MenuToolButton):
     """Thinking Auto / On / Off, with an Effort submenu where the template reads one.
 
     Signals:
@@ -60,7 +61,6 @@ class ThinkButton(QToolButton):
         super().__init__(parent)
         self.setObjectName("thinkButton")
         self.setAccessibleName("Thinking")
-        self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
         self.setText(LABELS["auto"])
         menu = QMenu(self)
         menu.setObjectName("thinkMenu")

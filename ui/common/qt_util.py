@@ -5,9 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from PySide6.QtCore import QObject, Qt
+from PySide6.QtCore import QObject, QSize, Qt
 from PySide6.QtGui import QTextCursor, QTextFrame
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QScrollArea, QWidget
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QScrollArea,
+    QStyle,
+    QStyleOptionToolButton,
+    QToolButton,
+    QWidget,
+)
 
 
 @contextmanager
@@ -45,3 +53,25 @@ def remove_text_frame(frame: QTextFrame) -> QTextCursor:
     cursor.setPosition(frame.lastPosition() + 1, QTextCursor.MoveMode.KeepAnchor)
     cursor.removeSelectedText()
     return cursor
+
+
+class MenuToolButton(QToolButton):
+    """A tool button that opens its menu at a click, wide enough for its label and arrow.
+
+    With ``InstantPopup`` Qt draws the menu arrow over the label's right end but sizes the
+    button for the label alone: "Think: auto" came out clipped, the arrow on its "o".
+    """
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+
+    def sizeHint(self) -> QSize:  # Qt's name
+        hint = super().sizeHint()
+        opt = QStyleOptionToolButton()
+        self.initStyleOption(opt)
+        arrow = self.style().pixelMetric(QStyle.PixelMetric.PM_MenuButtonIndicator, opt, self)
+        return QSize(hint.width() + arrow, hint.height())
+
+    def minimumSizeHint(self) -> QSize:  # Qt's name
+        return self.sizeHint()

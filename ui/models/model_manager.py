@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QDialog,
+    QDialogButtonBox,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -127,8 +128,12 @@ class ModelManager(QDialog):
             self.tabs.indexOf(self.recommended), "Small chat models that run well on this computer"
         )
         self.tabs.tabBarClicked.connect(self._on_tab_clicked)
+        close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close, self)
+        close.setObjectName("modelManagerButtons")
+        close.rejected.connect(self.reject)  # Close, like Esc, only hides the window
         layout = QVBoxLayout(self)
         layout.addWidget(self.tabs)
+        layout.addWidget(close)
 
         hub = services.hub
         hub.searchDone.connect(self._on_search_done)

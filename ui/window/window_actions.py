@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Protocol
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMenu, QToolBar, QWidget
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFileDialog,
+    QMainWindow,
+    QMenu,
+    QSplitter,
+    QToolBar,
+    QWidget,
+)
 
 from app.chat.conversation import Conversation
 from app.config.params import ApiSettings
@@ -23,6 +31,7 @@ from app.engine.hardware import detect_hardware
 from app.models.library import LibraryEntry
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
+from ui.chat.conversation_list import ConversationList
 from ui.common.context import Context
 from ui.models import projector_choice
 from ui.models.hub_workers import HubServices
@@ -44,7 +53,7 @@ DOCK_KEYS = ("Ctrl+Shift+S", "Ctrl+Shift+P", "Ctrl+Shift+L")  # sampling, charts
 # Menu title -> action names in order (None: a separator).
 MENUS: dict[str, list[str | None]] = {
     "&File": ["new_chat", "open_model", None, "import", "export_json", "export_md", None, "quit"],
-    "&Chat": ["regenerate", None, "allow_tool", "deny_tool", "edit_tool"],
+    "&Chat": ["regenerate", "find", None, "allow_tool", "deny_tool", "edit_tool"],
     "&View": [],  # the panels' toggles and Appearance (``build``)
     "&Model": ["manager", "open_model", RECENT, "connect", "api", "compact_cache"],
     "&Tools": ["mcp"],
@@ -68,6 +77,8 @@ class ActionHost(ApiHost, Protocol):
 
     @property
     def chat_input(self) -> QWidget: ...
+    @property
+    def sidebar(self) -> ConversationList: ...
     @property
     def conversation(self) -> Conversation: ...
     @property
@@ -145,6 +156,13 @@ def specs(host: ActionHost, compact_cache: bool) -> list[ActionSpec]:
         ActionSpec("quit", "Quit", host.close, "Ctrl+Q"),
         ActionSpec("stop", "Stop", host.stop, QKeySequence(Qt.Key.Key_Escape)),
         ActionSpec("focus_input", "Focus input", partial(focus_input, host), "Ctrl+L"),
+        ActionSpec(
+            "find",
+            "Search conversations",
+            partial(focus_search, host),
+            "Ctrl+F",
+            "Search the titles and messages of every chat (Ctrl+F)",
+        ),
         ActionSpec(
             "manager",
             "Model manager…",
@@ -282,6 +300,23 @@ def focus_input(host: ActionHost) -> None:
     host.activateWindow()
     host.raise_()
     host.chat_input.setFocus(Qt.FocusReason.ShortcutFocusReason)
+
+
+def focus_search(host: ActionHost) -> None:
+    """Ctrl+F: the sidebar's search box, from anywhere; a sidebar dragged shut opens."""
+    host.activateWindow()
+    host.raise_()
+    sidebar = host.sidebar
+    splitter = sidebar.parentWidget()
+    if isinstance(splitter, QSplitter):
+        sizes, at = splitter.sizes(), splitter.indexOf(sidebar)
+        if 0 <= at < len(sizes) and sizes[at] == 0:
+            wanted = max(sidebar.minimumSizeHint().width(), 230)
+            sizes = [max(0, n - wanted) if i != at else wanted for i, n in enumerate(sizes)]
+            splitter.setSizes(sizes)
+    sidebar.show()
+    sidebar.search.setFocus(Qt.FocusReason.ShortcutFocusReason)
+    sidebar.search.selectAll()
 
 
 def share_shortcuts(host: QMainWindow) -> None:
