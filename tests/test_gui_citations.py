@@ -15,7 +15,7 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Conversation, Message
 from app.documents.sources import Source, sources_from_list
-from ui.chat.citations import label, preview
+from ui.chat.citations import label, preview, sources_frame
 from ui.chat.document_viewer import (
     CHANGED,
     MISSING,
@@ -70,12 +70,18 @@ def test_labels_and_preview(tmp_path: Path) -> None:
     assert preview("a  b\n" + "x" * 300).endswith("…") and len(preview("y" * 300)) == 120
 
 
-def test_sources_show_under_the_reply_and_click_emits(qtbot: QtBot, tmp_path: Path) -> None:
+def sources_at(view: TranscriptView) -> list[int]:
+    """The indexes of the messages whose bubble holds a sources list."""
+    return [i for i, f in enumerate(view._frames) if sources_frame(f) is not None]
+
+
+def test_sources_show_in_the_question_and_click_emits(qtbot: QtBot, tmp_path: Path) -> None:
     view = TranscriptView()
     qtbot.addWidget(view)
     view.show_messages(conversation(tmp_path / "report.pdf"))
     text = view.toPlainText()
-    assert text.index("It grew by 12 percent") < text.index("Sources")
+    assert text.index("How did revenue") < text.index("Sources") < text.index("It grew by 12")
+    assert sources_at(view) == [0]
     assert "[1] report.pdf, page 3, lines 2–3" in text
     assert "[2] notes.md, whole document" in text
     at = view.document().find("[1] report.pdf")
@@ -96,9 +102,10 @@ def test_sources_show_under_the_reply_and_click_emits(qtbot: QtBot, tmp_path: Pa
     assert len(got) == 2
 
 
-def test_streaming_reply_shows_sources_under_the_question_then_the_reply(
+def test_sources_stay_in_the_question_while_streaming_after_and_reopened(
     qtbot: QtBot, tmp_path: Path
 ) -> None:
+    """They jumped from the question's bubble to under the reply when the reply ended."""
     view = TranscriptView()
     qtbot.addWidget(view)
     msgs = conversation(tmp_path / "report.pdf")
@@ -106,19 +113,22 @@ def test_streaming_reply_shows_sources_under_the_question_then_the_reply(
     view.begin_reply(1)
     view.append_stream("It grew")
     text = view.toPlainText()
-    assert text.index("Sources") < text.index("It grew")
-    view.end_reply("It grew by 12 percent [1].")
-    text = view.toPlainText()
-    assert text.count("Sources") == 1
-    assert text.index("It grew by 12 percent") < text.index("Sources")
+    assert sources_at(view) == [0] and text.index("Sources") < text.index("It grew")
+    view.end_reply(msgs[1].content)
+    live = view.toPlainText()
+    assert sources_at(view) == [0] and live.count("Sources") == 1
+    assert live.index("Sources") < live.index("It grew by 12 percent")
     assert len(source_links(view)) == 2
-    # A reply that is not kept (stopped) leaves them under the question.
+    view.show_messages(msgs)  # the chat opened again
+    assert sources_at(view) == [0]
+    assert view.toPlainText().index("Sources") == live.index("Sources")
+    # A reply that is not kept (stopped) leaves them where they are too.
     view.clear_conversation()
     view.add_user_message("again?", 0, sources=msgs[0].sources)
     view.begin_reply(1)
     view.end_reply("", error="Stopped.", kept=False)
     text = view.toPlainText()
-    assert text.index("Sources") < text.index("Stopped.")
+    assert sources_at(view) == [0] and text.index("Sources") < text.index("Stopped.")
 
 
 def test_reopened_conversation_shows_the_same_sources(qtbot: QtBot, tmp_path: Path) -> None:
@@ -142,7 +152,8 @@ def test_a_question_without_reply_keeps_its_sources(qtbot: QtBot, tmp_path: Path
     msgs = conversation(tmp_path / "report.pdf")
     view.show_messages([msgs[0], Message("assistant", "ok"), Message("user", "more?")])
     text = view.toPlainText()
-    assert text.index("ok") < text.index("Sources") < text.index("more?")
+    assert text.index("Sources") < text.index("ok") < text.index("more?")
+    assert sources_at(view) == [0]
     view.show_messages(msgs[:1], answerable=True)
     assert "Sources" in view.toPlainText()
 

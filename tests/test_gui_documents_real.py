@@ -1,6 +1,6 @@
 """Documents from the window, end to end on the real chat model and the built-in
 embedding model (issue 31): files attached and indexed, a message given the small file
-whole and passages of the long one, the Sources under the reply opening the viewer at
+whole and passages of the long one, the Sources in the message opening the viewer at
 the passage, and the follow-up and the reopened chat reading only what is new."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The numbered passages a message was sent with, as a "Sources" list in the transcript.
 
-The list of a user message's sources shows under the reply that answered it (while
-the reply streams, or when there is none, under the user message itself). Each line
+The list of a user message's sources shows in that message's bubble, where the data
+lives (``Message.sources``): the same place while the reply streams, after it ends and
+when the chat is opened again (it used to move under the reply once it ended). Each line
 is a link (``<href>/<message index>/<position>``) that the transcript turns into a
 ``sourceActivated(Source)`` signal. The sources come from the saved message
 (``Message.sources``), read defensively, so a reopened chat shows the same list.
@@ -104,8 +105,8 @@ class MessageSources:
     """The sources lists of the transcript's messages.
 
     ``show`` is called with every user message (its sources may be empty) and puts its
-    list under it; ``follow_reply`` moves the latest user message's list under the
-    reply that answers it. ``activate`` calls ``on_activate`` with the chosen source.
+    list at the end of that message, where it stays. ``activate`` calls ``on_activate``
+    with the chosen source.
     """
 
     def __init__(
@@ -115,37 +116,22 @@ class MessageSources:
         self._dark = dark
         self._on_activate = on_activate
         self._sources: dict[int, list[Source]] = {}  # user message index -> its sources
-        self._users: list[int] = []  # user message indexes, in order
-        self._at: dict[int, QTextFrame] = {}  # user message index -> frame showing its list
 
     def clear(self) -> None:
-        self._sources, self._users, self._at = {}, [], {}
+        self._sources = {}
 
     def show(self, index: int, frame: QTextFrame, items: object) -> None:
         """User message ``index`` (in ``frame``) was sent with ``items`` (dicts or sources)."""
-        self._users = [u for u in self._users if u < index] + [index]
         for stale in [k for k in self._sources if k >= index]:
             self._sources.pop(stale)
-            self._at.pop(stale, None)
         sources = as_sources(items)
         if sources:
             self._sources[index] = sources
             self._place(index, frame)
 
-    def follow_reply(self, index: int, frame: QTextFrame) -> None:
-        """Reply ``index`` (in ``frame``) answers the latest user message before it."""
-        user = max((u for u in self._users if u < index), default=-1)
-        if user not in self._sources:
-            return
-        old = self._at.get(user)
-        if old is not None and old is not frame:
-            remove_frame(old)
-        self._place(user, frame)
-
     def _place(self, user: int, frame: QTextFrame) -> None:
         body = sources_html(self._sources[user], f"{self._href}/{user}", self._dark())
         insert_frame(frame, body, self._dark())
-        self._at[user] = frame
 
     def sources(self, index: int) -> list[Source]:
         """User message ``index``'s sources, as shown."""

@@ -66,7 +66,7 @@ class TranscriptView(QTextBrowser):
         copied(str): what was put on the clipboard, in words ("message", "code block",
             "thinking").
         sourceActivated(Source): the user clicked a passage of a message's "Sources" list
-            (``ui.chat.citations``: it shows under the reply to the message sent with them).
+            (``ui.chat.citations``: it shows in the message sent with them).
     """
 
     linkActivated = Signal(QUrl)
@@ -173,7 +173,6 @@ class TranscriptView(QTextBrowser):
                 self._keep_thinking(i, m.reasoning, metrics, m.content)
                 self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
                 self.show_tool_calls(i, m, messages)
-                self.sources.follow_reply(i, frame)
             elif m.role == "tool" and self._frames:
                 self._frames.append(self._frames[-1])  # a result: its call's card shows it
         self._set_last_reply(last_reply)
@@ -354,7 +353,6 @@ class TranscriptView(QTextBrowser):
         self._stream_frame, self._stream_cursor = None, None
         if kept:
             self._set_last_reply(self._stream_index)
-            self.sources.follow_reply(index, frame)
         self._follow(at_bottom)
 
     # -- thinking ------------------------------------------------------------------------
