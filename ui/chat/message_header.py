@@ -10,7 +10,7 @@ VERSION_TIPS = {"prev-version": "Previous version", "next-version": "Next versio
 # A lone "‹" in small type was a 5 px target: the arrows are drawn larger, and the link
 # takes in the no-break spaces around them, so the clickable part is about 24 px wide.
 ARROW_PAD = "&nbsp;&nbsp;"
-ARROW_STYLE = "color:#6b7a90; text-decoration:none; font-size:large; font-weight:bold"
+ARROW_SIZE = "text-decoration:none; font-size:large; font-weight:bold"
 
 
 def stamp_text(created: float, now: float | None = None) -> str:
@@ -45,11 +45,11 @@ def header_html(
         # "‹ 2/3 ›": the other versions regenerate and edit kept (links only where there is one).
         def arrow(sign: str, action: str, live: bool) -> str:
             padded = f"{ARROW_PAD}{sign}{ARROW_PAD}"
-            if not live:
-                return f"<span style='color:#c0c0c0'>{padded}</span>"
+            if not live:  # as wide as a live one: the header does not shift between versions
+                return f"<span style='color:#c0c0c0; {ARROW_SIZE}'>{padded}</span>"
             href = f"{ACTION_SCHEME}://{key}/{action}/{index}"
-            tip = VERSION_TIPS[action]
-            return f'<a href="{href}" title="{tip}" style="{ARROW_STYLE}">{padded}</a>'
+            style = f"color:#6b7a90; {ARROW_SIZE}"
+            return f'<a href="{href}" title="{VERSION_TIPS[action]}" style="{style}">{padded}</a>'
 
         switch = (
             f"&nbsp;{arrow('‹', 'prev-version', position > 1)}<small>{position}/{count}</small>"
