@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient
 from app.models.library import Library
 from tests.conftest import TEST_LOAD
+from tests.fakes import FakeEngine
 from tests.hub_server import HubServer, serving_hub
 from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
@@ -102,6 +104,38 @@ def test_hub_errors_show_in_the_window(qtbot: QtBot, window: MainWindow, hub: Hu
     m._details_request = m._services.details("acme/small-GGUF")
     qtbot.waitUntil(lambda: "not found on the Hub" in m.repo_title.text(), timeout=10_000)
     assert not m.download_button.isEnabled()
+
+
+def test_an_offline_search_says_so_in_seconds(qtbot: QtBot, tmp_path: Path) -> None:
+    """Offline, "Searching…" stood for about a minute (the Hub library's retries, with no
+    connect timeout); now the window says the Hub could not be reached at once."""
+    with HubServer() as stopped:  # its port now refuses: the Hub is out of reach
+        url = stopped.url
+    dirs = data_dirs(tmp_path / "data")
+    store = ConversationStore(dirs.root)
+    services = HubServices(
+        HubClient(endpoint=url),
+        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
+        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
+    )
+    client = EngineClient(dirs.models, engine_factory=lambda: FakeEngine(), store=store)
+    win = MainWindow(client, AppSettings(), dirs, store, services)
+    qtbot.addWidget(win)
+    win.show()
+    try:
+        m = manager(qtbot, win)
+        qtbot.keyClicks(m.search_box, "gemma")
+        started = time.monotonic()
+        qtbot.keyClick(m.search_box, Qt.Key.Key_Return)
+        assert m.discover_status.text() == "Searching…"
+        qtbot.waitUntil(
+            lambda: "could not reach the Hub" in m.discover_status.text(), timeout=10_000
+        )
+        assert time.monotonic() - started < 5
+        assert "Are you online?" in m.discover_status.text()
+    finally:
+        win.close()
+        qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def test_invalid_files_are_listed_with_a_reason_and_can_be_deleted(

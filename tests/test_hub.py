@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from app.models import hub as hub_module
 from app.models.downloader import Control, DownloadCancelled, DownloadError, FileFetcher
 from app.models.downloads import DownloadQueue, repo_dir_name
 from app.models.hub import HubClient, HubError
@@ -63,6 +66,46 @@ def test_hub_errors_are_plain_words(hub: HubServer) -> None:
     client = HubClient()
     with pytest.raises(HubError, match="not found on the Hub"):
         client.details("acme/nope")
+
+
+def _timed(call: Callable[[], object]) -> tuple[BaseException | None, float]:
+    """What ``call`` raised and how long it took (on a thread: a hang fails the test)."""
+    out: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            out.append(None)
+        except BaseException as exc:  # the test looks at it
+            out.append(exc)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert out, "still waiting after 60 s"
+    return out[0], time.monotonic() - started
+
+
+def test_an_unreachable_or_silent_hub_fails_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline, the search said "Searching…" for about a minute: ``list_models`` retried
+    a failed connection five times over 23 s of back-off (and DNS failures took longer),
+    with no timeout at all for a Hub that connected and then said nothing."""
+    with HubServer() as stopped:
+        url = stopped.url
+    error, took = _timed(lambda: HubClient(endpoint=url).page("gemma", "downloads", 0, 30))
+    assert isinstance(error, HubError) and "could not reach the Hub" in str(error), error
+    assert took < 3, took
+    error, took = _timed(lambda: HubClient(endpoint=url).details("acme/tiny-GGUF"))
+    assert isinstance(error, HubError) and took < 3, (error, took)
+
+    monkeypatch.setattr(hub_module, "READ_S", 1.0)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        port = silent.getsockname()[1]
+        client = HubClient(endpoint=f"http://127.0.0.1:{port}")
+        error, took = _timed(lambda: client.page("", "downloads", 0, 30))
+    assert isinstance(error, HubError) and "did not answer in time" in str(error), error
+    assert took < 5, took
 
 
 def test_download_verifies_and_appears(hub: HubServer, tmp_path: Path) -> None:

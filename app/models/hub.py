@@ -1,7 +1,8 @@
 """Finding GGUF models on the Hugging Face Hub, through ``huggingface_hub``.
 
-Search pages through ``HfApi.list_models`` (the library follows the Hub's
-pagination); repo details come from ``model_info(files_metadata=True)``,
+Search reads the Hub's ``/api/models`` pages itself, through ``huggingface_hub``'s
+session and headers: one bounded request per page, never retried, so offline it
+fails in seconds. Repo details come from ``model_info(files_metadata=True)``,
 which gives each file's size and LFS sha256. Errors become messages that
 say what to do (sign in, accept a license, check the name).
 
@@ -13,7 +14,9 @@ type or a listing too large to show is a ``HubError``, never another exception.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,7 +31,16 @@ from app.util.errors import LamplightError
 log = logging.getLogger(__name__)
 
 VISION_TAGS = frozenset({"image-text-to-text", "vision", "multimodal", "llava", "mmproj"})
-SORTS = {"downloads": "downloads", "recent": "last_modified", "likes": "likes"}
+# The UI's sort names as the Hub's ``/api/models?sort=`` has them (else: downloads).
+SORT_PARAMS: defaultdict[str, str] = defaultdict(
+    lambda: "downloads", {"downloads": "downloads", "recent": "lastModified", "likes": "likes"}
+)
+CONNECT_S = 5.0  # an unreachable Hub (offline, a black hole) fails this fast
+READ_S = 30.0  # a Hub that connected but stopped answering
+MAX_PAGES = 20  # of search results followed in one search
+MAX_PAGE_ITEMS = 1000  # the Hub's own page size
+MAX_PAGE_BYTES = 32 * 1024 * 1024  # one page of results (a real page of 1000 is ~2 MB)
+DETAILS_TIMEOUT_S = 30.0  # a repo page: model_info has no timeout of its own
 MAX_FILES = 50_000  # files in one repo listing; the largest GGUF repos have a few hundred
 MAX_TAGS = 200
 MAX_COUNT = 2**63 - 1
@@ -96,38 +108,64 @@ class HubClient:
         self.token = token
         self._api = HfApi(endpoint=endpoint, token=token)
 
-    def search(self, query: str, sort: str = "downloads") -> Iterator[ModelHit]:
-        """GGUF models matching ``query``, best first; pages are fetched as you iterate."""
+    def search(
+        self, query: str, sort: str = "downloads", limit: int | None = None
+    ) -> Iterator[ModelHit]:
+        """GGUF models matching ``query``, best first; pages are fetched as you iterate
+        (``limit``: at most this many are wanted, so pages are no larger).
+
+        One request per page, never retried, within ``search_timeout()``: offline, or
+        with the Hub unreachable, it fails in seconds. (``list_models`` retried a failed
+        connection five times over 23 s of back-off, with no timeout at all: the window
+        said "Searching…" for about a minute offline.)"""
+        params: dict[str, str | int] = {"filter": "gguf", "sort": SORT_PARAMS[sort]}
+        if query.strip():
+            params["search"] = query.strip()
+        if limit is not None:
+            params["limit"] = max(1, min(limit, MAX_PAGE_ITEMS))
+        url: str | None = f"{self._api.endpoint.rstrip('/')}/api/models"
         try:
-            models = self._api.list_models(
-                search=query.strip() or None,
-                filter="gguf",
-                sort=SORTS.get(sort, "downloads"),  # type: ignore[arg-type]
-                limit=None,
-            )
-            for m in models:
-                try:
-                    repo_id = check_repo_id(m.id)
-                except UnsafeNameError as exc:
-                    log.info("search result left out: %s", exc)
-                    continue
-                tags = m.tags if isinstance(m.tags, list) else []
-                yield ModelHit(
-                    repo_id=repo_id,
-                    downloads=_count(m.downloads),
-                    likes=_count(m.likes),
-                    updated=m.last_modified if isinstance(m.last_modified, datetime) else None,
-                    gated=bool(m.gated),
-                    tags=tuple(str(t)[:100] for t in tags[:MAX_TAGS]),
-                )
+            for _ in range(MAX_PAGES):
+                if url is None:
+                    return
+                items, url = self._page(url, params)
+                params = {}  # the next page's address carries them
+                for item in items:
+                    hit = _hit(item)
+                    if hit is not None:
+                        yield hit
         except LamplightError:
             raise
         except Exception as exc:
             raise HubError(_explain(exc, "The search")) from exc
 
+    def _page(self, url: str, params: dict[str, str | int]) -> tuple[list[Any], str | None]:
+        """One page of search results (bounded in size) and the next page's address."""
+        from huggingface_hub import get_session, hf_raise_for_status
+
+        # Public (documented), but exported lazily: the stubs do not show it.
+        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
+
+        headers = build_hf_headers(token=self.token)
+        with get_session().stream(
+            "GET", url, params=params or None, headers=headers, timeout=search_timeout()
+        ) as response:
+            hf_raise_for_status(response)
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > MAX_PAGE_BYTES:
+                    raise HubError("The search: the Hub's answer is larger than this app reads.")
+            following = response.links.get("next", {}).get("url")
+        items = json.loads(body)
+        if not isinstance(items, list):
+            raise HubError("The search: the Hub's answer is not a list of models.")
+        return items, following if isinstance(following, str) and following else None
+
     def page(self, query: str, sort: str, start: int, count: int) -> list[ModelHit]:
         """Results ``start .. start+count`` (the UI's "more results")."""
-        return list(itertools.islice(self.search(query, sort), start, start + count))
+        hits = self.search(query, sort, limit=start + count)
+        return list(itertools.islice(hits, start, start + count))
 
     def details(self, repo_id: str) -> RepoDetails:
         """The repo's GGUF files grouped into choices, with sizes and sha256.
@@ -138,7 +176,7 @@ class HubClient:
         """
         check_repo_id(repo_id)
         try:
-            info = self._api.model_info(repo_id, files_metadata=True)
+            info = self._api.model_info(repo_id, files_metadata=True, timeout=DETAILS_TIMEOUT_S)
         except Exception as exc:
             raise HubError(_explain(exc, repo_id)) from exc
         try:
@@ -191,6 +229,48 @@ class HubClient:
             likes=_count(info.likes),
             refused=tuple(refused),
         )
+
+
+def search_timeout() -> Any:
+    """The search's ``httpx2.Timeout``: ``CONNECT_S`` to connect, ``READ_S`` to answer."""
+    import httpx2
+
+    return httpx2.Timeout(READ_S, connect=CONNECT_S)
+
+
+def _hit(item: Any) -> ModelHit | None:
+    """A search result from one entry of the Hub's answer (None: left out)."""
+    if not isinstance(item, dict):
+        raise HubError("The search: the Hub's answer holds something that is not a model.")
+    raw_id = item.get("id", item.get("modelId"))
+    if not isinstance(raw_id, str):
+        raise HubError("The search: a model in the Hub's answer has no name.")
+    try:
+        repo_id = check_repo_id(raw_id)
+    except UnsafeNameError as exc:
+        log.info("search result left out: %s", exc)
+        return None
+    tags = item.get("tags")
+    tags = tags if isinstance(tags, list) else []
+    gated = item.get("gated")
+    return ModelHit(
+        repo_id=repo_id,
+        downloads=_count(item.get("downloads")),
+        likes=_count(item.get("likes")),
+        updated=_when(item.get("lastModified")),
+        gated=gated in (True, "auto", "manual"),
+        tags=tuple(str(t)[:100] for t in tags[:MAX_TAGS]),
+    )
+
+
+def _when(value: object) -> datetime | None:
+    """An ISO 8601 time from the Hub ("2024-05-01T10:00:00.000Z"), or None."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def _is_count(value: object) -> bool:
