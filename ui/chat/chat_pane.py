@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ui.chat.long_text import HeldText, fits_the_box
 from ui.chat.transcript import TranscriptView
 
 FLUSH_INTERVAL_MS = 40  # streamed text reaches the view at most 25 times a second
@@ -33,10 +34,18 @@ class ChatInput(QPlainTextEdit):
     submitted = Signal()
     # Set by the image attachments: takes the pictures of a paste (True: nothing to paste).
     mime_hook: Callable[[QMimeData], bool] | None = None
+    # Set by the chat pane: takes a paste too long for the box (``ui.chat.long_text``).
+    long_paste: Callable[[str], None] | None = None
 
     def insertFromMimeData(self, source: QMimeData) -> None:  # Qt's name
-        if self.mime_hook is None or not self.mime_hook(source):
-            super().insertFromMimeData(source)
+        if self.mime_hook is not None and self.mime_hook(source):
+            return
+        if self.long_paste is not None and source.hasText():
+            text = source.text()
+            if not fits_the_box(text):
+                self.long_paste(text)
+                return
+        super().insertFromMimeData(source)
 
     def canInsertFromMimeData(self, source: QMimeData) -> bool:  # Qt's name
         return source.hasImage() or source.hasUrls() or super().canInsertFromMimeData(source)
@@ -92,12 +101,17 @@ class ChatPane(QWidget):
     Thinking text streams into the transcript's thinking block; while it does, "Stop
     thinking" shows beside Stop (``set_thinking_control`` says whether the engine can).
 
+    A paste too long for the message box is held above it (``held``) and sent after
+    what is typed.
+
     Signals:
+        textChanged(): the message to send changed (typed, or a long paste held or let go).
         flushed(int): streamed answer text reached the view; the reply's token count so far.
         thoughtsFlushed(int): streamed thinking reached the view; its token count so far.
         thinkingChanged(bool): the reply began (True) or ended (False) its thinking.
     """
 
+    textChanged = Signal()
     flushed = Signal(int)
     thoughtsFlushed = Signal(int)
     thinkingChanged = Signal(bool)
@@ -135,6 +149,10 @@ class ChatPane(QWidget):
         self.edit_banner.setObjectName("editBanner")
         self.edit_banner.setStyleSheet("color: palette(highlight);")
         self.edit_banner.hide()
+        self.held = HeldText(self)
+        self.held.changed.connect(self.textChanged)
+        self.chat_input.long_paste = self.held.add
+        self.chat_input.textChanged.connect(self.textChanged)
 
         # The column beside the input box; ``add_tool`` puts more there (the Think button).
         self.buttons = buttons = QVBoxLayout()
@@ -149,6 +167,7 @@ class ChatPane(QWidget):
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(self.transcript, 1)
         layout.addWidget(self.edit_banner)
+        layout.addWidget(self.held)
         layout.addLayout(row)
 
         self._pending: list[str] = []
@@ -165,13 +184,16 @@ class ChatPane(QWidget):
         self.buttons.insertWidget(self.buttons.count() - 1, widget)
 
     def has_text(self) -> bool:
-        return bool(self.chat_input.toPlainText().strip())
+        return bool(self.held.text) or bool(self.chat_input.toPlainText().strip())
 
     def text(self) -> str:
-        return self.chat_input.toPlainText().strip()
+        """The message: what is typed, then a long paste held beside the box."""
+        typed, held = self.chat_input.toPlainText().strip(), self.held.text.strip()
+        return f"{typed}\n\n{held}" if typed and held else typed or held
 
     def clear_text(self) -> None:
         self.chat_input.clear()
+        self.held.clear()
 
     def show_edit(self, index: int | None, text: str = "") -> None:
         if index is None:
@@ -183,7 +205,11 @@ class ChatPane(QWidget):
         )
         self.edit_banner.show()
         if text:
-            self.chat_input.setPlainText(text)
+            self.clear_text()
+            if fits_the_box(text):
+                self.chat_input.setPlainText(text)
+            else:
+                self.held.add(text)
         self.chat_input.setFocus()
 
     # -- streaming -----------------------------------------------------------------------

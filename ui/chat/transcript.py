@@ -24,7 +24,7 @@ from PySide6.QtWidgets import QApplication, QTextBrowser, QWidget
 from app.chat.conversation import Message
 from app.chat.markdown_render import RUN_LIMIT, code_blocks, render_markdown, strip_breaks
 from app.engine.metrics import MessageMetrics
-from ui.chat import thinking_block
+from ui.chat import long_text, thinking_block
 from ui.chat.citations import MessageSources
 from ui.chat.image_viewer import MessageImages
 from ui.chat.message_header import ACTION_SCHEME, header_html
@@ -277,8 +277,7 @@ class TranscriptView(QTextBrowser):
         self._texts[index] = text
         frame = self._new_frame("user", index, actions, note)
         cursor = frame.lastCursorPosition()
-        body = render_markdown(text, self._dark(), self._code_link(index)) if text else ""
-        cursor.insertHtml(self.images.html(index, images) + body)
+        cursor.insertHtml(self.images.html(index, images) + self._body_html(text, index))
         self.sources.show(index, frame, sources)
         self._follow(at_bottom)
 
@@ -458,7 +457,9 @@ class TranscriptView(QTextBrowser):
             self._think_cursor = None if streaming else self._think_cursor
         else:
             self._open_thoughts.add(index)
-            end = thinking_block.open_frame(frame, self._thoughts[index], self._dark())
+            thought = self._thoughts[index]
+            shown = thought if streaming else long_text.cut_plain(thought)
+            end = thinking_block.open_frame(frame, shown, self._dark())
             if streaming and self._think_live:
                 self._think_cursor = end
         thinking_block.set_toggle(frame, self._toggle(index, index in self._open_thoughts))
@@ -509,9 +510,10 @@ class TranscriptView(QTextBrowser):
         if thought:
             is_open = slot in self._open_thoughts
             toggle = self._toggle(slot, is_open)
-            cursor = thinking_block.insert(cursor, toggle, thought, is_open, self._dark())
+            shown = long_text.cut_plain(thought)  # Copy thinking copies all of it
+            cursor = thinking_block.insert(cursor, toggle, shown, is_open, self._dark())
         if text.strip():
-            parts.append(render_markdown(text, self._dark(), self._code_link(index)))
+            parts.append(self._body_html(text, index))
         elif thought and not error:
             note = self._thought_notes.get(slot, thinking_block.NO_ANSWER)
             parts.append(f"<p style='color:#888888'><i>{html.escape(note)}</i></p>")
@@ -520,6 +522,23 @@ class TranscriptView(QTextBrowser):
         if footer:
             parts.append(f"<p style='color:#888888; font-size:small'>{html.escape(footer)}</p>")
         cursor.insertHtml("".join(parts) or "<p style='color:#888888'>(no reply)</p>")
+
+    def _body_html(self, text: str, index: int) -> str:
+        """A message's text as drawn: a long one only in part (``ui.chat.long_text``)."""
+        if not text:
+            return ""
+        body = render_markdown(long_text.cut(text), self._dark(), self._code_link(index))
+        href = self._action_href("show-all", index) if index >= 0 else ""  # -1: not kept
+        return body + long_text.more_html(text, href)
+
+    def show_all(self, index: int) -> long_text.LongTextViewer | None:
+        """Message ``index``'s whole text in a viewer (a message too long to draw)."""
+        text = self._texts.get(index)
+        if text is None:
+            return None
+        viewer = long_text.LongTextViewer(text, f"Message {index + 1}", self)
+        viewer.show()
+        return viewer
 
     def add_notice(self, text: str, action: str = "", label: str = "") -> None:
         """A one-line note from the app (an error, a model change, a rebuilt cache),
@@ -607,6 +626,8 @@ class TranscriptView(QTextBrowser):
                 self.sources.activate(numbers[0], numbers[1])
             elif action == "image" and len(numbers) == 2:
                 self.images.activate(numbers[0], numbers[1])
+            elif action == "show-all" and len(numbers) == 1:
+                self.show_all(numbers[0])
             elif action == "copy-code" and len(numbers) == 2:
                 self.copy_message(numbers[0], numbers[1])
             elif action in ACTIONS and len(numbers) == 1:

@@ -205,7 +205,7 @@ class MainWindow(QMainWindow):
         self.edit_banner = self.chat.edit_banner
         self.transcript.actionRequested.connect(self._on_message_action)
         self.chat_input.submitted.connect(self.send)
-        self.chat_input.textChanged.connect(self.update_buttons)
+        self.chat.textChanged.connect(self.update_buttons)  # typed, or a long paste held
         self.send_button.clicked.connect(self.send)
         self.stop_button.clicked.connect(self.stop)
 
@@ -401,7 +401,7 @@ class MainWindow(QMainWindow):
         elif self.session.edit_index is not None:
             self.session.cancel_edit()
             self.chat.show_edit(None)
-            self.chat_input.clear()
+            self.chat.clear_text()
 
     def new_chat(self) -> None:
         self.session.new_chat()
