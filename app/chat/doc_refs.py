@@ -48,11 +48,13 @@ def sources_markdown(sources: Sequence[dict[str, Any]]) -> list[str]:
     return ["*Sources:*", "", *(f"- [{s.n}] {s.where()}" for s in found), ""]
 
 
-def given_whole(messages: Sequence[Any]) -> set[str]:
+def given_whole(messages: Sequence[Any], edit_index: int | None = None) -> set[str]:
     """The documents already in the conversation whole (in a user turn's passages that
-    the model still remembers): the KV cache holds them, so they are not given again."""
+    the model still remembers): the KV cache holds them, so they are not given again.
+    ``edit_index``: the message being edited; an edit drops what follows it, and the
+    edited message keeps its whole documents (``user_turn.edited_turn``)."""
     out: set[str] = set()
-    for m in messages:
+    for m in messages if edit_index is None else messages[: edit_index + 1]:
         if getattr(m, "forgotten", False):  # dropped from the context: give it again
             continue
         for s in sources_from_list(getattr(m, "sources", [])):

@@ -60,6 +60,7 @@ from app.chat.tool_round import (
     forget_together,
 )
 from app.chat.tool_session import REPLY_ROOM, ToolRounds
+from app.chat.user_turn import edited_turn, merged_turn
 from app.config.params import SamplingParams, sampling_to_dict
 from app.documents.sources import Source
 from app.engine.backend import ModelInfo
@@ -156,7 +157,9 @@ class ChatSession(ToolRounds):
     ) -> bool:
         """Ask for a reply to ``text``, ``images`` (in ``store.images`` already) and
         ``sources`` (passages saved with it), replacing the edited message when editing
-        (which keeps its pictures and passages when none are given).
+        (``user_turn.edited_turn``: it keeps its pictures and passages when none are
+        given, and its whole documents always); an unanswered last message is merged
+        with it (``user_turn.merged_turn``: the pictures and passages of both).
 
         False when nothing was sent: no text or image, a reply running, too many images
         or no room left in the transcript (a note says so); the caller keeps the text
@@ -170,23 +173,16 @@ class ChatSession(ToolRounds):
         msgs = self.conversation.messages
         if self.edit_index is not None and 0 <= self.edit_index < len(msgs):
             index = self.edit_index
-            old = msgs[index]
-            edited = Message("user", text, images=refs or old.images, sources=found or old.sources)
-            prompt = [*msgs[:index], edited]
+            prompt = [*msgs[:index], edited_turn(msgs[index], text, refs, found)]
             self._start("edit", prompt, params, edit_index=index)
             return True
         self.edit_index = None
         if msgs and msgs[-1].role == "user":
             # A user turn with no reply (a failed reply, a crash mid-reply): merge, so
             # roles alternate for templates that require it.
-            last = msgs[-1]
-            if not self._images_fit(last.images + refs):
+            if not self._images_fit(msgs[-1].images + refs):
                 return False
-            both = "\n\n".join(t for t in (last.content, text) if t)
-            merged = Message("user", both, created=last.created, images=last.images + refs)
-            merged.sources = found or last.sources
-            merged.id = last.id
-            prompt = [*msgs[:-1], merged]
+            prompt = [*msgs[:-1], merged_turn(msgs[-1], text, refs, found)]
         else:
             prompt = [*msgs, Message("user", text, images=refs, sources=found)]
         before = list(msgs)

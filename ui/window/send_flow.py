@@ -136,7 +136,7 @@ class SendFlow(QObject):
             return
         conv = ctx.session.conversation
         room = room_tokens(ctx.model.info, conv, text, ctx.settings.value.sampling.max_tokens)
-        whole = given_whole(conv.messages)
+        whole = given_whole(conv.messages, ctx.session.edit_index)
         self._ticket += 1
         ticket, cancel, library, relay = self._ticket, threading.Event(), docs.library, self.found
         self._cancel, self._pending, self._conv_id = cancel, (text, images), conv.id
