@@ -173,25 +173,29 @@ class DocumentIndex:
         vectors: npt.NDArray[np.float32],
         sha256: str,
         model: str,
+        stamp: tuple[int, int] | None = None,
     ) -> DocRecord:
         """Index ``doc`` (read from a file with ``sha256``) as ``chunks`` with their
         ``vectors`` (one row each, from ``model``), in place of what was there.
+        ``stamp``: the file's (size, mtime_ns) from before it was read (None: now).
 
         Raises:
             DocumentError: the file cannot be read for its stamp, or the rows do not match.
         """
         if len(vectors) != len(chunks):
             raise DocumentError(f"{len(chunks)} passages came with {len(vectors)} vectors.")
-        try:
-            st = os.stat(doc.path)
-        except (OSError, ValueError) as exc:
-            raise DocumentError(f"{doc.path} cannot be read ({os_reason(exc)}).") from exc
+        if stamp is None:
+            try:
+                st = os.stat(doc.path)
+            except (OSError, ValueError) as exc:
+                raise DocumentError(f"{doc.path} cannot be read ({os_reason(exc)}).") from exc
+            stamp = (st.st_size, st.st_mtime_ns)
         record = DocRecord(
             path=doc.path,
             name=Path(doc.path).name,
             kind=doc.kind,
-            size=st.st_size,
-            mtime_ns=st.st_mtime_ns,
+            size=stamp[0],
+            mtime_ns=stamp[1],
             sha256=sha256,
             pages=doc.pages,
             n_chunks=len(chunks),

@@ -45,6 +45,7 @@ CHARS_PER_TOKEN = 3.0  # a cautious estimate: English runs near 4 with these tok
 PASSAGE_TOKENS = 320  # a 900-character chunk, estimated as above
 MAX_PASSAGES = 6
 WAIT_S = 600.0  # for one embedder job (a slow first load included)
+READS = 3  # of a file that changes while it is read, before it is left for the next add
 _NEVER = threading.Event()  # a cancel flag nobody sets
 
 
@@ -78,6 +79,12 @@ def _ready(rec: DocRecord) -> DocumentStatus:
 
 def _failed(path: Path, message: str) -> DocumentStatus:
     return DocumentStatus(str(path), path.name, kind_for(path) or "", "error", message)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """The file's (size, mtime_ns): what ``DocumentIndex.is_current`` compares."""
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns
 
 
 def whole_text(doc: ParsedDocument) -> str:
@@ -196,26 +203,48 @@ class DocumentLibrary:
             rec = self.index.record(str(path))
             if rec is not None and self.index.is_current(path, model):
                 return _ready(rec)
-            sha = sha256_file(path)
-            report("reading", 0.1)
-            doc = parse_bounded(path, cancel)
-            chunks = chunk_document(doc)
-            if not chunks:
-                return _failed(path, f"{path.name} has no text to read.")
-            texts = [c.text for c in chunks]
-            parts = []
-            for start in range(0, len(texts), EMBED_BATCH):
-                report("embedding", 0.2 + 0.8 * start / len(texts))
-                batch = texts[start : start + EMBED_BATCH]
-                parts.append(self._worker.embed(batch, stop=cancel).result(WAIT_S))
-            vectors = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
-            return _ready(self.index.replace(doc, chunks, vectors, sha, model))
+            status, settled = self._read_one(path, model, report, cancel)
+            for _ in range(READS - 1):
+                if settled:
+                    break
+                # It changed while it was read: what was indexed may mix two versions.
+                status, settled = self._read_one(path, model, report, cancel)
+            return status  # still changing after READS reads: read again by the next add
         except DocumentCancelled:
             raise
         except DocumentError as exc:
             return _failed(path, str(exc))
         except OSError as exc:
             return _failed(path, f"Lamplight could not read {path.name}: {exc.strerror or exc}.")
+
+    def _read_one(
+        self,
+        path: Path,
+        model: str,
+        report: Callable[[str, float], None],
+        cancel: threading.Event,
+    ) -> tuple[DocumentStatus, bool]:
+        """Read, chunk, embed and index ``path`` once; True with it when the file did not
+        change meanwhile. The stamp recorded is the one from before the read, and a file
+        that changed is recorded with no sha256, so the index never takes text read from
+        one version of the file as another's (``DocumentIndex.is_current``)."""
+        before = _stamp(path)
+        report("reading", 0.1)
+        doc = parse_bounded(path, cancel)
+        sha = sha256_file(path)
+        chunks = chunk_document(doc)
+        if not chunks:
+            return _failed(path, f"{path.name} has no text to read."), True
+        texts = [c.text for c in chunks]
+        parts = []
+        for start in range(0, len(texts), EMBED_BATCH):
+            report("embedding", 0.2 + 0.8 * start / len(texts))
+            batch = texts[start : start + EMBED_BATCH]
+            parts.append(self._worker.embed(batch, stop=cancel).result(WAIT_S))
+        vectors = np.concatenate(parts) if parts else np.zeros((0, 1), np.float32)
+        settled = _stamp(path) == before
+        sha = sha if settled else ""
+        return _ready(self.index.replace(doc, chunks, vectors, sha, model, before)), settled
 
     # -- a message's passages --------------------------------------------------------
 
