@@ -46,6 +46,7 @@ from app.chat.conversation import (
     new_id,
 )
 from app.chat.image_store import ImageStore
+from app.chat.import_review import HeldBack, hold_back
 from app.chat.search_index import SearchHit, SearchIndex
 from app.config.params import short_repr
 from app.util.atomic import atomic_write_text
@@ -311,14 +312,20 @@ class ConversationStore:
         self.save(fork)
         return fork
 
-    @_locked
     def import_file(self, path: Path) -> Conversation:
-        """A conversation from an exported JSON file, saved under a new id.
+        """A conversation from an exported JSON file, saved under a new id, without what
+        would reach outside it (``import_review``: dropped here; see ``import_reviewed``).
 
         Raises:
             ConversationError: the file cannot be read or is not a conversation.
             OSError: the new transcript could not be written.
         """
+        return self.import_reviewed(path)[0]
+
+    @_locked
+    def import_reviewed(self, path: Path) -> tuple[Conversation, HeldBack]:
+        """As ``import_file``, with what was held back for the user to confirm
+        (``import_review.restore``, then ``save``)."""
         try:
             raw = read_json(path, MAX_TRANSCRIPT_BYTES, MAX_DEPTH)
         except FileNotFoundError as exc:
@@ -329,22 +336,23 @@ class ConversationStore:
 
     @_locked
     def import_json(self, text: str) -> Conversation:
-        """A conversation from exported JSON, saved under a new id."""
+        """A conversation from exported JSON, saved under a new id (as ``import_file``)."""
         if len(text) > MAX_TRANSCRIPT_BYTES:
             raise ConversationError("the imported file is too large")
         try:
             data = parse_json(text, MAX_DEPTH)
         except DataFileError as exc:
             raise ConversationError(f"not valid JSON ({reason(exc)})") from exc
-        return self._import(data)
+        return self._import(data)[0]
 
-    def _import(self, data: object) -> Conversation:
+    def _import(self, data: object) -> tuple[Conversation, HeldBack]:
         if isinstance(data, dict):
             data = {**data, "id": new_id()}  # whatever id it had: it gets a new one
         conv = Conversation.from_dict(data, where="imported file")
         conv.n_tokens = 0
+        held = hold_back(conv)  # saved without: a crash before the user answers keeps none
         self.save(conv)
-        return conv
+        return conv, held
 
     # -- snapshots ---------------------------------------------------------------------
 

@@ -8,9 +8,11 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
 from app.chat.conversation import Conversation, ConversationError, export_images, to_markdown
+from app.chat.import_review import restore
 from app.chat.metrics_csv import metrics_csv
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import os_reason
+from ui.chat.import_review_dialog import confirm_held
 from ui.common.context import Context
 
 
@@ -26,7 +28,7 @@ def ask_import(ctx: Context) -> None:
     if not path:
         return
     try:
-        conv = session.store.import_file(Path(path))
+        conv, held = session.store.import_reviewed(Path(path))
     except ConversationError as exc:
         QMessageBox.warning(ctx.parent, "Could not import", str(exc))
         return
@@ -35,6 +37,18 @@ def ask_import(ctx: Context) -> None:
             ctx.parent, "Could not import", f"It could not be saved: {os_reason(exc)}"
         )
         return
+    # Its documents, collections, draft model and tool settings only once confirmed.
+    if held and confirm_held(held, ctx.parent):
+        restore(conv, held)
+        try:
+            session.store.save(conv)
+        except (ConversationError, OSError) as exc:
+            reason = os_reason(exc) if isinstance(exc, OSError) else str(exc)
+            QMessageBox.warning(
+                ctx.parent,
+                "Could not attach",
+                f"The conversation opens without them: it could not be saved ({reason}).",
+            )
     session.open(conv.id)
 
 
