@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QUrl
+from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
-from PySide6.QtWidgets import QPushButton
+from PySide6.QtWidgets import QApplication, QPushButton
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Conversation, Message
@@ -169,6 +169,43 @@ def test_the_next_start_says_so_and_answers_the_message(
         on_disk = ConversationStore(dirs.root).load(conv_id).messages
         assert [(m.role, m.content) for m in on_disk][-2:] == want
         assert fake.requests[-1][-1].content == QUESTION
+    finally:
+        win.close()
+
+
+def test_the_log_is_named_and_its_path_offered_where_nothing_opens_it(
+    qtbot: QtBot, tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "Open the log" did nothing where no opener exists (``openUrl`` returns
+    False: no xdg-open on a minimal Linux) and never said which file it meant."""
+    dirs, _conv_id = crashed_data(tmp_path)
+    win, _report, install = fake_app(qtbot, dirs, FakeEngine(), model)
+    try:
+        with qtbot.waitSignal(win.modelReady, timeout=5000):
+            follow = install()
+        assert follow is not None
+        notice = notice_of(win)
+        record = dirs.logs / FAULT
+        assert notice.log_label.isVisible() and str(record) in notice.log_label.text()
+        flags = notice.log_label.textInteractionFlags()
+        assert flags & Qt.TextInteractionFlag.TextSelectableByMouse  # it can be copied
+
+        monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: False)
+        notice.open_button.click()
+        note = follow.path_note
+        assert note is not None and note.isVisible()  # shown with open(): nothing waits on it
+        assert "Nothing on this computer opened the crash record" in note.text()
+        assert str(record) in note.text()
+        copy = note.findChild(QPushButton, "copyPath")
+        assert copy is not None
+        QApplication.clipboard().clear()
+        copy.click()
+        assert QApplication.clipboard().text() == str(record)
+
+        monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: True)
+        notice.open_button.click()
+        assert follow.path_note is None
+        assert win.statusBar().currentMessage() == f"Opened {record}"
     finally:
         win.close()
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QObject, QUrl, Signal
-from PySide6.QtGui import QDesktopServices
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import (
     QBoxLayout,
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPushButton,
     QToolButton,
     QVBoxLayout,
@@ -37,6 +38,7 @@ from app.engine.vision import PROJECTOR_KEY
 from app.gguf.header import shown
 from app.util.crash_record import CrashReport
 from app.util.errors import ProjectorError
+from ui.common.open_path import open_path
 
 if TYPE_CHECKING:
     from app.engine.backend import ModelInfo
@@ -119,7 +121,10 @@ class CrashNotice(QFrame):
         paths: tuple[RiskyPath, ...],
         can_answer: bool,
         parent: QWidget | None = None,
+        log: Path | None = None,
     ) -> None:
+        """``log``: the crash record (or the log folder), named so it can be found and
+        copied even where nothing opens it."""
         super().__init__(parent)
         self.setObjectName("crashNotice")
         self.setFrameShape(QFrame.Shape.StyledPanel)
@@ -130,6 +135,12 @@ class CrashNotice(QFrame):
         self.open_button = self._button("Open the log", "crashOpenLog")
         self.open_button.setToolTip("Show the crash record: what was running, and every stack")
         self.open_button.clicked.connect(self.openLogRequested)
+        self.log_label = QLabel(f"Crash record: {log}" if log else "", self)
+        self.log_label.setObjectName("crashLogPath")
+        self.log_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.log_label.setWordWrap(True)
+        self.log_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.log_label.setVisible(log is not None)
         self.off_buttons: dict[RiskyPath, QPushButton] = {}
         for path in paths:
             button = self._button(
@@ -163,6 +174,7 @@ class CrashNotice(QFrame):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 4, 4, 4)
         layout.addLayout(top)
+        layout.addWidget(self.log_label)
         layout.addLayout(self._buttons)
 
     def _button(self, text: str, name: str) -> QPushButton:
@@ -210,7 +222,9 @@ class CrashFollowUp(QObject):
             except Exception as exc:  # no llama.cpp build to name: nothing can be turned off
                 log.warning("native paths cannot be turned off here: %s", exc)
         text = report.line(safe) + self.projector_note
-        self.notice = CrashNotice(text, paths, self._pending(), win.chat)
+        self.log_path = self._log_path()
+        self.path_note: QMessageBox | None = None  # where the log is, when nothing opened it
+        self.notice = CrashNotice(text, paths, self._pending(), win.chat, self.log_path)
         layout = win.chat.layout()
         assert isinstance(layout, QBoxLayout)
         layout.insertWidget(0, self.notice)
@@ -299,11 +313,18 @@ class CrashFollowUp(QObject):
 
     # -- actions -------------------------------------------------------------------------
 
-    def open_log(self) -> None:
+    def _log_path(self) -> Path:
+        """The crash record, else the log folder it would be in."""
         target = self.report.log_file
-        if target is None or not target.is_file():
-            target = self.dirs.logs
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(target)))
+        return target if target is not None and target.is_file() else self.dirs.logs
+
+    def open_log(self) -> None:
+        """Open the crash record with the desktop's app; where none opens it, say so and
+        offer its path to copy (a click used to do nothing, silently)."""
+        what = "the crash record" if self.log_path.is_file() else "the log folder"
+        self.path_note = open_path(self.win, self.log_path, what)
+        if self.path_note is None:
+            self.win.statusBar().showMessage(f"Opened {self.log_path}", 8000)
 
     def turn_off(self, path: RiskyPath) -> None:
         """Record that ``path`` is off on this machine, then load the model without it
