@@ -20,9 +20,11 @@ from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message
+from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
+from tests.test_gui_real import real_window
 from ui.chat import long_text
 from ui.chat.chat_pane import ChatPane
 from ui.chat.long_text import PASTE_CHARS, SHOWN_CHARS, LongTextViewer
@@ -195,3 +197,23 @@ def test_a_paste_the_box_can_take_goes_in_the_box(qtbot: QtBot) -> None:
     assert viewer.text == chat.held.text
     chat.held.findChild(QWidget, "heldTextRemove").click()
     assert not chat.has_text()
+
+
+@pytest.mark.slow
+def test_a_long_paste_reaches_the_real_model_whole(
+    qtbot: QtBot, tmp_path: Path, model_path: Path
+) -> None:
+    """The real engine gets all of it (here it cannot fit, and says by how much), while
+    the window drew only the start. 25 MB took the engine 75 s to tokenize; 1.2 MB is enough."""
+    text = "word " * 240_000
+    with real_window(qtbot, tmp_path, model_path, SamplingParams.greedy(8)) as win:
+        paste(win.chat, text)
+        assert win.chat.held.isVisible() and win.chat_input.toPlainText() == ""
+        with qtbot.waitSignal(win.replyEnded, timeout=120_000) as ended:
+            win.send_button.click()
+        assert ended.args == ["failed"]
+        assert [m.content for m in win.conversation.messages] == [text.strip()]
+        shown = win.transcript.toPlainText()
+        assert "Show all (1.2 MB)…" in shown
+        assert "needs 2400" in shown.replace(",", "")  # every word reached the tokenizer
+        assert drawn(win.transcript) <= SHOWN_CHARS + SLACK + 1_000
