@@ -145,17 +145,14 @@ def test_ldd_is_believed_and_the_known_list_is_the_fallback(tmp_path: Path) -> N
     assert parse_ldd(LDD) == MISSING
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Qt's xcb plugin: Linux")
 def test_the_real_plugin_is_found_and_checked_with_ldd() -> None:
     """The PySide6 installed here: its xcb plugin is found, and ldd (where there is one)
-    gives an answer, whatever it is on this machine."""
+    names what it cannot find, whatever that is on this machine."""
     plugin = desktop_libs.plugin_file("xcb")
-    if not sys.platform.startswith("linux"):
-        pytest.skip("Linux only")
     assert plugin is not None and plugin.name == "libqxcb.so"
     found = desktop_libs.ldd_missing(plugin)
-    assert found is None or all(
-        name.endswith(tuple(f".so.{n}" for n in "0123456789")) or ".so" in name for name in found
-    )
+    assert found is None or all(".so" in name for name in found), found
     assert desktop_libs.ldd_missing(plugin.parent / "no-such-plugin.so") in (None, [])
 
 
