@@ -500,8 +500,13 @@ def test_request_fields_and_usage() -> None:
         usage["choices"] = []
         server.script = [sse([chunk("a"), chunk("b"), final, usage])]
         params = SamplingParams(seed=7, stop=("END",), mirostat="v2", max_tokens=9)
-        _, done = run(b, [ChatMessage("system", "s"), ChatMessage("user", "hi")], params)
+        chat = [ChatMessage("system", "s"), ChatMessage("user", "hi")]
+        _, done = run(b, chat, params)
         body = server.bodies[-1]
+        # The server's cached count is shown for this client's own follow-up only: the
+        # first request's could be another conversation's (issue 40 item 11).
+        follow = [*chat, ChatMessage("assistant", "ab"), ChatMessage("user", "?")]
+        _, again = run(b, follow, params)
     assert body["model"] == "org/model-7b" and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     assert body["messages"] == [
@@ -512,8 +517,10 @@ def test_request_fields_and_usage() -> None:
     assert {"top_k", "min_p", "repeat_penalty", "repetition_penalty"} <= set(body)
     assert "response_format" not in body and "grammar" not in body
     m = done.metrics
-    assert (m.prompt_tokens, m.cached_tokens, m.evaluated_tokens) == (30, 12, 18)
+    assert (m.prompt_tokens, m.cached_tokens, m.evaluated_tokens) == (30, 0, 30)
     assert m.generated_tokens == 2 and m.stop_reason == "eos"
+    m = again.metrics
+    assert (m.prompt_tokens, m.cached_tokens, m.evaluated_tokens) == (30, 12, 18)
     assert any("mirostat" in n for n in m.notes)
 
 

@@ -53,6 +53,9 @@ DEFAULT_ENTRIES = 8
 MIN_TOKENS = 64  # a smaller cache is cheaper to evaluate again than to keep
 GUI = "gui"  # the window's party: every conversation of the window
 LOCAL_API = "api"  # the API's party when the server has no key (one local user)
+# ``export_state(STASH + party)``: a stash of ``party``; a backend that stores states
+# itself (llama-server) keeps each party's apart, so one never overwrites another's.
+STASH = "pool:"
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,7 @@ class KvPool:
         t0 = time.perf_counter()
         try:
             config = dict(self.backend.cache_config())
-            kv = self.backend.export_state()
+            kv = self.backend.export_state(STASH + live.party)
         except LamplightError as exc:
             log.info("live cache not pooled: %s", exc)
             return

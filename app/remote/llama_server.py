@@ -5,7 +5,9 @@ in-process) and sends it to ``/completion`` as token ids, so the server's slot
 holds exactly the tokens this client tracks in its ``ContextMap``: generated
 tokens are never re-tokenized, and a restored snapshot continues without
 re-reading. The server matches the prompt against its slot (``cache_prompt``)
-and evaluates only what is new.
+and evaluates only what is new; a request that would discard most of the slot, or
+after ``reset`` (which erases it: another party asks), reuses nothing of it
+(``SlotState.reuses``), so no party is ever shown another's tokens as cached.
 
 What lives where:
 
@@ -133,18 +135,12 @@ class LlamaServerBackend(SlotState):
         self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
     ) -> None:
         super().__init__(connection, api_key, limits)
-        self._files: dict[str, str] = {}  # conversation key -> slot file, most recent last
-        self._restored = ""  # the slot file last restored (its key is not known yet)
         self._props: dict[str, Any] = {}
         self._template: ChatTemplate | None = None
         self._bound: ChatTemplate | None = None  # the last request's, switches bound
         self._inputs = TemplateInputs()
-        self._map = ContextMap()  # what this client believes the slot holds
         self._adapters: list[dict[str, Any]] = []  # the server's: id, path, name
-        self._stack = LoraStack()
-        self._kv_lora: tuple[tuple[str, float], ...] = ()  # the stack the slot's cache used
         self._sent: tuple[list[ChatMessage], list[ChatMessage]] | None = None
-        self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
         self._tools = ServerTools(None, self._has_token)  # the last request's
         self._media = ServerImages(self._call)
 
@@ -333,10 +329,10 @@ class LlamaServerBackend(SlotState):
         self._sent = None
 
     def reset(self) -> None:
-        # The slot keeps its cache; the next prompt shares no prefix with what this
-        # client tracks, so the server evaluates it afresh where it differs.
+        """Forget the conversation here and on the server (the slot is erased)."""
         self._map.clear()
         self._sent = None
+        self._erase()
 
     # -- generation --------------------------------------------------------------
 
@@ -513,7 +509,7 @@ class LlamaServerBackend(SlotState):
             "prompt": self._media.prompt(prompt.tokens, prompt.text),
             "stream": True,
             "return_progress": True,
-            "cache_prompt": True,
+            "cache_prompt": self.reuses(prompt.tokens) > 0,
             "id_slot": self.connection.slot,
             "n_predict": think.n_predict(n_predict, metrics) if think else n_predict,
             "n_keep": 0,
@@ -545,7 +541,7 @@ class LlamaServerBackend(SlotState):
         ``bounds``; an error after the first token ends it with the text so far.
         """
         assert self._streams is not None
-        keep = common_prefix(self._map.tokens, prompt.tokens)
+        keep = common_prefix(self._map.tokens, prompt.tokens) if body["cache_prompt"] else 0
         text = ReplyText(room, int(body["n_predict"]) + TOKEN_SLACK)
         final: dict[str, Any] = {}
         first_request = not metrics.token_times_ms and not metrics.evaluated_tokens
@@ -601,7 +597,7 @@ class LlamaServerBackend(SlotState):
         if ended_here:
             cut_short(stream, text, metrics, bounds, int(body["n_predict"]))
         elif final:
-            self._timings(final, metrics, first_request)
+            self._timings(final, metrics, first_request, keep)
             metrics.stop_reason = stop_reason(final, len(prompt.tokens), metrics.n_ctx)
         elif not thought_cut:
             end_lost(metrics, unfinished(self.connection.url))
@@ -632,7 +628,7 @@ class LlamaServerBackend(SlotState):
         body = {
             "prompt": tokens,
             "n_predict": 0,
-            "cache_prompt": True,
+            "cache_prompt": self.reuses(tokens) > 0,
             "id_slot": self.connection.slot,
             "lora": self._lora_body(),
         }

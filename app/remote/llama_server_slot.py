@@ -5,25 +5,38 @@ Every request sends every adapter the server loaded (``--lora``) with an explici
 scale (llama.cpp issue #28674); a changed stack makes the slot's cache stale.
 
 Each connection and slot has a ring of ``SLOT_FILES`` file names on the server; a
-conversation keeps its name while it is among the most recently saved. The
-Lamplight snapshot on this machine keeps the compatibility header, the tokens and
-the text, and names the server file (``KvState.state`` is a small JSON reference).
+conversation keeps its name while it is among the most recently saved, and each party
+of the RAM pool (``KvPool``) has one file for its stashes. The Lamplight snapshot on
+this machine keeps the compatibility header, the tokens and the text, and names the
+server file (``KvState.state`` is a small JSON reference).
+
+Whose tokens the slot holds (issue 40): ``reset`` erases the slot, and a request may
+reuse the slot only when it keeps most of it (``reuses``); otherwise it goes with
+``cache_prompt: false``. llama-server (since its RAM prompt cache, ``--cache-ram``, on by
+default) saves a slot that a request would mostly discard and restores, for that
+request, whichever saved prompt best matches it: another party's conversation included.
+The cached count reported is never more than this client's own tokens in the slot.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
+import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from app.engine.backend import KvState
-from app.engine.context_map import ContextMap
+from app.engine.context_map import ContextMap, common_prefix
 from app.engine.image_part import ImagePart, has_markers, is_image_token
+from app.engine.kv_pool import STASH
 from app.engine.metrics import MessageMetrics
 from app.engine.prompt_pipeline import Prompt
 from app.gguf.lora import LoraError, LoraStack, stack_key
-from app.remote.http import ServerError
+from app.remote.connection import Connection
+from app.remote.http import DEFAULT_LIMITS, Limits, ServerError
 from app.remote.image_wire import vision_of_props
 from app.remote.llama_server_images import ServerImages, save_refused
 from app.remote.llama_server_wire import float_or, int_or, settings_of, signature, text_of
@@ -31,8 +44,10 @@ from app.remote.server_backend import ServerBackend
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import LamplightError
 
+log = logging.getLogger(__name__)
+
 SLOT_FILES = 16  # slot files per connection and slot on the server (docs: the ring)
-_FILE_NAME = re.compile(r"lamplight-[0-9a-f]{8,64}(-(\d{1,3}|pool))?\.bin")
+_FILE_NAME = re.compile(r"lamplight-[0-9a-f]{8,64}(-(\d{1,3}|pool(-[0-9a-f]{16})?))?\.bin")
 _STATE_FORMAT = "lamplight-llama-server-slot"
 LORA_CHANGED_NOTE = "the LoRA stack changed"
 
@@ -40,18 +55,24 @@ LORA_CHANGED_NOTE = "the LoRA stack changed"
 class SlotState(ServerBackend):
     """What the slot holds, its LoRA and its snapshots: part of ``LlamaServerBackend``."""
 
-    # Set by LlamaServerBackend: what this client believes the slot holds, the slot
-    # files by conversation (most recent last), the file last restored, the server's
-    # /props, the LoRA stack in use and the one the slot's cache was computed with.
-    _map: ContextMap
-    _files: dict[str, str]
-    _restored: str
+    # Set by LlamaServerBackend: the server's /props and adapters, the images sent.
     _props: dict[str, Any]
     _adapters: list[dict[str, Any]]  # the server's: id, path, name
-    _stack: LoraStack
-    _kv_lora: tuple[tuple[str, float], ...]
-    _special: dict[str, bool]  # which texts are one token of the vocabulary
     _media: ServerImages  # the images sent, their counts, the server's media marker
+
+    def __init__(
+        self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
+    ) -> None:
+        super().__init__(connection, api_key, limits)
+        self._map = ContextMap()  # what this client believes the slot holds
+        self._files: dict[str, str] = {}  # conversation key -> slot file, most recent last
+        self._restored = ""  # the slot file last restored (its key is not known yet)
+        # Each file this client wrote, with the id of its last save: an older save's
+        # reference names the file but no longer its content.
+        self._written: dict[str, str] = {}
+        self._stack = LoraStack()
+        self._kv_lora: tuple[tuple[str, float], ...] = ()  # the stack the slot's cache used
+        self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
 
     # -- the server's tokenizer --------------------------------------------------------
 
@@ -128,17 +149,55 @@ class SlotState(ServerBackend):
         if isinstance(answer, dict) and answer.get("content") == reply:
             self._map.mark(prompt.text + reply)
 
-    def _timings(self, final: dict[str, Any], metrics: MessageMetrics, first: bool) -> None:
+    def _timings(
+        self, final: dict[str, Any], metrics: MessageMetrics, first: bool, own: int
+    ) -> None:
+        """The server's figures; ``own``: the tokens of the slot this request could
+        reuse (``reuses``). More cached than that came from elsewhere (a restored
+        prompt of the server's RAM cache): it is counted as evaluated, never shown."""
         timings = final.get("timings")
         if not isinstance(timings, dict):
             return
+        cached = max(0, int_or(timings.get("cache_n"), 0))
+        hidden = max(0, cached - own)
         if first:
-            metrics.cached_tokens = int_or(timings.get("cache_n"), 0)
+            metrics.cached_tokens = cached - hidden
             metrics.prefill_ms = float_or(timings.get("prompt_ms"), metrics.prefill_ms)
-        metrics.evaluated_tokens += int_or(timings.get("prompt_n"), 0)
+        metrics.evaluated_tokens += max(0, int_or(timings.get("prompt_n"), 0)) + hidden
         metrics.native_prefill_tok_s = float_or(timings.get("prompt_per_second"), 0.0)
         metrics.native_decode_tok_s = float_or(timings.get("predicted_per_second"), 0.0)
         metrics.kv_tokens = len(self._map.tokens)
+
+    # -- whose tokens the slot holds -------------------------------------------------
+
+    def reuses(self, tokens: Sequence[int]) -> int:
+        """The tokens of the slot a request for ``tokens`` may reuse (its ``cache_prompt``
+        when not 0): what it shares with the slot, if that is more than half of both, or
+        all of ``tokens`` (the same request again).
+
+        A request that keeps less makes llama-server save the slot to its RAM prompt
+        cache and restore the saved prompt that best matches this one, whoever sent it
+        (``get_available_slot``: kept under half the slot, or shared under
+        ``--slot-prompt-similarity`` of the prompt; ``server_prompt_cache::load`` takes
+        only a prompt that shares more than the slot does). Sent with
+        ``cache_prompt: false``, it reuses nothing: at most as many tokens evaluated
+        again as it brings anew.
+        """
+        held = self._map.tokens
+        keep = common_prefix(held, tokens)
+        inside = 0 < keep == len(tokens) < len(held)  # nothing can share more of it
+        return keep if inside or 2 * keep > max(len(held), len(tokens)) else 0
+
+    def _erase(self) -> None:
+        """Empty the slot on the server, so that nothing of it is reused or counted as
+        cached for whoever asks next; without ``--slot-save-path`` the server refuses,
+        and ``reuses`` alone keeps the next request from its tokens."""
+        if self._info is None:
+            return
+        try:
+            self._call("POST", f"/slots/{self.connection.slot}?action=erase", {})
+        except LamplightError as exc:
+            log.info("the server's slot was not erased: %s", exc)
 
     # -- LoRA --------------------------------------------------------------------
 
@@ -223,7 +282,8 @@ class SlotState(ServerBackend):
                 f"the server's slot holds {n_saved} tokens, not the {len(tokens)} of this "
                 "conversation (another client used it)"
             )
-        ref = {"format": _STATE_FORMAT, "file": name, "n_saved": n_saved}
+        self._written[name] = save = secrets.token_hex(8)
+        ref = {"format": _STATE_FORMAT, "file": name, "n_saved": n_saved, "save": save}
         return KvState(json.dumps(ref).encode(), tokens, self._map.text, list(self._map.marks))
 
     def import_state(self, kv: KvState) -> None:
@@ -249,6 +309,10 @@ class SlotState(ServerBackend):
                 raise ValueError(name)
         except (DataFileError, ValueError, KeyError, TypeError, AttributeError):
             raise LamplightError("it is not a llama-server slot snapshot") from None
+        if name in self._written and ref.get("save") != self._written[name]:
+            # Another save took the file since (a stash of another conversation): the
+            # count alone may not tell, and the slot would hold what this one never had.
+            raise LamplightError("its file on the server has since been saved over")
         props = self._call("GET", "/props")
         now = text_of(props.get("model_path"), 1000) if isinstance(props, dict) else ""
         if now != text_of(self._props.get("model_path"), 1000):
@@ -282,13 +346,16 @@ class SlotState(ServerBackend):
         A conversation keeps its name while it is among the ``SLOT_FILES`` most recently
         saved this session; a new one starts at the name its key hashes to (its own
         name in an earlier session, most likely) or takes the one just restored for it,
-        else the first free name, else the least recently saved one. ``key`` "" (the
-        RAM pool's stashes) has a name of its own.
+        else the first free name, else the least recently saved one. The RAM pool's
+        stashes have a name per party (``STASH + party``; "" one of its own), so one
+        party's stash never takes another's file.
         """
         base = hashlib.sha256(f"{self.connection.id}\n{self.connection.slot}".encode())
         prefix = f"lamplight-{base.hexdigest()[:24]}"
         if not key:
             return f"{prefix}-pool.bin"
+        if key.startswith(STASH):
+            return f"{prefix}-pool-{hashlib.sha256(key.encode()).hexdigest()[:16]}.bin"
         name = self._files.pop(key, "")
         used = set(self._files.values())
         if not name:

@@ -80,8 +80,10 @@ from app.remote.http import (
 )
 from app.remote.image_wire import has_images, images_refused, refuses_images
 from app.remote.openai_reply import (
+    OwnPrefix,
     Request,
     drop_note,
+    finish_metrics,
     size_note,
     stop_reason,
     tokens,
@@ -93,7 +95,6 @@ from app.remote.openai_wire import ReplyStream as ReplyStream
 from app.remote.openai_wire import ServerModel as ServerModel
 from app.remote.openai_wire import (
     event_error,
-    first_float,
     first_int,
     generation_error,
     key_message,
@@ -204,6 +205,7 @@ class OpenAIBackend(ServerBackend):
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
         self._tools: ToolRequest | None = None  # the reply's, while it is asked for
         self._vision = True  # the model takes images (as far as the server says)
+        self._own = OwnPrefix()  # the last request, for the cached count (``reset``)
 
     # -- connection and model ----------------------------------------------------
 
@@ -279,6 +281,7 @@ class OpenAIBackend(ServerBackend):
         self._extras_ok = True
         self._refused = set()
         self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        self._own = OwnPrefix()
         name = chosen.id
         if name.startswith("/") or name.lower().endswith(".gguf"):
             name = PurePosixPath(name.replace("\\", "/")).name or name
@@ -317,7 +320,9 @@ class OpenAIBackend(ServerBackend):
         self._model_id = ""
 
     def reset(self) -> None:
-        """Nothing to forget: the server keeps no conversation for this client."""
+        """Another conversation, or another party's, comes next: the server's cache is
+        out of reach, so only its cached count of that one's own requests is shown."""
+        self._own = OwnPrefix()
 
     # -- what such a server cannot do --------------------------------------------
 
@@ -513,7 +518,7 @@ class OpenAIBackend(ServerBackend):
         yield from tokens(reply.finish(), metrics, (time.perf_counter() - t0) * 1000)
         if stream.timed_out and not reply.deltas and not stream.stopped:
             raise ServerSilent(stream.timed_out)  # nothing to keep: the reply failed
-        self._finish_metrics(metrics, reply, req)
+        finish_metrics(metrics, reply, req, self._estimate(req.messages), self._own)
         if lost and not reply.finish_reason:  # a drop after the last chunk loses nothing
             end_lost(metrics, str(lost))
         elif failed:
@@ -553,29 +558,6 @@ class OpenAIBackend(ServerBackend):
         if req.dropped_count:
             metrics.notes.append(drop_note(req))
         return metrics
-
-    def _finish_metrics(self, metrics: MessageMetrics, reply: ReplyStream, req: Request) -> None:
-        """Token counts and rates: the server's where it gives them, else this client's."""
-        usage, timings = reply.usage, reply.timings
-        metrics.generated_tokens = first_int(usage.get("completion_tokens")) or (
-            reply.deltas + reply.tools.deltas
-        )
-        details = usage.get("completion_tokens_details")
-        thought = details.get("reasoning_tokens") if isinstance(details, dict) else None
-        metrics.reasoning_tokens = first_int(thought) or reply.reasoning_deltas
-        metrics.prompt_tokens = first_int(usage.get("prompt_tokens")) or self._estimate(
-            req.messages
-        )
-        details = usage.get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        metrics.cached_tokens = first_int(timings.get("cache_n"), cached)
-        metrics.evaluated_tokens = first_int(timings.get("prompt_n")) or max(
-            0, metrics.prompt_tokens - metrics.cached_tokens
-        )
-        if first_float(timings.get("prompt_ms")) > 0:
-            metrics.prefill_ms = first_float(timings.get("prompt_ms"))
-        metrics.native_prefill_tok_s = first_float(timings.get("prompt_per_second"))
-        metrics.native_decode_tok_s = first_float(timings.get("predicted_per_second"))
 
     # -- context overflow --------------------------------------------------------
 

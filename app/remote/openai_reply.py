@@ -1,5 +1,5 @@
 """How one reply of an OpenAI-compatible server ends: its request's state, its tokens
-as events, its stop reason, and its tool calls."""
+as events, its stop reason, its counts, and its tool calls."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 from app.engine.backend import Token
 from app.engine.chat_message import ToolCall
+from app.engine.kv_pool import is_prefix
 from app.engine.metrics import MessageMetrics
 from app.engine.templates import ChatMessage
 from app.engine.tool_spec import TOOL_CALLS, ToolRequest
 from app.remote.http import sentence, too_large
-from app.remote.openai_wire import ReplyStream, first_int
+from app.remote.openai_wire import ReplyStream, first_float, first_int
 from app.remote.tool_wire import calls_note
 
 
@@ -25,6 +26,64 @@ class Request:
     dropped_from: int = 0
     dropped_count: int = 0
     dropped_tokens: int = 0
+
+
+@dataclass
+class OwnPrefix:
+    """This client's last request since ``forget``: its messages, reply and counts.
+
+    The server's prefix cache is shared by all its clients, and ``KvPool`` resets the
+    backend when another party (the window, an API key) asks next; so the server's
+    cached count is reported only up to the tokens this client itself sent or was sent
+    in that request (``cached``), never what another conversation left there.
+    """
+
+    request: tuple[ChatMessage, ...] = ()
+    reply: ChatMessage | None = None
+    prompt_tokens: int = 0
+    generated: int = 0
+
+    def cached(self, messages: Sequence[ChatMessage], count: int) -> int:
+        """``count`` (the server's) capped at what ``messages`` repeat of the last request:
+        its prompt and reply, its prompt alone (the same request again), or nothing."""
+        if self.reply is None:
+            return 0
+        if is_prefix((*self.request, self.reply), messages):
+            return min(count, self.prompt_tokens + self.generated)
+        return min(count, self.prompt_tokens) if is_prefix(self.request, messages) else 0
+
+
+def finish_metrics(
+    metrics: MessageMetrics, reply: ReplyStream, req: Request, estimate: int, own: OwnPrefix
+) -> None:
+    """Token counts and rates: the server's where it gives them, else this client's
+    (``estimate``: of the prompt); the cached count within ``own``, which then records
+    this request."""
+    usage, timings = reply.usage, reply.timings
+    metrics.generated_tokens = first_int(usage.get("completion_tokens")) or (
+        reply.deltas + reply.tools.deltas
+    )
+    details = usage.get("completion_tokens_details")
+    thought = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    metrics.reasoning_tokens = first_int(thought) or reply.reasoning_deltas
+    metrics.prompt_tokens = first_int(usage.get("prompt_tokens")) or estimate
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    server = first_int(timings.get("cache_n"), cached)
+    metrics.cached_tokens = own.cached(req.messages, server)
+    evaluated = first_int(timings.get("prompt_n"))
+    metrics.evaluated_tokens = (
+        evaluated + server - metrics.cached_tokens
+        if evaluated
+        else max(0, metrics.prompt_tokens - metrics.cached_tokens)
+    )
+    if first_float(timings.get("prompt_ms")) > 0:
+        metrics.prefill_ms = first_float(timings.get("prompt_ms"))
+    metrics.native_prefill_tok_s = first_float(timings.get("prompt_per_second"))
+    metrics.native_decode_tok_s = first_float(timings.get("predicted_per_second"))
+    reply_message = ChatMessage("assistant", reply.text)
+    own.request, own.reply = tuple(req.messages), reply_message
+    own.prompt_tokens, own.generated = metrics.prompt_tokens, metrics.generated_tokens
 
 
 def tokens(
