@@ -3,12 +3,15 @@
 A Hypothesis state machine drives ``ChatSession`` and the real engine worker
 thread (``EngineClient``) with random sequences of typing into the input box
 (at any time), send, stop (before and after the first token), new chat, open
-another, regenerate, edit, switching between versions, fork, delete, import,
-model reload, setting changes (overflow policy, system prompt), generate
-failures before and part way through a reply, save failures, quit-and-restart
-and crash-and-restart (the worker dies without the session saving; a new
-session and worker read the same data directory). Actions are taken while
-replies stream; invariants are checked whenever the app has settled:
+another, regenerate, edit, switching between versions, fork, delete, import
+(of chats naming files, collections, a draft model and tool settings, confirmed
+or not), messages with pictures and passages (whole documents and retrieved
+ones), attached documents, replies with tool rounds, model reload, setting
+changes (overflow policy, system prompt), generate failures before and part
+way through a reply, save failures, quit-and-restart and crash-and-restart (the
+worker dies without the session saving; a new session and worker read the same
+data directory). Actions are taken while replies stream; invariants are checked
+whenever the app has settled:
 
 - what the session shows is what is on disk (unless a save was made to fail);
 - roles alternate in every saved conversation;
@@ -20,7 +23,11 @@ replies stream; invariants are checked whenever the app has settled:
   not deleted (shown, saved, or kept as another version), after failures and
   crashes too;
 - a message a conversation held is never dropped from it (regenerate and edit
-  keep what they replace; a merged message keeps the text it had).
+  keep what they replace; a merged message keeps the text, pictures and passages
+  it had; an edited message keeps the documents it had whole);
+- every tool call has its result;
+- an imported chat's documents, collections and draft model are used only once
+  confirmed, and its tool settings are off until then.
 
 The fake backend runs thousands of steps; the real model runs a short sequence.
 """
@@ -47,23 +54,30 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from PySide6.QtCore import QCoreApplication, QObject, Slot
+from PySide6.QtCore import QCoreApplication, QObject, Signal, Slot
 from PySide6.QtWidgets import QApplication
 
 from app.chat.conversation import Conversation, Message
+from app.chat.import_review import restore
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
+from app.documents.sources import MAX_SOURCES, Source, sources_from_list
 from app.engine.backend import Backend, ModelInfo
+from app.engine.image_part import ImagePart
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
+from app.engine.templates import ChatMessage, ToolCall
+from app.engine.tool_spec import ToolRequest
 from app.util.errors import DecodeError
 from tests.conftest import TEST_LOAD
-from tests.fakes import FakeEngine
+from tests.fake_tools import CALL, FakeToolHost, as_tool_host
+from tests.fakes import VISION_CAPABILITIES, FakeEngine
+from tests.test_image_transcript import picture
 from ui.engine.worker import EngineClient
 
 SETTLE_S = 30.0  # generous: the real model on two loaded cores
+Key = tuple[str, int, bool]  # a passage: its file, its chunk, whether it is the whole file
 STEPS = [0]  # steps run, for the closing report
 CHECKED = {"fresh read": 0, "after a drop": 0}  # cache checks made on the real engine
 
@@ -97,6 +111,37 @@ class RecordingView:
     def row_removed(self, conv_id: str) -> None:
         pass
 
+    def tool_calls_changed(self, message: Message) -> None:
+        pass
+
+
+class Poster(QObject):
+    """Runs a function on the session's (GUI) thread, from any thread: what the window's
+    ``McpControl.post`` does for tool lists and calls."""
+
+    posted = Signal(object)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.posted.connect(self._run)
+
+    @Slot(object)
+    def _run(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def post(self, fn: Callable[[], None]) -> None:
+        self.posted.emit(fn)
+
+
+class AllowAll:
+    """Approvals that let every call run (the user chose "always" for the tool)."""
+
+    def allowed(self, server: str, server_id: str, tool: str) -> bool:
+        return True
+
+    def remember(self, server: str, server_id: str, tool: str, decision: str) -> None:
+        pass
+
 
 class Link:
     """The EngineLink the session drives: the real client, with every request recorded."""
@@ -108,9 +153,13 @@ class Link:
         self.ops: list[tuple[str, int, list[ChatMessage]]] = []
 
     def generate(
-        self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams
+        self,
+        conv_id: str,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
     ) -> int:
-        request = self.client.generate(conv_id, messages, params)
+        request = self.client.generate(conv_id, messages, params, tools)
         self.issued.append(request)
         self.ops.append(("generate", request, list(messages)))
         return request
@@ -143,7 +192,16 @@ class Harness(QObject):
         self.client = EngineClient(self.dirs.models, engine_factory=backend, store=self.store)
         self.link = Link(self.client)
         self.view = RecordingView()
-        self.session = ChatSession(self.store, self.link, self.view)
+        self.tool_host = FakeToolHost(data_dir=self.dirs.root)
+        self.poster = Poster()
+        self.session = ChatSession(
+            self.store,
+            self.link,
+            self.view,
+            tool_host=as_tool_host(self.tool_host),
+            approvals=AllowAll(),
+            post=self.poster.post,
+        )
         self.terminals: dict[int, int] = {}
         self.replies: dict[int, MessageMetrics] = {}  # finished requests
         self.model_path = model
@@ -166,12 +224,19 @@ class Harness(QObject):
         if not self.dead:
             self.session.on_tokens(request, text)
 
-    @Slot(int, str, object)
-    def _on_finished(self, request: int, text: str, metrics: MessageMetrics) -> None:
+    @Slot(int, str, object, str, object)
+    def _on_finished(
+        self,
+        request: int,
+        text: str,
+        metrics: MessageMetrics,
+        reasoning: str,
+        calls: Sequence[ToolCall],
+    ) -> None:
         self._count(request)
         self.replies[request] = metrics
         if not self.dead:
-            self.session.on_finished(request, text, metrics)
+            self.session.on_finished(request, text, metrics, reasoning, calls)
 
     @Slot(int, str, object)
     def _on_cancelled(self, request: int, text: str, metrics: MessageMetrics) -> None:
@@ -250,7 +315,7 @@ class Interleavings(RuleBasedStateMachine):
     backend: Callable[[], Backend] = FakeEngine
     model_path = ""
     load_config = LoadConfig(n_ctx=2048, n_threads=1)
-    params = SamplingParams(max_tokens=8)
+    params = SamplingParams(max_tokens=8, tools="off")  # the ``tools`` rule turns them on
 
     def __init__(self) -> None:
         super().__init__()
@@ -263,11 +328,15 @@ class Interleavings(RuleBasedStateMachine):
         self.snapshots_seen: set[str] = set()
         self.deleted: set[str] = set()
         self.save_failure_armed = False
+        self.refused: set[str] = set()  # conversations whose last writes failed at a quit
         self.box = ""  # the input box
         self.words = itertools.count()
         self.typed: dict[str, str] = {}  # each typed word -> the conversation it went to
         # conversation id -> {message id: its text}: what each conversation has held
         self.held: dict[str, dict[str, str]] = {}
+        # conversation id -> {message id: (its passages, its pictures)}, likewise
+        self.held_parts: dict[str, dict[str, tuple[set[Key], set[str]]]] = {}
+        self.confirmed: set[str] = set()  # what imports named and the user confirmed
 
     def _start(self) -> Harness:
         h = Harness(self.tmp / "data", type(self).backend, self.model_path, self.load_config)
@@ -379,10 +448,22 @@ class Interleavings(RuleBasedStateMachine):
         self.deleted.add(target)
         self.s.delete(target)
 
-    @rule(trailing_user=st.booleans(), then_regenerate=st.booleans())
-    def import_conversation(self, trailing_user: bool, then_regenerate: bool) -> None:
-        """An exported chat comes back (a user turn left unanswered at its end, or not)."""
+    @rule(
+        trailing_user=st.booleans(),
+        then_regenerate=st.booleans(),
+        confirm=st.sampled_from([None, False, True]),
+    )
+    def import_conversation(
+        self, trailing_user: bool, then_regenerate: bool, confirm: bool | None
+    ) -> None:
+        """An exported chat comes back (a user turn left unanswered at its end, or not),
+        naming a file, a collection and a draft model elsewhere and asking for tools;
+        the review is answered (``confirm``) or not asked (``import_json``)."""
         data = self.s.conversation.to_dict()
+        n = next(self.words)
+        named = [f"/elsewhere/{n}/hosts.yml", f"shared-{n}", f"/elsewhere/{n}/draft.gguf"]
+        data.update(documents=named[:1], collections=named[1:2], draft_path=named[2])
+        data["sampling"] = {**(data.get("sampling") or {}), "tools": "required"}
         word = ""
         if trailing_user:
             word = f"w{next(self.words)}x"
@@ -393,14 +474,94 @@ class Interleavings(RuleBasedStateMachine):
         if not data["messages"]:
             return
         try:
-            conv = self.h.store.import_json(json.dumps(data))
+            conv = self._import(data, confirm)
         except OSError:
             return  # a save made to fail: the word is still in the file
+        assert conv.sampling is not None
+        assert conv.sampling["tools"] == ("required" if confirm else "off")
         if word:
             self.typed[word] = conv.id
         self.s.open(conv.id)
         if then_regenerate and self.s.model is not None:
             self.s.when_idle(lambda: self.s.regenerate(self.params) and None)
+
+    # -- pictures, passages, documents, tools -------------------------------------------
+
+    def _sources(self, doc: str) -> list[Source]:
+        """Passages as the window's search gives them: a whole document, a retrieved one."""
+        n = next(self.words)
+        out = []
+        if doc in ("whole", "both"):
+            path = f"/docs/d{n % 4}.md"
+            out.append(Source(1, path, path[6:], f"whole {n}", None, 1, 1, -1, True))
+        if doc in ("passage", "both"):
+            path = f"/docs/p{n % 3}.pdf"
+            out.append(Source(len(out) + 1, path, path[6:], f"passage {n}", 2, 1, 4, n % 5))
+        return out
+
+    def _picture(self, image: bool) -> list[ImagePart]:
+        """A picture, on the fake backend only (the real test model has no projector)."""
+        if not image or not isinstance(self.h.client.host.engine, FakeEngine):
+            return []
+        color = ("red", "green", "blue")[next(self.words) % 3]
+        return [self.h.store.images.put(picture(color), f"{color}.png")]
+
+    @rule(
+        image=st.booleans(),
+        doc=st.sampled_from(["", "whole", "passage", "both"]),
+        text=st.sampled_from(["look", "read this"]),
+    )
+    def send_with_attachments(self, image: bool, doc: str, text: str) -> None:
+        """A message with a picture and the passages found for it."""
+        if not self.s.busy and self.s.model is not None:
+            text = self._submit(text)
+            sent = self.s.send(text, self.params, self._picture(image), self._sources(doc))
+            self._taken(sent, text)
+
+    @rule(pick=st.integers(0, 50), doc=st.sampled_from(["", "whole", "passage", "both"]))
+    def edit_with_passages(self, pick: int, doc: str) -> None:
+        """An edit whose new text finds other passages: the documents the message had
+        whole stay with it."""
+        msgs = self.s.conversation.messages
+        users = [i for i, m in enumerate(msgs) if m.role == "user"]
+        if not users or self.s.busy or self.s.model is None:
+            return
+        index = users[pick % len(users)]
+        had = {s.path for s in sources_from_list(msgs[index].sources) if s.whole}
+        self.s.begin_edit(index)
+        text = self._submit("edited, with passages")
+        sent = self.s.send(text, self.params, sources=self._sources(doc))
+        self._taken(sent, text)
+        if sent:
+            now = sources_from_list(self.h.view.shown[-1].sources)
+            kept = {s.path for s in now if s.whole}
+            assert had <= kept or len(now) == MAX_SOURCES, (had, kept)
+
+    @rule(n=st.integers(0, 3))
+    def attach_documents(self, n: int) -> None:
+        """Attach → Documents… (or remove them all): the next messages draw on them."""
+        self.s.set_documents([f"/docs/d{i}.md" for i in range(n)], ["mine"] if n else [])
+
+    @rule(on=st.booleans())
+    def tools(self, on: bool) -> None:
+        """Replies call a tool (then answer with its result), or not; the fake only."""
+        fake = self.h.client.host.engine
+        if isinstance(fake, FakeEngine):
+            fake.tool_calls = (CALL,) if on else ()
+            self.params = replace(self.params, tools="auto" if on else "off")
+
+    def _import(self, data: dict[str, object], confirm: bool | None) -> Conversation:
+        if confirm is None:
+            return self.h.store.import_json(json.dumps(data))
+        source = self.tmp / "import.json"
+        source.write_text(json.dumps(data))
+        conv, held = self.h.store.import_reviewed(source)
+        assert held and held.documents == tuple(data["documents"])  # type: ignore[arg-type]
+        if confirm:  # Attach: the window restores them and saves
+            restore(conv, held)
+            self.confirmed |= {*held.documents, *held.collections, held.draft_path}
+            self.h.store.save(conv)
+        return conv
 
     @rule()
     def reload_model(self) -> None:
@@ -420,7 +581,10 @@ class Interleavings(RuleBasedStateMachine):
             self.h.load_config = replace(self.h.load_config, n_batch=256)
             self.s.when_idle(self.h.load)
 
-    @rule(part_way=st.sampled_from([0, 2]), how=st.sampled_from(["send", "regen", "edit"]))
+    @rule(
+        part_way=st.sampled_from([0, 2]),
+        how=st.sampled_from(["send", "regen", "edit", "send with passages"]),
+    )
     def generate_fails_once(self, part_way: int, how: str) -> None:
         """The engine or server fails before the first token or part way through."""
         fake = self.h.client.host.engine
@@ -433,6 +597,8 @@ class Interleavings(RuleBasedStateMachine):
                 pass
             elif how == "edit" and any(m.role == "user" for m in self.s.conversation.messages):
                 self.edit(0, "edited")
+            elif how == "send with passages":  # left unanswered, then merged with the next
+                self.send_with_attachments(True, "both", "fail please")
             else:
                 self.send("fail please")
             self.h.settle()
@@ -458,6 +624,8 @@ class Interleavings(RuleBasedStateMachine):
         shown_id = self.s.conversation.id  # after quit: queued actions may have switched
         shown = list(self.s.conversation.every_message())
         unsaved = self.s.unsaved
+        if unsaved:  # the disk refused the last writes: what they held went with the process
+            self.refused.add(shown_id)
         self.h = self._start()
         if shown and not unsaved and shown_id not in self.deleted:
             self.s.open(shown_id, restore=True)
@@ -549,16 +717,24 @@ class Interleavings(RuleBasedStateMachine):
         CHECKED["after a drop"] += metrics.dropped_count > 0
 
     def check_held(self, on_disk_only: bool = False) -> None:
-        """No typed word and no message a conversation held is lost."""
+        """No typed word and no message a conversation held is lost, nor a picture or
+        passage a message held; nothing an import named is used unless confirmed."""
         texts: dict[str, dict[str, str]] = {}
-        for row in self.h.store.list():
-            texts[row.id] = {m.id: m.content for m in self.h.store.load(row.id).every_message()}
+        convs = [self.h.store.load(row.id) for row in self.h.store.list()]
         conv = self.s.conversation
         if not on_disk_only and conv.messages:
-            texts[conv.id] = {m.id: m.content for m in conv.every_message()}
+            convs.append(conv)
+        for c in convs:
+            texts[c.id] = {m.id: m.content for m in c.every_message()}
+            self.check_parts(c)
+            for name in [*c.documents, *c.collections, c.draft_path]:
+                outside = name.startswith(("/elsewhere/", "shared-"))
+                assert not outside or name in self.confirmed, f"{name} used unconfirmed"
         everything = " ".join(t for held in texts.values() for t in held.values())
         for word, where in self.typed.items():
-            if where in self.deleted or (where and where not in texts and on_disk_only):
+            if where in self.deleted | self.refused or (
+                where and where not in texts and on_disk_only
+            ):
                 continue
             assert word in self.box.split() or word in everything.split(), f"{word} lost"
         for conv_id, held in self.held.items():
@@ -571,6 +747,24 @@ class Interleavings(RuleBasedStateMachine):
         for conv_id, now in texts.items():
             self.held.setdefault(conv_id, {}).update(now)
 
+    def check_parts(self, conv: Conversation) -> None:
+        """Each message keeps the pictures and passages it held (a passage may give way to
+        its whole document, or to the limit a message keeps)."""
+        seen = self.held_parts.setdefault(conv.id, {})
+        if conv.id in self.deleted:
+            return
+        for m in conv.every_message():
+            found = sources_from_list(m.sources)
+            keys = {(s.path, s.chunk, s.whole) for s in found}
+            digests = {r["digest"] for r in m.images}
+            before_keys, before_digests = seen.get(m.id, (set(), set()))
+            whole = {p for p, _c, w in keys if w}
+            for key in before_keys - keys:
+                covered = not key[2] and key[0] in whole
+                assert covered or len(found) == MAX_SOURCES, f"message {m.id} lost {key}"
+            assert before_digests <= digests, f"message {m.id} lost a picture"
+            seen[m.id] = (keys, digests)
+
     def teardown(self) -> None:
         try:
             self.h.settle()
@@ -581,7 +775,9 @@ class Interleavings(RuleBasedStateMachine):
 
 
 def _fake() -> Backend:
-    return FakeEngine(reply="one two three four five six", delay=0.002, prefill_delay=0.004)
+    fake = FakeEngine(reply="one two three four five six", delay=0.002, prefill_delay=0.004)
+    fake.caps = VISION_CAPABILITIES  # it sees the pictures sent to it
+    return fake
 
 
 class FakeInterleavings(Interleavings):
@@ -620,7 +816,7 @@ def test_interleavings_real_engine_overflowing(
     class Overflowing(Interleavings):
         backend = Engine
         load_config = replace(TEST_LOAD, n_ctx=256)
-        params = SamplingParams(max_tokens=48, temperature=0.0, overflow="rolling")
+        params = SamplingParams(max_tokens=48, temperature=0.0, overflow="rolling", tools="off")
 
         @initialize()
         def start(self) -> None:
@@ -663,7 +859,7 @@ def test_interleavings_real_engine(qapp: QApplication, model_path: Path) -> None
     class RealInterleavings(Interleavings):
         backend = Engine
         load_config = TEST_LOAD
-        params = SamplingParams(max_tokens=6, temperature=0.0)
+        params = SamplingParams(max_tokens=6, temperature=0.0, tools="off")
 
     RealInterleavings.model_path = str(model_path)
     run_state_machine_as_test(

@@ -331,7 +331,8 @@ def test_stop_while_the_tools_are_listed_ends_the_reply_once(tmp_path: Path) -> 
     while not rig.q.empty():
         rig.q.get(timeout=1)()
     assert rig.link.calls == []  # the late tool list asks for nothing
-    assert rig.view.events == ["begun", "ended"]
+    # Shown again with its (empty) reply recorded: the reply has no metrics to end with.
+    assert rig.view.events == ["begun", "shown", "ended"]
     assert [m.role for m in rig.messages] == ["user", "assistant"]
 
 

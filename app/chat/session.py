@@ -418,7 +418,9 @@ class ChatSession(ToolRounds):
             self._commit_branch(req)
             self._forget(req, metrics)
             self._record(text, metrics, reasoning)
-            self._end(text, metrics, "")
+            # Stopped while the tools were listed (no metrics): shown again, since a view
+            # keeps only a reply that comes with its metrics.
+            self._end(text, metrics, "", kept=metrics is not None)
         else:
             self._restore(req)
             self._end("", None, "", kept=False)
