@@ -27,6 +27,8 @@ from app.engine.image_part import (
 )
 from app.engine.kv_state import read_sequence, write_sequence
 from app.engine.native import Native
+from app.engine.prompt_pipeline import least_tokens
+from app.engine.vocab import Vocab
 from app.gguf.lora import AdapterInfo, LoraStack, stack_key
 from app.util.errors import DecodeError, ImageError, LamplightError, NoModelLoaded
 
@@ -41,6 +43,8 @@ HEAD_LOST_NOTE = "the cached conversation did not start with the model's BOS tok
 
 class EngineCache:
     """One loaded model's KV sequence 0 and what it holds (``ContextMap``)."""
+
+    _vocab: Vocab | None  # the loaded model's (set by Engine)
 
     def __init__(self) -> None:
         self._llm: Any = None
@@ -262,6 +266,12 @@ class EngineCache:
                 data = part.encode("utf-8", "replace")
                 out += list(self._llm.tokenize(data, add_bos=bos and not out, special=True))
         return out
+
+    def _least_tokens(self, text: str) -> int:
+        """At least how many tokens ``_tokenize`` makes of ``text``, found without it
+        (``Vocab.longest_token``; 0 when the vocabulary gives no bound)."""
+        longest = self._vocab.longest_token() if self._vocab is not None else 0
+        return least_tokens(text, longest)
 
     def use_images(self, messages: Sequence[ChatMessage]) -> None:
         """The images the next renders of ``messages`` may show (by digest).

@@ -85,9 +85,6 @@ from app.engine.tool_spec import ToolRequest
 from app.engine.vision import check_projector, open_projector
 from app.engine.vocab import Vocab
 from app.gguf.info import GgufInfo, read_gguf_info
-from app.util.errors import (
-    ContextOverflowError,
-)
 
 log = logging.getLogger(__name__)
 
@@ -494,7 +491,7 @@ class Engine(EngineCache):
 
     def _pipeline(self) -> PromptPipeline:
         """The prompt pipeline over this model's template, tokenizer and cache map."""
-        return PromptPipeline(self._rendering(), self._tokenize, self._map)
+        return PromptPipeline(self._rendering(), self._tokenize, self._map, self._least_tokens)
 
     def _fit(self, request: PromptRequest, stop: threading.Event) -> tuple[Prompt, Overflow, str]:
         """The request's prompt, fitted to the context (older turns dropped, if the policy
@@ -507,12 +504,8 @@ class Engine(EngineCache):
         if rendered.fallback is not None:
             self._use_template(rendered.fallback)
             self._bound = self._bind(rendered.fallback, request.params)
-        pipeline = self._pipeline()
-        prompt = pipeline.build(request.messages, rendered.text)
         overflow = self._overflow(request.messages, request.params.overflow, stop)
-        prompt = pipeline.fit(request, prompt, overflow)
-        if len(prompt.tokens) >= request.n_ctx:
-            raise ContextOverflowError(len(prompt.tokens) + 1, request.n_ctx)
+        prompt = self._pipeline().fitted(request, rendered.text, overflow)
         self._sent = (list(request.messages), overflow)
         return prompt, overflow, rendered.note
 

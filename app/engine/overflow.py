@@ -56,6 +56,18 @@ def plan_drop(
     return None
 
 
+def fewest_kept(messages: Sequence[ChatMessage], policy: str) -> list[ChatMessage]:
+    """The fewest of ``messages`` a request can be left with after its drops (``plan_drop``
+    with ``keep_last=1``): the protected head, and the tail from the last user message a
+    kept tail can start at; all of them when the policy cannot drop."""
+    if policy not in ("truncate_middle", "rolling"):
+        return list(messages)
+    roles = [m.role for m in messages]
+    a = protected_head(roles, policy)
+    b = max((i for i in range(a + 1, len(roles)) if roles[i] == "user"), default=0)
+    return [*messages[:a], *messages[b:]] if b else list(messages)
+
+
 def reply_budget(max_tokens: int, n_ctx: int) -> int:
     """Room a drop leaves for the reply: its length limit, at most a quarter of the context."""
     return max(1, min(max_tokens, n_ctx // 4))

@@ -6,7 +6,10 @@ The steps, in order (``docs/notes/prompts.md``):
    fails on this conversation (the backend then keeps the fallback);
 2. ``PromptPipeline.build``: tokens for that text, reusing the cached tokens up to the
    last mark whose text still matches and tokenizing the rest message by message, so
-   message starts come back as marks (a later overflow can cut whole messages);
+   message starts come back as marks (a later overflow can cut whole messages); first,
+   ``certain_overflow`` refuses at once a long prompt that a lower bound on its tokens
+   (``least_tokens``) says cannot fit, whatever the policy drops (25 MB took 75 s to
+   tokenize, and Stop cannot cut a tokenization short);
 3. ``PromptPipeline.fit``: while prompt plus reply budget overflow the context, drop
    whole older turns (``Overflow.drop``) and build again;
 4. ``record_drops``: what was dropped, and text read again, into the reply's metrics;
@@ -24,23 +27,29 @@ from dataclasses import dataclass, field
 
 from app.config.params import SamplingParams
 from app.engine.context_map import ContextMap
+from app.engine.image_part import has_markers, split_markers
 from app.engine.metrics import MessageMetrics
-from app.engine.overflow import Overflow, message_starts, reply_budget
+from app.engine.overflow import Overflow, fewest_kept, message_starts, reply_budget
 from app.engine.templates import (
     ChatMessage,
     ChatTemplate,
     ChatTemplateError,
     render_or_fall_back,
 )
+from app.util.errors import ContextOverflowError
 
 Tokenize = Callable[[str, bool], list[int]]
 """Token ids for prompt text, special tokens parsed; the flag asks for BOS (if wanted)."""
+LeastTokens = Callable[[str], int]
+"""A lower bound on the tokens ``Tokenize`` makes of prompt text, found without it (0: none)."""
 
 EMPTY_PROMPT = (
     "The chat template rendered an empty prompt: there is nothing to send to the "
     "model. Edit the conversation, or start a new chat."
 )
 SENTINEL = "\ue000"  # a private-use character no template produces
+# Shorter prompts are not bounded first: they tokenize in well under a second (0.2 s here).
+EARLY_CHARS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -103,6 +112,17 @@ def render(template: ChatTemplate, messages: Sequence[ChatMessage]) -> Rendered:
     return Rendered(text, fallback)
 
 
+def least_tokens(text: str, longest: int) -> int:
+    """At least how many tokens ``text`` takes when no token stands for more than
+    ``longest`` bytes of it (0 when ``longest`` is 0: no bound known). Image markers
+    count none: an image's tokens are the backend's, not its marker's."""
+    if longest <= 0:
+        return 0
+    parts = split_markers(text) if has_markers(text) else [(False, text)]
+    size = sum(len(part.encode("utf-8", "replace")) for image, part in parts if not image)
+    return -(-size // longest)
+
+
 def record_drops(overflow: Overflow, metrics: MessageMetrics) -> None:
     """Step 4: the request's drops so far, and text read again, into ``metrics`` (one note)."""
     metrics.dropped_from = overflow.dropped_from
@@ -121,10 +141,57 @@ def record_drops(overflow: Overflow, metrics: MessageMetrics) -> None:
 class PromptPipeline:
     """Steps 2, 3 and 5 over one backend's template, tokenizer and context map."""
 
-    def __init__(self, template: ChatTemplate, tokenize: Tokenize, cmap: ContextMap) -> None:
+    def __init__(
+        self,
+        template: ChatTemplate,
+        tokenize: Tokenize,
+        cmap: ContextMap,
+        least: LeastTokens | None = None,
+    ) -> None:
         self.template = template
         self._tokenize = tokenize
         self._map = cmap
+        self._least = least
+
+    def certain_overflow(self, request: PromptRequest, text: str) -> int:
+        """Step 2, first: a lower bound on the prompt's tokens when that many can never
+        fit the context, else 0. ``text`` is ``request.messages`` rendered.
+
+        The bound is taken of what stays when the policy drops all it may
+        (``fewest_kept``): a prompt refused now is one ``fit`` could not have saved.
+        """
+        if self._least is None or len(text) < EARLY_CHARS:
+            return 0
+        kept = fewest_kept(request.messages, request.params.overflow)
+        if len(kept) < len(request.messages):
+            try:
+                text = self.template.render(kept, True)
+            except ChatTemplateError:
+                return 0  # the long way says what is wrong
+        least = self._least(text)
+        return least if least >= request.n_ctx else 0
+
+    def fitted(
+        self,
+        request: PromptRequest,
+        text: str,
+        overflow: Overflow,
+        refused: type[ContextOverflowError] = ContextOverflowError,
+    ) -> Prompt:
+        """Steps 2 and 3: the prompt of ``text`` (``overflow.messages`` rendered), fitted.
+
+        Raises:
+            ContextOverflowError (``refused``): it does not fit; at once, tokenizing
+                nothing, when ``certain_overflow`` says it cannot.
+            ChatTemplateError.
+        """
+        least = self.certain_overflow(request, text)
+        if least:
+            raise refused(least + 1, request.n_ctx, at_least=True)
+        prompt = self.fit(request, self.build(overflow.messages, text), overflow)
+        if len(prompt.tokens) >= request.n_ctx:
+            raise refused(len(prompt.tokens) + 1, request.n_ctx)
+        return prompt
 
     def build(self, messages: Sequence[ChatMessage], text: str | None = None) -> Prompt:
         """Step 2: the tokens of ``text`` (``messages`` rendered, by default).

@@ -22,11 +22,13 @@ class ContextOverflowError(LamplightError):
 
     MARK = "but the context holds"  # in every message of this kind, for the UI to offer a way on
 
-    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+    def __init__(self, prompt_tokens: int, n_ctx: int, at_least: bool = False) -> None:
+        """``at_least``: ``prompt_tokens`` is a lower bound (the prompt was not tokenized)."""
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
+        needs = f"at least {prompt_tokens}" if at_least else f"{prompt_tokens}"
         super().__init__(
-            f"This conversation needs {prompt_tokens} tokens but the context holds {n_ctx}. "
+            f"This conversation needs {needs} tokens but the context holds {n_ctx}. "
             "Drop older messages and continue, start a new chat, shorten the message, or "
             "raise the context size in settings."
         )
@@ -44,10 +46,11 @@ class ServerOverflowError(ContextOverflowError):
     """``ContextOverflowError`` for a server's context: its size is set on the server, and
     either number may be unknown (0) when the server's message does not give it."""
 
-    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+    def __init__(self, prompt_tokens: int, n_ctx: int, at_least: bool = False) -> None:
         self.prompt_tokens = prompt_tokens
         self.n_ctx = n_ctx
         needs = f"{prompt_tokens} tokens" if prompt_tokens > 0 else "more tokens than that"
+        needs = f"at least {needs}" if at_least and prompt_tokens > 0 else needs
         holds = f"{n_ctx}" if n_ctx > 0 else "(the server did not say how many)"
         if prompt_tokens <= 0 and n_ctx > 0:
             needs = f"more than {n_ctx} tokens"
