@@ -42,6 +42,7 @@ READABLE_VERSIONS = (1, 2)
 MAX_BRANCHES = 100_000  # the file's size limit bounds them first
 TITLE_CHARS = 60  # an automatic title
 TITLE_MAX = 200  # a title the user chose, or a stored one
+_TITLE_WORD = re.compile(rf"\S{{1,{TITLE_CHARS + 1}}}")  # a longer word ends the title
 NAME_MAX = 1000
 PATH_MAX = 4096
 ID_CHARS = 128
@@ -177,7 +178,11 @@ class Conversation:
         if self.title_is_custom:
             return
         first = next((m.content or _names(m) for m in self.messages if m.role == "user"), "")
-        line = " ".join(first.split())
+        line = ""  # its words, one space apart: only as many as a title needs (25 MB: 1.1 s)
+        for word in _TITLE_WORD.finditer(first):
+            line = f"{line} {word.group()}" if line else word.group()
+            if len(line) > TITLE_CHARS:
+                break
         self.title = (line[: TITLE_CHARS - 1] + "…") if len(line) > TITLE_CHARS else line
         if not self.title:
             self.title = "New chat"
