@@ -305,6 +305,17 @@ def roles_alternate(messages: Sequence[Message]) -> bool:
     return all(a.role != b.role for a, b in itertools.pairwise(messages))
 
 
+def calls_answered(messages: Sequence[Message]) -> bool:
+    """Each call of an assistant turn has its result among the tool messages after it."""
+    for i, m in enumerate(messages):
+        results = itertools.takewhile(lambda x: x.role == "tool", messages[i + 1 :])
+        if m.role == "assistant" and {c["id"] for c in m.tool_calls} - {
+            r.tool_call_id for r in results
+        }:
+            return False
+    return True
+
+
 def same_messages(a: Sequence[Message], b: Sequence[Message]) -> bool:
     return [(m.role, m.content) for m in a] == [(m.role, m.content) for m in b]
 
@@ -680,6 +691,7 @@ class Interleavings(RuleBasedStateMachine):
         for row in h.store.list():
             saved = h.store.load(row.id)
             assert roles_alternate(saved.messages), [m.role for m in saved.messages]
+        assert calls_answered(conv.messages)  # (a file read back is settled by its reader)
         # A snapshot disappears only with its conversation.
         now = {p.name.removesuffix(".lpkv") for p in h.store.snapshots_dir.glob("*.lpkv")}
         lost = self.snapshots_seen - now - self.deleted
