@@ -32,3 +32,9 @@ def llama(path: str | Path, probe_model: Path | None = None, **kwargs: Any) -> A
     load_backends()
     with load_progress(None, extra_bufts_ok(probe_model or Path(path))):
         return Llama(str(path), **kwargs)
+
+
+def own_notes(notes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """``notes`` without the machine's own: a risky native path that is off on this CPU
+    (AMX repacking where it faults, say) adds a note to every load."""
+    return tuple(n for n in notes if " is off on this computer: " not in n)

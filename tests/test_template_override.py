@@ -46,6 +46,7 @@ from app.util.errors import LamplightError
 from tests.conftest import ROOT
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
+from tests.native import own_notes
 from tests.prompt_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
 from tests.test_data_limits import model_keys
@@ -84,7 +85,7 @@ def engine(one_engine: Engine) -> Iterator[Engine]:
 def test_override_changes_the_evaluated_prompt_without_a_reload(engine: Engine) -> None:
     loads = engine.load_count
     info = engine.set_template(TemplateOverride("custom", source=MARKED))
-    assert info.template == "your own (set for this model)" and info.notes == ()
+    assert info.template == "your own (set for this model)" and own_notes(info.notes) == ()
     list(engine.generate([ChatMessage("system", "Be kind."), ChatMessage("user", "Hi")], GREEDY))
     assert engine.context_text.startswith("[[system]]Be kind.[[/]]\n[[user]]Hi[[/]]\n[[assistant]]")
     info = engine.set_template(TemplateOverride("builtin", "chatml"))
@@ -98,11 +99,11 @@ def test_override_changes_the_evaluated_prompt_without_a_reload(engine: Engine) 
 def test_broken_override_falls_back_with_a_message(engine: Engine) -> None:
     info = engine.set_template(TemplateOverride("custom", source="{% for m in messages %}"))
     assert engine.template is not None and engine.template.name == "gemma"
-    (note,) = info.notes
+    (note,) = own_notes(info.notes)
     assert note.startswith("Your chat template for this model was not used: it does not compile")
     assert note.endswith("Using the built-in gemma template instead.")
     info = engine.set_template(TemplateOverride("builtin", "no-such-template"))
-    assert "is not one Lamplight has" in info.notes[0]
+    assert "is not one Lamplight has" in own_notes(info.notes)[0]
     list(engine.generate([ChatMessage("user", "Hi")], GREEDY))
     assert engine.context_text.startswith("<start_of_turn>user\nHi<end_of_turn>")
 
@@ -117,7 +118,7 @@ def test_override_failing_on_a_conversation_falls_back_for_the_reply(engine: Eng
     assert "no zz here" in note and "built-in gemma" in note
     assert engine.context_text.startswith("<start_of_turn>user\nsay zz<end_of_turn>")
     assert engine.model is not None and engine.model.template == "gemma (for gemma3)"
-    assert engine.model.notes == (note + ".",)
+    assert own_notes(engine.model.notes) == (note + ".",)
 
 
 def test_preview_runs_in_the_sandbox_with_its_limits(one_engine: Engine) -> None:
