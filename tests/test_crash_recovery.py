@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ from app.util import crash_record
 from app.util.crash_record import MARKER_NAME, CrashReport, read_previous
 from tests.conftest import ROOT, TEST_LOAD, chat_turns
 from tests.fakes import FakeEngine
+from tests.native import extra_bufts_ok
 from ui.engine.worker import EngineClient
 from ui.main import open_window
 from ui.window import crash_notice
@@ -490,6 +492,12 @@ def test_a_fault_in_the_engine_thread_offers_to_turn_the_path_off(
     qtbot: QtBot, model_path: Path, crash_setup: tuple[DataDirs, dict[str, str]]
 ) -> None:
     dirs, env = crash_setup
+    # A path that runs here: repacking, or flash attention where repacking is already off.
+    path = RiskyPath.EXTRA_BUFTS if extra_bufts_ok(model_path) else RiskyPath.FLASH_ATTN
+    if path is RiskyPath.FLASH_ATTN:
+        AppSettings(load=replace(TEST_LOAD, flash_attn=True), sampling=LONG).save(
+            dirs.settings_file
+        )
     conv, _marker = kill_mid_reply(
         dirs, model_path, env, lambda pid: _tgkill(pid, engine_thread(pid), signal.SIGSEGV)
     )
@@ -498,15 +506,16 @@ def test_a_fault_in_the_engine_thread_offers_to_turn_the_path_off(
     try:
         assert report.in_native and report.step == "decode"
         check_saved_and_shown(win, dirs, conv)
-        button = follow.notice.off_buttons.get(RiskyPath.EXTRA_BUFTS)
+        button = follow.notice.off_buttons.get(path)
         assert button is not None and button.isVisible()
         with qtbot.waitSignal(win.replyEnded, timeout=240_000) as ended:
             button.click()  # off for this machine, the model loaded again, the message answered
         assert ended.args == ["finished"]
         check_answered(win, dirs, conv)
         machines = json.loads(store.read_text())["machines"]
-        entries = [m["extra_bufts"] for m in machines.values() if "extra_bufts" in m]
+        entries = [m[path.value] for m in machines.values() if path.value in m]
         assert any(e["ok"] is False and e["source"] == "crash" for e in entries)
-        assert any("off on this computer" in n for n in win.loaded_model.info.notes)  # type: ignore[union-attr]
+        notes = win.loaded_model.info.notes  # type: ignore[union-attr]
+        assert any(n.startswith(f"{path.label} is off on this computer") for n in notes)
     finally:
         win.close()
