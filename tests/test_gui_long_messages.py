@@ -21,15 +21,18 @@ from PySide6.QtCore import QMimeData, QUrl
 from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.chat.conversation import Conversation, Message
+from app.chat.conversation import TITLE_MAX, Conversation, Message
+from app.chat.store import ConversationSummary
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
-from tests.fake_window import fake_window
+from tests.fake_window import fake_window, loaded_fake_window
 from tests.fakes import FakeEngine
 from tests.test_gui_real import real_window
 from ui.chat import long_text
 from ui.chat.chat_pane import ChatPane
+from ui.chat.conversation_list import ConversationList
 from ui.chat.long_text import PASTE_CHARS, SHOWN_CHARS, LongTextViewer
+from ui.chat.system_prompt_bar import SystemPromptBar
 from ui.chat.transcript import UNANSWERED, TranscriptView
 from ui.window.main_window import MainWindow
 
@@ -254,3 +257,79 @@ def test_a_25_mb_message_is_titled_from_its_first_words_only() -> None:
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
         assert peak < 100_000 and len(conv.title) == 60  # split() made 5 million words
+
+
+def test_a_long_system_prompt_is_held_beside_its_field(qtbot: QtBot) -> None:
+    """An unbroken 400,000-character prompt took the field 4.7 s to lay out when the bar
+    opened; it is held whole beside the field, as a long paste is beside the message box."""
+    prompt = "x" * 400_000
+    bar = SystemPromptBar()
+    qtbot.addWidget(bar)
+    edited: list[str] = []
+    bar.edited.connect(edited.append)
+    bar.show_prompt(prompt)
+    bar.expand()
+    assert bar.editor.document().characterCount() == 1  # the field laid out none of it
+    assert bar.held.isVisibleTo(bar) and bar.held.label.text().startswith("System prompt: 400.0 kB")
+    assert bar.text() == prompt and not edited  # shown, not changed
+    assert len(bar.summary.text()) <= 90 and len(bar.summary.toolTip()) <= 2_000
+    qtbot.keyClicks(bar.editor, "Be brief.")
+    assert edited[-1] == "Be brief.\n\n" + prompt  # typed text goes first
+    data = QMimeData()
+    data.setText("y" * (PASTE_CHARS + 1))
+    bar.editor.insertFromMimeData(data)  # a long paste is held too, after the rest
+    assert edited[-1] == f"Be brief.\n\n{prompt}\n\n{'y' * (PASTE_CHARS + 1)}"
+    assert bar.editor.toPlainText() == "Be brief."
+    viewer = bar.held.view()
+    qtbot.addWidget(viewer)
+    assert viewer.view.document().characterCount() <= SHOWN_CHARS + SLACK
+    assert viewer.windowTitle().startswith("System prompt (")
+    bar.held.findChild(QWidget, "heldTextRemove").click()
+    assert edited[-1] == "Be brief." and not bar.held.isVisibleTo(bar)
+    bar.show_prompt("z" * PASTE_CHARS)  # one the field can take goes in the field
+    assert bar.editor.toPlainText() == "z" * PASTE_CHARS and not bar.held.text
+
+
+def test_a_saved_chat_with_a_long_system_prompt_opens_and_sends_it_whole(
+    qtbot: QtBot, tmp_path: Path
+) -> None:
+    """A saved or imported chat's system prompt has no length limit: it is kept whole
+    (the file's 64 MB bound it), shown held, and sent whole."""
+    prompt = "Rules: " + "x" * 2_000_000
+    fake = FakeEngine(reply="Read.")
+    window = loaded_fake_window(qtbot, tmp_path, fake)
+    conv = Conversation(system_prompt=prompt)
+    conv.messages = [Message("user", "Hi"), Message("assistant", "Hello.")]
+    window.store.save(conv)
+    with qtbot.waitSignal(window.conversationOpened, timeout=10_000):
+        window.open_conversation(conv.id)
+    bar = window.prompt_controls.bar
+    bar.expand()
+    assert bar.editor.document().characterCount() == 1 and bar.text() == prompt
+    assert bar.summary.text().startswith("Rules: xxx") and len(bar.summary.text()) <= 90
+    qtbot.keyClicks(window.chat_input, "Again")
+    with qtbot.waitSignal(window.replyEnded, timeout=20_000):
+        window.send_button.click()
+    assert fake.requests[-1][0].content == prompt
+    assert window.store.load(conv.id).system_prompt == prompt
+
+
+def test_a_long_unbroken_title_ends_in_an_ellipsis_in_the_sidebar(qtbot: QtBot) -> None:
+    """A title with a word wider than the sidebar made every row that wide, and put a
+    horizontal scroll bar under the list; it is elided now, whole in its tooltip."""
+    sidebar = ConversationList()
+    qtbot.addWidget(sidebar)
+    sidebar.resize(240, 400)
+    sidebar.show()
+    qtbot.waitExposed(sidebar)
+
+    def row(conv_id: str, title: str) -> ConversationSummary:
+        return ConversationSummary(conv_id, title, 0.0, "m" * 300, 12, 2, 0)
+
+    long = "x" * TITLE_MAX
+    sidebar.set_conversations([row("a", "Hello"), row("b", long), row("c", "y " * 99)], "a", 0, 1)
+    scroll = sidebar.list.horizontalScrollBar()
+    assert scroll.maximum() == 0 and not scroll.isVisible()
+    item = sidebar.item_for("b")
+    assert item is not None and item.toolTip() == long
+    assert item.text().startswith(long)  # elided when drawn: the item keeps all of it

@@ -112,6 +112,10 @@ class ConversationList(QWidget):
         self.list.itemClicked.connect(self._on_activated)
         self.list.itemChanged.connect(self._on_item_changed)
         self.list.setWordWrap(True)
+        # A title with a word wider than the sidebar (an unbroken 200 characters) made every
+        # row that wide, with a scroll bar: now it ends in "…", whole in its tooltip.
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.usage = QLabel(self)
         self.usage.setObjectName("snapshotUsage")
         self.usage.setWordWrap(True)

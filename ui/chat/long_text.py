@@ -155,6 +155,8 @@ class HeldText(QWidget):
     """
 
     changed = Signal()
+    WHAT = "Pasted text"  # what is held, for the line and the viewer's title
+    USE = "it is sent after what you type"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -182,13 +184,24 @@ class HeldText(QWidget):
         if not text.strip():
             return
         self.text = f"{self.text}\n\n{text}" if self.text else text
+        self._show()
+        self.changed.emit()
+
+    def hold(self, text: str) -> None:
+        """Hold exactly ``text`` (a stored one, shown again) instead; no ``changed``."""
+        self.text = text
+        if text:
+            self._show()
+        else:
+            self.hide()
+
+    def _show(self) -> None:
         lines = self.text.count("\n") + 1
         self.label.setText(
-            f"Pasted text: {size_label(self.text)}, {lines:,} line{'s' * (lines != 1)}; "
-            "too long to edit here, it is sent after what you type."
+            f"{self.WHAT}: {size_label(self.text)}, {lines:,} line{'s' * (lines != 1)}; "
+            f"too long to edit here, {self.USE}."
         )
         self.show()
-        self.changed.emit()
 
     def clear(self) -> None:
         if self.text:
@@ -197,6 +210,6 @@ class HeldText(QWidget):
             self.changed.emit()
 
     def view(self) -> LongTextViewer:
-        viewer = LongTextViewer(self.text, "Pasted text", self)
+        viewer = LongTextViewer(self.text, self.WHAT, self)
         viewer.show()
         return viewer

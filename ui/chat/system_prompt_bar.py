@@ -1,8 +1,16 @@
-"""The system prompt of the open chat: a collapsible field above the transcript."""
+"""The system prompt of the open chat: a collapsible field above the transcript.
+
+A prompt too long for the field (``long_text.fits_the_box``: an unbroken 400,000
+characters took 4.7 s to lay out when the bar opened) is held beside it, whole, as the
+message box holds a long paste (``HeldPrompt``): View… shows it a part at a time, and what
+is typed in the field goes before it. A chat's prompt is kept whole, however long.
+"""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+import re
+
+from PySide6.QtCore import QMimeData, Qt, Signal
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -15,15 +23,49 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ui.chat.long_text import HeldText, fits_the_box
+
 SUMMARY_CHARS = 90
+_WORD = re.compile(rf"\S{{1,{SUMMARY_CHARS + 1}}}")  # a longer word ends the line
 
 
 def summary(text: str) -> str:
     """One line for the collapsed bar: the prompt's first words, or "none"."""
-    line = " ".join(text.split())
+    line = ""  # only as many words as the line shows: a prompt may be megabytes
+    for word in _WORD.finditer(text):
+        line = f"{line} {word.group()}" if line else word.group()
+        if len(line) > SUMMARY_CHARS:
+            break
     if not line:
         return "none"
     return line if len(line) <= SUMMARY_CHARS else line[: SUMMARY_CHARS - 1] + "…"
+
+
+class HeldPrompt(HeldText):
+    """The part of a system prompt too long for the field: used after what is typed."""
+
+    WHAT = "System prompt"
+    USE = "it is used after what you type in the field"
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("heldPrompt")
+        for name, label in (("heldTextView", "View"), ("heldTextRemove", "Remove")):
+            button = self.findChild(QPushButton, name)
+            assert button is not None
+            button.setAccessibleName(f"{label} the long system prompt")
+
+
+class PromptEdit(QPlainTextEdit):
+    """The field: a paste too long for it goes to ``long_paste`` instead."""
+
+    long_paste: HeldPrompt | None = None
+
+    def insertFromMimeData(self, source: QMimeData) -> None:  # Qt's name
+        if self.long_paste is not None and source.hasText() and not fits_the_box(source.text()):
+            self.long_paste.add(source.text())
+            return
+        super().insertFromMimeData(source)
 
 
 class SystemPromptBar(QFrame):
@@ -67,7 +109,10 @@ class SystemPromptBar(QFrame):
         head.addWidget(self.toggle)
         head.addWidget(self.summary, 1)
 
-        self.editor = QPlainTextEdit(self)
+        self.held = HeldPrompt(self)
+        self.held.changed.connect(self._on_text_changed)
+        self.editor = PromptEdit(self)
+        self.editor.long_paste = self.held
         self.editor.setObjectName("systemPromptEdit")
         self.editor.setAccessibleName("System prompt of this chat")
         self.editor.setPlaceholderText(
@@ -102,6 +147,7 @@ class SystemPromptBar(QFrame):
         self.body = QWidget(self)
         body = QVBoxLayout(self.body)
         body.setContentsMargins(0, 0, 0, 0)
+        body.addWidget(self.held)
         body.addWidget(self.editor)
         body.addWidget(self.hint)
         body.addLayout(buttons)
@@ -121,10 +167,12 @@ class SystemPromptBar(QFrame):
     def show_prompt(self, text: str, where: str = "") -> None:
         """Show the open chat's prompt (no ``edited``); ``where`` says where it came from."""
         self._where = where
-        if text != self.editor.toPlainText():
+        if text != self.text():
+            fits = fits_the_box(text)
             self._quiet = True
             try:
-                self.editor.setPlainText(text)
+                self.held.hold("" if fits else text)
+                self.editor.setPlainText(text if fits else "")
             finally:
                 self._quiet = False
         self._update_summary()
@@ -142,6 +190,7 @@ class SystemPromptBar(QFrame):
     def set_completion(self, on: bool) -> None:
         """Continue-the-text mode sends no system prompt: say so, and lock the editor."""
         self.editor.setReadOnly(on)
+        self.held.setEnabled(not on)
         self.hint.setText(
             "Continue-the-text mode is on: the model continues your text, and no system "
             "prompt is sent."
@@ -161,18 +210,21 @@ class SystemPromptBar(QFrame):
         return self.toggle.isChecked()
 
     def text(self) -> str:
-        return self.editor.toPlainText()
+        """The prompt: what is typed in the field, then a long one held beside it."""
+        typed, held = self.editor.toPlainText(), self.held.text
+        return f"{typed}\n\n{held}" if typed and held else typed or held
 
     # -- internals --------------------------------------------------------------------------
 
     def _update_summary(self) -> None:
-        text = summary(self.editor.toPlainText())
+        prompt = self.text()
+        text = summary(prompt)
         if self.editor.isReadOnly():
             text += " (not used in continue-the-text mode)"
         elif self._where:
             text += f"  · {self._where}"
         self.summary.setText(text)
-        self.summary.setToolTip(self.editor.toPlainText()[:2000])
+        self.summary.setToolTip(prompt[:2000])
 
     def _on_toggled(self, on: bool) -> None:
         self.toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
@@ -184,10 +236,10 @@ class SystemPromptBar(QFrame):
             return
         self._where = ""
         self._update_summary()
-        self.edited.emit(self.editor.toPlainText())
+        self.edited.emit(self.text())
 
     def _on_global(self) -> None:
-        self.globalDefaultRequested.emit(self.editor.toPlainText())
+        self.globalDefaultRequested.emit(self.text())
 
     def _on_model(self) -> None:
-        self.modelDefaultRequested.emit(self.editor.toPlainText())
+        self.modelDefaultRequested.emit(self.text())
