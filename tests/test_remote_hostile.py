@@ -17,6 +17,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,15 @@ from app.remote.connection import Connection
 from app.remote.http import TOKEN_SLACK, Limits, ServerUnreachable
 from app.remote.llama_server import SLOT_FILES, LlamaServerBackend
 from app.remote.openai_compat import OpenAIBackend, ReplyStream
-from app.util.errors import DecodeError, LamplightError, ModelLoadError
-from tests.misbehaving_server import HEALTH, PROPS, STREAMS, MisbehavingServer
+from app.util.errors import DecodeError, LamplightError, ModelLoadError, ServerOverflowError
+from tests.misbehaving_server import HEALTH, N_CTX, PROPS, STREAMS, MisbehavingServer
 from tests.server_fixture import RunningServer
 from tests.test_remote_openai import STOP_REASONS
 
 KINDS = ("llama-server", "openai")
 SMALL = Limits(call_s=2.0, silence_s=0.4, start_s=0.6, per_token_s=0.02, ready_s=0.6)
 HI = [ChatMessage("user", "hi")]
+BIG_CALLS = replace(SMALL, call_s=60.0)  # megabytes each way on a loaded machine
 
 
 def make(kind: str, url: str, limits: Limits = SMALL) -> Backend:
@@ -246,6 +248,21 @@ def test_an_error_after_text_keeps_the_text(kind: str) -> None:
             _, done = reply(backend)
             assert done.text == "hi " * 5 and done.metrics.stop_reason == SERVER_ERROR
             assert any(words in n and "text so far is kept" in n for n in done.metrics.notes)
+
+
+def test_a_token_list_too_long_to_send_is_a_context_overflow() -> None:
+    """llama-server's token list for a 25 MB message is over the 16 MB an answer may be
+    (it took a real one 30 s to tokenize): said as the context being too small, as any
+    prompt that does not fit, not as "more than 16 MB for one answer"; the next reply is
+    as before. (A bound before tokenizing needs the vocabulary, which the server keeps.)"""
+    with MisbehavingServer() as server, connected("llama-server", server, BIG_CALLS) as backend:
+        long = [ChatMessage("user", "x" * 3_500_000)]  # "120, " a token: 17.5 MB
+        with pytest.raises(ServerOverflowError) as refused:
+            list(backend.generate(long, SamplingParams(max_tokens=8)))
+        message = str(refused.value)
+        assert f"needs more than {N_CTX} tokens but the context holds {N_CTX}" in message
+        assert "start the server with a larger context" in message
+        reply(backend)
 
 
 def test_a_changed_props_at_restore_is_refused_with_a_reason() -> None:
@@ -467,5 +484,20 @@ def test_real_server_replies_and_two_chats_resume(llama_server: RunningServer) -
             end = list(backend.generate(more, SamplingParams.greedy(2)))[-1]
             assert isinstance(end, Finished)
             assert end.metrics.cached_tokens >= len(kv.tokens) - 2, key
+    finally:
+        backend.unload()
+
+
+@pytest.mark.slow
+def test_real_server_refuses_a_25_mb_message_as_too_long(llama_server: RunningServer) -> None:
+    """llama-server tokenizes 25 MB (20-30 s here) into a token list over 16 MB: the refusal
+    says the context is too small; the next reply is as before."""
+    backend = make("llama-server", llama_server.url, Limits(call_s=180.0))
+    backend.load("", LoadConfig())
+    try:
+        with pytest.raises(ServerOverflowError, match="needs more than 2048 tokens"):
+            list(backend.generate([ChatMessage("user", "word " * 5_000_000)], SamplingParams()))
+        done = list(backend.generate(HI, SamplingParams.greedy(4)))[-1]
+        assert isinstance(done, Finished) and done.metrics.generated_tokens == 4
     finally:
         backend.unload()

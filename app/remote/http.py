@@ -42,6 +42,7 @@ from app.util.errors import LamplightError
 log = logging.getLogger(__name__)
 
 MAX_BODY = 16 << 20  # a /v1/models list or /props with a long template
+TOO_LARGE = "answer_too_large"  # ServerError.kind of an answer over MAX_BODY
 MAX_EVENT = 1 << 20  # one streamed event (a token, progress, final timings)
 JSON_DEPTH = 12
 POLL_S = 0.05
@@ -513,7 +514,9 @@ def _read_limited(response: Any, client: Any, deadline: float) -> bytes:
     for chunk in response.iter_bytes():
         size += len(chunk)
         if size > MAX_BODY:
-            raise ServerError(0, f"The server sent more than {MAX_BODY >> 20} MB for one answer.")
+            raise ServerError(
+                0, f"The server sent more than {MAX_BODY >> 20} MB for one answer.", TOO_LARGE
+            )
         if time.monotonic() > deadline:  # a server trickling its answer
             raise ServerUnreachable(
                 f"Cannot reach the server at {where(str(client.base_url))}: it did not "

@@ -39,7 +39,14 @@ from app.remote.connection import Connection
 from app.remote.http import DEFAULT_LIMITS, Limits, ServerError
 from app.remote.image_wire import vision_of_props
 from app.remote.llama_server_images import ServerImages, save_refused
-from app.remote.llama_server_wire import float_or, int_or, settings_of, signature, text_of
+from app.remote.llama_server_wire import (
+    float_or,
+    int_or,
+    settings_of,
+    signature,
+    text_of,
+    tokens_error,
+)
 from app.remote.server_backend import ServerBackend
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import LamplightError
@@ -85,9 +92,12 @@ class SlotState(ServerBackend):
     def _text_tokens(self, text: str, bos: bool = False) -> list[int]:
         if not text:
             return []
-        answer = self._call(
-            "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
-        )
+        try:
+            answer = self._call(
+                "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
+            )
+        except ServerError as exc:
+            raise tokens_error(exc, self._info.n_ctx if self._info else 0) from None
         ids = answer.get("tokens") if isinstance(answer, dict) else None
         if not isinstance(ids, list) or not all(int_or(i, -1) >= 0 for i in ids):
             raise ServerError(0, "The server's /tokenize answer has no token list.")

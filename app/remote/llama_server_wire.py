@@ -32,6 +32,8 @@ from app.engine.templates import (
 from app.gguf.lora import LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
+    MAX_BODY,
+    TOO_LARGE,
     Budget,
     EventStream,
     Limits,
@@ -94,6 +96,15 @@ def generation_error(exc: ServerError) -> LamplightError:
     if "grammar" in str(exc).lower():
         return SettingError("grammar", f"The server refused the grammar: {exc}")
     return DecodeError(str(exc))
+
+
+def tokens_error(exc: ServerError, n_ctx: int) -> LamplightError:
+    """What to say when ``/tokenize`` failed: a token list over ``MAX_BODY`` (a 25 MB
+    message: 30 s of the server's time) holds more tokens than any context it serves."""
+    # 16 bytes a token is more than a JSON writer spends on a 10-digit id and its comma.
+    if exc.kind == TOO_LARGE and 0 < n_ctx < MAX_BODY // 16:
+        return ServerOverflowError(0, n_ctx)
+    return exc
 
 
 def parse_adapters(data: Any) -> list[dict[str, Any]]:
