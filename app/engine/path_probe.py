@@ -43,11 +43,12 @@ class ProbeResult:
     seconds: float
 
 
-def probe_command() -> list[str]:
-    """The command that runs the child: this interpreter, or the frozen app itself."""
+def probe_command(child_arg: str = CHILD_ARG, module: str = "app.engine.path_probe") -> list[str]:
+    """The command that runs a probe child: ``python -m module``, or the frozen app
+    itself with its sub-command ``child_arg``."""
     if getattr(sys, "frozen", False):
-        return [sys.executable, CHILD_ARG]
-    return [sys.executable, "-m", "app.engine.path_probe"]
+        return [sys.executable, child_arg]
+    return [sys.executable, "-m", module]
 
 
 def crash_name(returncode: int) -> str:

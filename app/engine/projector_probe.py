@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.engine.path_probe import crash_name
+from app.engine.path_probe import crash_name, probe_command
 from app.gguf.header import shown
 
 TIMEOUT_S = 120.0  # the whole check (a 1.7 GB F32 projector read from a slow disk)
@@ -48,13 +48,6 @@ class ProjectorProbe:
     seconds: float
 
 
-def probe_command() -> list[str]:
-    """The command that runs the child: this interpreter, or the frozen app itself."""
-    if getattr(sys, "frozen", False):
-        return [sys.executable, CHILD_ARG]
-    return [sys.executable, "-m", "app.engine.projector_probe"]
-
-
 def run_projector_probe(
     model: Path,
     projector: Path,
@@ -68,7 +61,13 @@ def run_projector_probe(
 
     ``command`` replaces :func:`probe_command` (the tests run a child that crashes).
     """
-    cmd = [*(command or probe_command()), "--model", str(model), "--projector", str(projector)]
+    cmd = [
+        *(command or probe_command(CHILD_ARG, "app.engine.projector_probe")),
+        "--model",
+        str(model),
+        "--projector",
+        str(projector),
+    ]
     cmd += ["--threads", str(threads), *(["--gpu"] if gpu else [])]
     t0 = time.monotonic()
     try:
