@@ -91,6 +91,7 @@ class FakeEngine:
         self.kv_tokens: list[int] = []
         self.template = AUTO  # the last set_template (the fake renders nothing)
         self.base_model = False  # what the next load reports as ModelInfo.base_model
+        self.load_notes: tuple[str, ...] = ()  # what the next load reports as its notes
         self._draft: DraftInfo | None = None
         self.caps = FAKE_CAPABILITIES  # what it reports (a test may play a server's part)
         self.draft_loads: list[Path | None] = []  # every set_draft, in order
@@ -150,6 +151,7 @@ class FakeEngine:
             capabilities=self.caps,
             base_model=self.base_model,
             reasoning=self.reasoning_format,
+            notes=self.load_notes,
         )
         self.template = AUTO
         return self._model

@@ -185,3 +185,25 @@ def test_tools_page_says_tools_are_not_used_in_continue_the_text_mode(
         assert fake_host.tools_asked > asked and fake.tools[-1] is not None
     finally:
         close(qtbot, win)
+
+
+def test_a_loads_notes_are_said_once_each_on_a_line_of_their_own(
+    qtbot: QtBot, tmp_path: Path
+) -> None:
+    """Before: on a machine with a native path off, a base model's first start showed the
+    guard's note twice, run together ("…check it again.Repacked weights…"): once for the
+    load and again when continue-the-text mode was applied, in the same paragraph."""
+    dirs = data_dirs(tmp_path / "data")
+    model = tmp_path / "base.gguf"
+    model.write_bytes(b"fake model")
+    fake = base_fake()
+    off = "Repacked weights are off on this computer: a test crashed. Check it again."
+    fake.load_notes = (off, LOAD_NOTE)
+    win, load = start(qtbot, dirs, fake, model)
+    try:
+        load()
+        settle(qtbot)
+        lines = win.transcript.toPlainText().splitlines()
+        assert lines.count(off) == 1 and lines.count(LOAD_NOTE) == 1, lines
+    finally:
+        close(qtbot, win)

@@ -292,7 +292,9 @@ class PromptControls(QObject):
     def _on_template_applied(self, info: ModelInfo) -> None:
         if self.model is None or key_for(info) != self.key:
             return
+        shown = self.model.notes  # the load's notes (a native path off here) were said once
         self.model = info
         self._ctx.model.set(info)
         for note in info.notes:
-            self._ctx.notice(note)
+            if note not in shown:
+                self._ctx.notice(note)

@@ -548,6 +548,8 @@ class TranscriptView(QTextBrowser):
             self._placeholder = False
         cursor = QTextCursor(self.document())
         cursor.movePosition(QTextCursor.MoveOperation.End)
+        if cursor.block().length() > 1:  # Qt merges HTML into the last paragraph otherwise
+            cursor.insertBlock()
         link = (
             f' <a href="{ACTION_SCHEME}://{self._key}/{action}/0">{html.escape(label)}</a>'
             if action
