@@ -92,6 +92,7 @@ def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDi
     assert not win.perf_panel.isVisible()  # the charts start closed
     win.perf_panel.toggleViewAction().trigger()  # opened
     win.sampling_panel.toggleViewAction().trigger()  # closed
+    settle(win)  # the docks laid out as they now are (the closed one took room until then)
     win.setGeometry(QRect(20, 30, 770, 600))
     splitter = main_splitter(win)
     settle(win)
