@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PySide6.QtCore import QUrl
-from PySide6.QtWidgets import QApplication
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QApplication, QPushButton
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Conversation, Message
@@ -207,6 +209,37 @@ def test_viewer_changed_and_missing_files(qtbot: QtBot, tmp_path: Path) -> None:
     assert missing.note.text() == MISSING and not missing.open_button.isEnabled()
     assert missing.view.toPlainText() == source.text and read_text.calls == []
     missing.close()
+
+
+def test_open_file_names_the_document_where_nothing_opens_it(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "Open file" did nothing where no app opens the document (``openUrl``
+    False) and never said where it is."""
+    path = tmp_path / "report.pdf"
+    path.write_bytes(b"%PDF")
+    viewer = viewer_for(qtbot, two_sources(path)[0], fake_reader([(3, 1, PAGE3)]))
+    asked: list[QUrl] = []
+
+    def nothing_opens(url: QUrl) -> bool:
+        asked.append(url)
+        return False
+
+    monkeypatch.setattr(QDesktopServices, "openUrl", nothing_opens)
+    viewer.open_button.click()
+    assert asked == [QUrl.fromLocalFile(str(path))]
+    note = viewer.path_note
+    assert note is not None and note.isVisible()
+    assert "Nothing on this computer opened this document" in note.text()
+    assert str(path) in note.text()
+    QApplication.clipboard().clear()
+    note.findChild(QPushButton, "copyPath").click()
+    assert QApplication.clipboard().text() == str(path)
+    note.close()
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: True)
+    viewer.open_button.click()
+    assert viewer.path_note is None
+    viewer.close()
 
 
 def test_viewer_reader_errors_and_whole_documents(qtbot: QtBot, tmp_path: Path) -> None:

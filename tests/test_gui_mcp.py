@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QCheckBox, QLabel, QWidget
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import QApplication, QCheckBox, QLabel, QPushButton, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.mcp.config import KEYRING, ServerConfig
@@ -183,6 +184,33 @@ def test_forget_an_always_rule(qtbot: QtBot, page: McpPage, control: McpControl)
     assert control.approvals.rules() == [("web", "web-id", "*"), ("web", "old-web-id", "*")]
     qtbot.waitUntil(lambda: len(page.rules_box.findChildren(QWidget, "mcpRule")) == 2)
     assert not control.approvals.allowed("files", "files-id", "read_file")
+
+
+def test_open_mcp_json_names_the_file_where_nothing_opens_it(
+    page: McpPage, control: McpControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "Open mcp.json" did nothing where no editor opens it (``openUrl`` False)
+    and never said where the file is."""
+    asked: list[QUrl] = []
+
+    def nothing_opens(url: QUrl) -> bool:
+        asked.append(url)
+        return False
+
+    monkeypatch.setattr(QDesktopServices, "openUrl", nothing_opens)
+    page.findChild(QPushButton, "mcpOpenConfig").click()
+    path = control.proxy.config_path
+    assert path.is_file() and asked == [QUrl.fromLocalFile(str(path))]
+    note = page.path_note
+    assert note is not None and note.isVisible()
+    assert "Nothing on this computer opened mcp.json" in note.text() and str(path) in note.text()
+    QApplication.clipboard().clear()
+    note.findChild(QPushButton, "copyPath").click()
+    assert QApplication.clipboard().text() == str(path)
+    note.close()
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: True)
+    page.findChild(QPushButton, "mcpOpenConfig").click()
+    assert page.path_note is None
 
 
 def test_paste_config_merges_and_refuses_garbage(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QMessageBox, QProgressBar
 from pytestqt.qtbot import QtBot
 
@@ -148,6 +149,13 @@ def test_invalid_files_are_listed_with_a_reason_and_can_be_deleted(
     assert "invalid" in m.library_table.item(0, 7).text()
     m.library_table.selectRow(0)
     assert not m.load_button.isEnabled() and m.delete_button.isEnabled()
+    # Show in folder where nothing opens folders: the folder is named, not nothing.
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: False)
+    m.show_selected()
+    assert m.path_note is not None and m.path_note.isVisible()
+    assert "opened the model's folder" in m.path_note.text()
+    assert str(models) in m.path_note.text()
+    m.path_note.close()
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
     m.delete_selected()
     assert not (models / "broken.gguf").exists()

@@ -16,14 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, QUrl, Signal
-from PySide6.QtGui import QColor, QDesktopServices, QPalette, QTextCharFormat, QTextCursor
+from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
+from PySide6.QtGui import QColor, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QTextEdit,
@@ -32,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.documents.sources import Source
+from ui.common.open_path import open_path
 
 Blocks = Sequence[tuple[int | None, int, str]]
 ReadText = Callable[[str], Blocks]
@@ -160,6 +162,7 @@ class DocumentViewer(QDialog):
         self.source = source
         self.loaded = False
         self.shown: Shown | None = None
+        self.path_note: QMessageBox | None = None  # where nothing opened the file
         self.header = QLabel(location(source), self)
         self.header.setAccessibleName("Passage location")
         font = self.header.font()
@@ -232,7 +235,9 @@ class DocumentViewer(QDialog):
         self.view.ensureCursorVisible()
 
     def open_file(self) -> None:
-        QDesktopServices.openUrl(QUrl.fromLocalFile(self.source.path))
+        """Open the document in the desktop's app; where none does, say so and give its
+        path to copy (a click used to do nothing, silently)."""
+        self.path_note = open_path(self, Path(self.source.path), "this document")
 
     def copy_passage(self) -> None:
         QApplication.clipboard().setText(self.source.text)

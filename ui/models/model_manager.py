@@ -8,8 +8,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QUrl, Signal
-from PySide6.QtGui import QDesktopServices
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
@@ -41,6 +40,7 @@ from app.models.recommended import UNKNOWN, default_model_name, fit_badge
 from app.util.errors import LamplightError
 from app.util.sysinfo import available_memory, size_text
 from ui.common.context import LoadedModel
+from ui.common.open_path import open_path
 from ui.models.hub_workers import HubServices, job_summary
 from ui.models.recommended_view import RecommendedView
 
@@ -115,6 +115,7 @@ class ModelManager(QDialog):
         self._scanned = False  # a first scan with only the default model opens Recommended
         self._scans_pending = 0
         self._tab_chosen = False
+        self.path_note: QMessageBox | None = None  # where nothing opened the folder
 
         self.tabs = QTabWidget(self)
         self.tabs.setObjectName("modelTabs")
@@ -549,7 +550,7 @@ class ModelManager(QDialog):
     def show_selected(self) -> None:
         e = self.selected_entry()
         if e is not None:
-            QDesktopServices.openUrl(QUrl.fromLocalFile(str(e.path.parent)))
+            self.path_note = open_path(self, e.path.parent, "the model's folder")
 
     def delete_selected(self) -> None:
         e = self.selected_entry()

@@ -14,8 +14,8 @@ import threading
 from functools import partial
 
 import shiboken6
-from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QDesktopServices, QShowEvent
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
+    QMessageBox,
     QPushButton,
     QScrollArea,
     QVBoxLayout,
@@ -33,6 +34,7 @@ from PySide6.QtWidgets import (
 from app.mcp.approvals import Rule
 from app.mcp.tool_host import McpTool, ServerStatus
 from app.util.atomic import atomic_write_text
+from ui.common.open_path import open_path
 from ui.tools.mcp_consent import ConsentPanel
 from ui.tools.mcp_control import Host, McpControl
 from ui.tools.mcp_paste import PasteDialog
@@ -174,6 +176,7 @@ class McpPage(QDialog):
         self.control = control
         self.unused = ""  # why the model in use is offered no tools ("": it is)
         self.boxes: dict[str, ServerBox] = {}
+        self.path_note: QMessageBox | None = None  # where nothing opened mcp.json
         layout = QVBoxLayout(self)
         self.problems = self._label("mcpProblems", "color: #c62828")
         self.total = self._label("mcpTokenTotal")
@@ -354,7 +357,7 @@ class McpPage(QDialog):
                 self.message.setText(f"{path} could not be written: {exc.strerror or exc}")
                 self.message.show()
                 return
-        QDesktopServices.openUrl(QUrl.fromLocalFile(str(path)))
+        self.path_note = open_path(self, path, "mcp.json")  # where nothing does: its path
 
     def paste_config(self) -> PasteDialog:
         dialog = PasteDialog(self.control.proxy.config_path, self._on_pasted, self)
