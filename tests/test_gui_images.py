@@ -145,6 +145,28 @@ def test_bad_file_keeps_other_chips_and_text(
     assert window.chat_input.toPlainText() == "my words"
 
 
+def test_a_failed_attach_shows_its_note_without_an_empty_chip_row(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """Before: after a failed attach the strip showed its empty chip row (its full
+    height) above the note."""
+    images = window.images
+    strip = images.strip
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(png()[:60])  # truncated
+    images.add_files([bad])
+    qtbot.waitUntil(lambda: not images.busy, timeout=5000)
+    assert not images.chips and "bad.png was not attached" in strip.note.text()
+    assert strip.isVisible() and strip.note.isVisible()
+    assert not strip.area.isVisible() and not strip.tokens.isVisible()
+    assert strip.sizeHint().height() < strip.area.height()  # the note's room, no more
+    images.add_files(files(tmp_path, "good.png"))
+    attach(qtbot, window, 1)
+    assert strip.area.isVisible() and strip.tokens.isVisible()
+    images.remove(images.chips[0])
+    assert not strip.isVisible()  # nothing left: no room taken
+
+
 def test_at_most_eight(qtbot: QtBot, window: MainWindow, tmp_path: Path) -> None:
     names = [f"p{i}.png" for i in range(MAX_ATTACHMENTS + 1)]
     window.images.add_files(files(tmp_path, *names))

@@ -228,6 +228,13 @@ class AttachmentStrip(QWidget):
         self.note.setText(text)
         self.note.setVisible(bool(text))
 
+    def follow(self, chips: bool) -> None:
+        """Show only what has something in it: after a failed attach, the note without an
+        empty chip row (it took its full height) and the strip hidden when all is empty."""
+        self.area.setVisible(chips)
+        self.tokens.setVisible(bool(self.tokens.text()))
+        self.setVisible(chips or self.tokens.isVisibleTo(self) or bool(self.note.text()))
+
 
 class ImageAttach(QObject):
     """The next message's pictures (see the module docstring).
@@ -388,7 +395,7 @@ class ImageAttach(QObject):
         """A note under the chips (kept until the attachments change) and in the status bar."""
         self._notes = [*self._notes[-2:], text]
         self.strip.show_note("\n".join(self._notes))
-        self.strip.setVisible(True)
+        self.strip.follow(bool(self.chips))
         self._ctx.status(text, STATUS_MS)
 
     # -- paste and drop --------------------------------------------------------------------
@@ -443,7 +450,6 @@ class ImageAttach(QObject):
         self._update()
 
     def _update(self) -> None:
-        self.strip.setVisible(bool(self.chips or self._pending or self._notes))
         if not self._notes:
             self.strip.show_note("")
         self._count()
@@ -480,6 +486,11 @@ class ImageAttach(QObject):
         self._show_tokens()
 
     def _show_tokens(self) -> None:
+        self._token_line()
+        self.strip.follow(bool(self.chips))
+
+    def _token_line(self) -> None:
+        """What the attachments cost (or how many are still being read), and any warning."""
         label = self.strip.tokens
         pending = len(self._pending)
         if not self.chips:
