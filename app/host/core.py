@@ -335,8 +335,9 @@ class EngineCore:
             listener.load_note(note)
         self.lora_wanted = LoraStack()  # local adapter files mean nothing to a server
         self.loading = False
-        listener.model_loaded(info)
+        # Connected before ready: whoever waits for the model finds the connection shown.
         listener.connection_state("connected", info.backend)
+        listener.model_loaded(info)
         listener.draft_loaded(None)  # the local engine let go of its draft; the wish stays
 
     def switch(self, engine: Backend) -> None:
@@ -369,8 +370,8 @@ class EngineCore:
             return
         self.pool.clear()
         self.template_choice = AUTO
-        listener.model_loaded(info)
         listener.connection_state("connected", info.backend)
+        listener.model_loaded(info)
 
     # -- the cache ------------------------------------------------------------------------
 
