@@ -216,11 +216,12 @@ def http_server() -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def running_http_server(prefix: str = "h_") -> Iterator[str]:
-    """The test server over streamable HTTP on 127.0.0.1 (its URL); stopped on exit."""
+def running_http_server(prefix: str = "h_", *flags: str) -> Iterator[str]:
+    """The test server over streamable HTTP on 127.0.0.1 (its URL), with ``flags`` for
+    it; stopped on exit."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, SERVER, "--http", str(port), "--prefix", prefix],
+        [sys.executable, SERVER, "--http", str(port), "--prefix", prefix, *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -12,9 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,8 +33,7 @@ from app.mcp.oversize import (
 )
 from app.mcp.results import MAX_RESULT_CHARS
 from app.mcp.stdio_transport import LineReader
-from tests.server_fixture import free_port
-from tests.test_mcp_host import SERVER, open_host, stdio
+from tests.test_mcp_host import open_host, running_http_server, stdio
 
 pytestmark = pytest.mark.timeout(120)
 LIMIT_NOTE = f"over the limit of {MAX_MESSAGE_BYTES:,}"
@@ -45,30 +41,9 @@ LIMIT_NOTE = f"over the limit of {MAX_MESSAGE_BYTES:,}"
 
 @contextlib.contextmanager
 def http_server(*flags: str) -> Iterator[str]:
-    """The test server over streamable HTTP on 127.0.0.1 (its URL); stopped after."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, SERVER, "--http", str(port), *flags],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < end, "server did not start"
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+    """The test server over streamable HTTP with ``flags`` (tool names unprefixed)."""
+    with running_http_server("", *flags) as url:
+        yield url
 
 
 @pytest.mark.parametrize("flags", [(), ("--json",)], ids=["events", "json"])

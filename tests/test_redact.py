@@ -35,8 +35,7 @@ from app.util import crash_record
 from app.util.redact import QUIET_LOGGERS, RedactFilter, redact_text, redact_url, secure_logging
 from tests.server_fixture import free_port
 from tests.test_connections import MemoryKeyring, use_keyring
-from tests.test_mcp_host import open_host, stdio
-from tests.test_mcp_limits import http_server
+from tests.test_mcp_host import open_host, running_http_server, stdio
 from tests.test_tool_round import Link, View
 from ui.startup import setup_logging
 
@@ -237,7 +236,7 @@ def test_planted_secrets_reach_no_file_in_the_data_folder(
     app_logging: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = app_logging.parent.parent
-    with use_keyring(MemoryKeyring(), monkeypatch), http_server("--prefix", "h_") as url:
+    with use_keyring(MemoryKeyring(), monkeypatch), running_http_server() as url:
         web = f"{url}?api_key={URL_KEY}"
         servers = {
             "web": {"url": web, "headers": {"Authorization": f"Bearer {HEADER_KEY}"}},
