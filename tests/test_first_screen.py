@@ -111,6 +111,19 @@ def check_transcript_dominates(win: MainWindow, shot: Path) -> QRect:
     return mine
 
 
+def load_the_default_model(qtbot: QtBot, win: MainWindow, dirs: DataDirs) -> WelcomeCard:
+    """Load the embedded default model (by its file name) and wait for the welcome card."""
+    model = dirs.models / default_model_name()
+    model.parent.mkdir(parents=True, exist_ok=True)
+    model.write_bytes(b"fake model")
+    with qtbot.waitSignal(win.modelReady, timeout=5000):
+        win.load_model(model)
+    qtbot.waitUntil(lambda: win.onboarding.card is not None, timeout=10_000)
+    card = win.onboarding.card
+    assert card is not None
+    return card
+
+
 def test_the_transcript_is_the_largest_area_at_1366x768(
     qtbot: QtBot, window: tuple[MainWindow, FakeEngine], dirs: DataDirs, tmp_path: Path
 ) -> None:
@@ -120,14 +133,7 @@ def test_the_transcript_is_the_largest_area_at_1366x768(
     check_transcript_dominates(win, tmp_path / "1-no-model.png")
 
     # The embedded default model (by its file name): the welcome card and the notice come.
-    model = dirs.models / default_model_name()
-    model.parent.mkdir(parents=True, exist_ok=True)
-    model.write_bytes(b"fake model")
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    qtbot.waitUntil(lambda: win.onboarding.card is not None, timeout=10_000)
-    card = win.onboarding.card
-    assert card is not None
+    card = load_the_default_model(qtbot, win, dirs)
     notice = win.prompt_controls.notice
     qtbot.waitUntil(notice.isVisible, timeout=5000)
     settle()
@@ -176,14 +182,7 @@ def test_the_welcome_card_stays_whole_when_chips_and_documents_take_room(
     room there is, and scrolls where it is taller than that room."""
     win, fake = window
     fake.caps = VISION_CAPABILITIES
-    model = dirs.models / default_model_name()
-    model.parent.mkdir(parents=True, exist_ok=True)
-    model.write_bytes(b"fake model")
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    qtbot.waitUntil(lambda: win.onboarding.card is not None, timeout=10_000)
-    card = win.onboarding.card
-    assert card is not None
+    card = load_the_default_model(qtbot, win, dirs)
     check_card_whole(win, card)
     picture = tmp_path / "picture.png"
     Image.new("RGB", (64, 48), (200, 30, 30)).save(picture)
