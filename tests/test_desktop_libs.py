@@ -202,18 +202,23 @@ def _desktop_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Qt's xcb plugin: Linux")
-def test_a_real_start_without_a_display_explains_itself(tmp_path: Path) -> None:
-    """Before: Qt's xcb plugin aborted the process (exit 134, SIGABRT) with no display;
-    now the reason, and an exit code that is not a crash."""
-    out = subprocess.run(
+def start_app(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m ui`` on a data folder of its own, with ``env``, to its end."""
+    return subprocess.run(
         [sys.executable, "-m", "ui", "--data-dir", str(tmp_path / "data")],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
-        env=_desktop_env(QT_QPA_PLATFORM="xcb"),
+        env=env,
     )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Qt's xcb plugin: Linux")
+def test_a_real_start_without_a_display_explains_itself(tmp_path: Path) -> None:
+    """Before: Qt's xcb plugin aborted the process (exit 134, SIGABRT) with no display;
+    now the reason, and an exit code that is not a crash."""
+    out = start_app(tmp_path, _desktop_env(QT_QPA_PLATFORM="xcb"))
     assert out.returncode == EXIT_NO_WINDOW, (out.returncode, out.stderr[-2000:])
     assert "Lamplight cannot open its window" in out.stderr
 
@@ -222,14 +227,7 @@ def test_a_real_start_without_a_display_explains_itself(tmp_path: Path) -> None:
 def test_a_real_start_on_a_display_nobody_serves_explains_itself(tmp_path: Path) -> None:
     """DISPLAY is set, but no X server is there (ssh without -X): Qt aborted on it."""
     display = next(f":{n}" for n in range(4173, 4273) if not Path(f"/tmp/.X11-unix/X{n}").exists())
-    out = subprocess.run(
-        [sys.executable, "-m", "ui", "--data-dir", str(tmp_path / "data")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=_desktop_env(QT_QPA_PLATFORM="xcb", DISPLAY=display),
-    )
+    out = start_app(tmp_path, _desktop_env(QT_QPA_PLATFORM="xcb", DISPLAY=display))
     assert out.returncode == EXIT_NO_WINDOW, (out.returncode, out.stderr[-2000:])
     assert "Lamplight cannot open its window" in out.stderr
 
