@@ -16,7 +16,7 @@ from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model
 from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 
 
 def open_app_window(

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
-from app.engine.llama import Engine
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics, percentile
-from app.engine.templates import ChatMessage
 from app.models.default_model import ensure_default_model
 from app.util.errors import LamplightError
 

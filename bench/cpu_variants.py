@@ -42,12 +42,12 @@ from bench.child import run_json  # noqa: E402
 
 def measure(model: Path, n_prompt: int, n_decode: int, threads: int, extra_bufts: bool) -> dict:
     """In the child: load, evaluate ``n_prompt`` tokens in one batch, decode ``n_decode``."""
-    from app.engine.native_libs import load_backends
+    from app.engine.native.libs import load_backends
 
     loaded = load_backends()
     import llama_cpp as lc
 
-    from app.engine.path_probe import open_raw
+    from app.engine.native.path_probe import open_raw
 
     opened = open_raw(
         model,

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import EngineEvent
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."

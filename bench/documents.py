@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.documents.chunking import Chunk, chunk_document
 from app.documents.index import DocumentIndex, Mode
 from app.documents.parse import Block, ParsedDocument
-from app.engine.embedder import N_CTX, Embedder
+from app.engine.local.embedder import N_CTX, Embedder
 from app.models.default_embedder import ensure_default_embedder
 from bench.documents_corpus import DOCUMENTS, QUESTIONS
 

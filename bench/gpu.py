@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
-from app.engine.hardware import HardwareInfo, _devices, detect_hardware
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.native.hardware import HardwareInfo, _devices, detect_hardware
 
 GIB = 1024**3
 # n_embd, n_layer, n_ff, n_head, n_head_kv: about 1.1 B parameters (2.2 GB in F16), or tiny.
@@ -165,8 +165,8 @@ def gpu_free() -> int:
 def detect() -> dict[str, Any]:
     import llama_cpp
 
-    from app.engine.native_libs import lib_dir, load_backends
-    from app.engine.offload import accelerator_hint
+    from app.engine.local.offload import accelerator_hint
+    from app.engine.native.libs import lib_dir, load_backends
 
     loaded = load_backends()
     hw = detect_hardware()
@@ -198,9 +198,9 @@ def loaded_summary(engine: Any, info: Any, free_before: int) -> dict[str, Any]:
 def check_auto(model: Path) -> tuple[dict[str, Any], Any]:
     """Load with ``auto`` through the engine, with the native guard on a fresh store."""
     LOG.take()
-    from app.engine.llama import Engine
-    from app.engine.native_guard import NativeGuard
-    from app.engine.offload import auto_gpu_layers, fit_report
+    from app.engine.local.engine import Engine
+    from app.engine.local.offload import auto_gpu_layers, fit_report
+    from app.engine.native.guard import NativeGuard
     from app.gguf.info import read_gguf_info
 
     store = Path(tempfile.mkdtemp(prefix="lamplight-gpu-")) / "native_paths.json"
@@ -255,8 +255,8 @@ class Hog:
 def check_partial(model: Path, size: int) -> dict[str, Any]:
     """``auto`` with room for about half the model: some layers go to the GPU."""
     LOG.take()
-    from app.engine.llama import Engine
-    from app.engine.offload import MARGIN_BYTES, MARGIN_FRACTION, load_with_fallback
+    from app.engine.local.engine import Engine
+    from app.engine.local.offload import MARGIN_BYTES, MARGIN_FRACTION, load_with_fallback
 
     leave = int((size / 2 + MARGIN_BYTES) / (1 - MARGIN_FRACTION))
     with Hog(leave):
@@ -272,8 +272,8 @@ def check_partial(model: Path, size: int) -> dict[str, Any]:
 def check_fallback(model: Path) -> dict[str, Any]:
     """Every layer asked for, 0.6 GiB free: the GPU load fails, the CPU load works."""
     LOG.take()
-    from app.engine.llama import Engine
-    from app.engine.offload import load_with_fallback
+    from app.engine.local.engine import Engine
+    from app.engine.local.offload import load_with_fallback
 
     with Hog(int(0.6 * GIB)):
         engine = Engine(guard=None)
@@ -286,8 +286,8 @@ def check_fallback(model: Path) -> dict[str, Any]:
 
 def no_device_child(model: Path) -> dict[str, Any]:
     """In this process (started with ``CUDA_VISIBLE_DEVICES=``): detect, then load."""
-    from app.engine.llama import Engine
-    from app.engine.offload import load_with_fallback
+    from app.engine.local.engine import Engine
+    from app.engine.local.offload import load_with_fallback
 
     out = detect()
     for name, layers in (("auto", -2), ("all", -1)):
@@ -368,7 +368,7 @@ def section(result: dict[str, Any], name: str, fn: Callable[[], Any], out: Path 
 
 
 def run_checks(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    from app.engine.llama import Engine
+    from app.engine.local.engine import Engine
 
     out = Path(args.out) if args.out else None
     model = Path(args.model) if args.model else None

@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import LoraStack
 from app.models.default_model import ensure_default_model

@@ -58,11 +58,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 from app.models.default_model import ensure_default_model
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend, sampling_fields
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.llama_server.wire import sampling_fields
 
 ROOT = Path(__file__).resolve().parent.parent
 N_CTX = 4096

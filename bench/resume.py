@@ -41,8 +41,8 @@ from app.chat.session_cache import SessionCache
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model
 from app.util.hashing import FingerprintCache
 from bench.child import run_json

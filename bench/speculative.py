@@ -82,8 +82,8 @@ def _draft_path(mode: str) -> Path | None:
 def run_mode(mode: str, tokens: int, threads: int) -> dict[str, Any]:
     from app.config.params import LoadConfig
     from app.engine.backend import Finished
-    from app.engine.llama import Engine
-    from app.engine.templates import ChatMessage
+    from app.engine.chat_message import ChatMessage
+    from app.engine.local.engine import Engine
     from app.models.default_model import ensure_default_model
 
     draft = _draft_path(mode)  # built (once per checkout) before anything is measured

@@ -1,5 +1,5 @@
 """Two llama.cpp contexts in one process: idle spinning and decode swings, with and
-without one shared ggml thread pool (``app/engine/threadpool.py``).
+without one shared ggml thread pool (``app/engine/native/threadpool.py``).
 
 Loads the default model (target) and its 4-block test draft, ``--threads`` each.
 Each configuration runs in a fresh process (OpenMP reads its environment once):
@@ -67,8 +67,8 @@ def measure(pattern: str, pool_poll: bool | int, threads: int, rounds: int) -> d
     import numpy as np
     from llama_cpp import Llama
 
-    from app.engine.native_libs import load_backends
-    from app.engine.threadpool import SharedThreadPool, uses_openmp
+    from app.engine.native.libs import load_backends
+    from app.engine.native.threadpool import SharedThreadPool, uses_openmp
     from app.models.default_model import ensure_default_model
     from tests.draft_model import draft_model_path
 

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model
 from tests.vision_model import MODEL_CACHE, image_part, projector_path
 

@@ -34,7 +34,7 @@ SMOKE_TIMEOUT_S = 600
 GUI_TIMEOUT_S = 180
 WINDOWS = sys.platform == "win32"
 MAC = sys.platform == "darwin"
-VARIANT_ENV = "LAMPLIGHT_CPU_VARIANT"  # app/engine/native_libs.py forces a CPU module with it
+VARIANT_ENV = "LAMPLIGHT_CPU_VARIANT"  # app/engine/native/libs.py forces a CPU module with it
 BUILT_IN = "built-in"  # native_libs' name for a build whose CPU code is linked in
 
 

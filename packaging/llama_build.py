@@ -10,7 +10,7 @@ it takes the AMX kernels that crash on some Sapphire Rapids parts. This script
 builds it the way llama.cpp's own releases are built instead:
 
 - ``GGML_BACKEND_DL=ON``: the CPU code and any GPU backend are modules that
-  ``app/engine/native_libs.py`` loads at start-up, choosing among them;
+  ``app/engine/native/libs.py`` loads at start-up, choosing among them;
 - ``GGML_CPU_ALL_VARIANTS=ON``: one CPU module per instruction-set level, from
   ``x64`` (any x86-64) up; the loader picks the best one this CPU runs, and
   ``LAMPLIGHT_CPU_VARIANT`` forces one;

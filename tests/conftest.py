@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-# One verdict file on native paths that crash on this CPU (app/engine/native_guard.py) for
+# One verdict file on native paths that crash on this CPU (app/engine/native/guard.py) for
 # every engine the suite makes, in this process and in the apps it starts: checked once.
 os.environ.setdefault(
     "LAMPLIGHT_NATIVE_PATHS_FILE",
@@ -24,7 +24,7 @@ os.environ.setdefault(
 from app.api.runner import THREAD_NAME, ApiConfig, ApiServer
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.config.params import LoadConfig
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model  # after the env var
 from tests.fakes import FakeGateway
 from tests.server_fixture import RunningServer, running_llama_server

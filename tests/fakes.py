@@ -25,12 +25,11 @@ from app.engine.backend import (
     ProgressFn,
     Token,
 )
-from app.engine.chat_message import ToolCall
-from app.engine.hardware import HardwareInfo
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
-from app.engine.reasoning_format import ReasoningFormat
-from app.engine.templates import AUTO, ChatMessage, TemplateOverride, plain_template
+from app.engine.native.hardware import HardwareInfo
+from app.engine.reasoning.format import ReasoningFormat
+from app.engine.templates.chat_template import AUTO, TemplateOverride, plain_template
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
 from app.util.errors import (

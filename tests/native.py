@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from app.config.params import LoadConfig
-from app.engine.native_guard import STORE_ENV, NativeGuard
-from app.engine.native_libs import load_backends
+from app.engine.native.guard import STORE_ENV, NativeGuard
+from app.engine.native.libs import load_backends
 
 
 def extra_bufts_ok(model: Path) -> bool:
@@ -27,7 +27,7 @@ def llama(path: str | Path, probe_model: Path | None = None, **kwargs: Any) -> A
     where it crashes (judged on ``probe_model``, default ``path``)."""
     from llama_cpp import Llama
 
-    from app.engine.loader import load_progress
+    from app.engine.local.loader import load_progress
 
     load_backends()
     with load_progress(None, extra_bufts_ok(probe_model or Path(path))):

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from app.config.params import SamplingParams
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 
 NEAR_TIE = 0.75
 """Logits: a greedy choice this close to the top one may flip with the batch shape. How

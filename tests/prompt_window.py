@@ -11,7 +11,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 from tests.conftest import ONE_THREAD
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow

@@ -8,7 +8,8 @@ import threading
 
 from app.config.params import SamplingParams
 from app.engine.backend import Backend, Finished, Token
-from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.chat_message import ChatMessage
+from app.engine.templates.chat_template import TemplateOverride
 
 # Qwen3's shape: chatml, ``<think>`` tags, ``enable_thinking``, past thinking dropped.
 QWEN3 = (

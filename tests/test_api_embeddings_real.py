@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from app.api.runner import ApiConfig, ApiServer
-from app.engine.embed_worker import EmbedWorker
+from app.engine.local.embed_worker import EmbedWorker
 from tests.embed_model import embedder_path
 from tests.fakes import FakeGateway
 from tests.serve_fixture import ROOT, running, serve_command

@@ -18,7 +18,7 @@ from app.api.gateway import ApiFailure, ApiJob, failure_for
 from app.api.host_gateway import HostGateway
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.host.host import EngineHost
 from app.host.jobs import (
     HostClosed,

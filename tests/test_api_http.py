@@ -16,7 +16,7 @@ import pytest
 
 from app.api.gateway import ApiFailure
 from app.api.runner import THREAD_NAME, ApiConfig, ApiConfigError, ApiServer
-from app.engine.kv_pool import GUI, LOCAL_API
+from app.host.kv_pool import GUI, LOCAL_API
 from tests.conftest import Serve
 from tests.fakes import FakeGateway
 

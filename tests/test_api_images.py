@@ -212,7 +212,7 @@ def test_hostile_image_parts_are_a_400(part: Any) -> None:
 def test_the_kv_pool_tells_conversations_apart_by_their_images() -> None:
     """An API client's image conversation is not taken for the same words without the
     image (or with another): the pool stashes it rather than rewinding over the image."""
-    from app.engine.kv_pool import is_prefix
+    from app.engine.chat_message import is_prefix
     from tests.vision_model import image_part
 
     red, blue = image_part((200, 0, 0)), image_part((0, 0, 200))

@@ -17,8 +17,8 @@ from app.api.schema import BASE, MAX_JSON_ITEMS, load_body, parse_chat, parse_co
 from app.api.sse import ChunkWriter, Reply, timings, usage
 from app.config.params import SamplingParams
 from app.engine.backend import Finished
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 
 USER = [{"role": "user", "content": "Hi"}]
 

@@ -13,8 +13,8 @@ from app.api.gateway import ApiEvent, ApiFailure, ApiJob
 from app.api.scheduler import ApiScheduler, QueueFull
 from app.config.params import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 from tests.fakes import FakeGateway
 
 

@@ -20,9 +20,9 @@ import pytest
 
 from app.config.params import ApiSettings, LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
-from app.remote.openai_compat import OpenAIBackend
+from app.remote.openai.backend import OpenAIBackend
 from tests.serve_fixture import Served, running
 
 pytestmark = pytest.mark.slow

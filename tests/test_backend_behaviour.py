@@ -16,7 +16,7 @@ import pytest
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Backend, Finished, KvState, PrefillProgress, Token
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
 from app.util.errors import ContextOverflowError, LamplightError
@@ -48,13 +48,13 @@ def backend(
         yield as_backend(fake)
         return
     if kind == "llama-server":
-        from app.remote.llama_server import LlamaServerBackend
+        from app.remote.llama_server.backend import LlamaServerBackend
 
         remote: Backend = LlamaServerBackend(
             Connection("behaviour", "test server", "llama-server", llama_server.url)
         )
     else:
-        from app.remote.openai_compat import OpenAIBackend
+        from app.remote.openai.backend import OpenAIBackend
 
         remote = OpenAIBackend(
             Connection("behaviour-oai", "test openai", "openai", llama_server.url)

@@ -13,16 +13,16 @@ from hypothesis import strategies as st
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-import app.engine.llama as llama_module
+import app.engine.local.engine as llama_module
 from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
 from app.config.params import SamplingParams
 from app.engine.backend import Finished
-from app.engine.llama import Engine
-from app.engine.templates import (
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.templates.chat_template import (
     AUTO,
     PLAIN,
     TURN_MARKERS,
-    ChatMessage,
     looks_like_base_model,
     plain_template,
 )

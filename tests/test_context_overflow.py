@@ -16,10 +16,10 @@ from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from app.engine.backend import Finished
-from app.engine.llama import Engine
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
-from app.engine.overflow import plan_drop, protected_head, reply_budget
-from app.engine.templates import ChatMessage
+from app.engine.prompt.overflow import plan_drop, protected_head, reply_budget
 from app.util.errors import ContextOverflowError
 from tests.conftest import TEST_LOAD
 from tests.near_tie import assert_greedy, reply_gaps, reply_nll, token_text
@@ -354,9 +354,9 @@ def test_the_prompt_pipeline_marks_message_starts_and_drops_whole_turns() -> Non
     """The pipeline alone, over a tokenizer of one token per character (BOS is 0): the
     marks fall on message starts, and a fit drops the oldest whole exchange."""
     from app.engine.context_map import ContextMap
-    from app.engine.overflow import Overflow
-    from app.engine.prompt_pipeline import PromptPipeline, PromptRequest, record_drops
-    from app.engine.templates import template_for_architecture
+    from app.engine.prompt.overflow import Overflow
+    from app.engine.prompt.pipeline import PromptPipeline, PromptRequest, record_drops
+    from app.engine.templates.chat_template import template_for_architecture
 
     def tokenize(text: str, bos: bool) -> list[int]:
         return [0] * bos + [ord(c) for c in text]

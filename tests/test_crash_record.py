@@ -22,10 +22,10 @@ from app.chat.conversation import Conversation, Message
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
-from app.engine.crash_steps import EngineSteps, active_paths
+from app.engine.chat_message import ChatMessage
+from app.engine.local.crash_steps import EngineSteps, active_paths
 from app.engine.metrics import MessageMetrics
-from app.engine.native_paths import RiskyPath
-from app.engine.templates import ChatMessage
+from app.engine.native.paths import RiskyPath
 from app.util import crash_record
 from app.util.crash_record import (
     CRASH_NAME,

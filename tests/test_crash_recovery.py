@@ -28,8 +28,8 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
-from app.engine.native_guard import STORE_ENV
-from app.engine.native_paths import PathVerdicts, RiskyPath
+from app.engine.native.guard import STORE_ENV
+from app.engine.native.paths import PathVerdicts, RiskyPath
 from app.util import crash_record
 from app.util.crash_record import MARKER_NAME, CrashReport, read_previous
 from tests.conftest import ROOT, TEST_LOAD, chat_turns

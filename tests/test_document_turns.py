@@ -135,7 +135,7 @@ def test_merged_passages_are_unique_numbered_and_keep_every_whole_document(
 
 @pytest.fixture(scope="module")
 def worker() -> Iterator[Any]:
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
     from tests.embed_model import embedder_path
 
     w = EmbedWorker(embedder_path)

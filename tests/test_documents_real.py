@@ -19,8 +19,8 @@ from app.documents.library import DocumentLibrary, Progress
 from app.documents.sources import Source, sources_from_list
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
-from app.engine.embed_worker import EmbedWorker
-from app.engine.llama import Engine
+from app.engine.local.embed_worker import EmbedWorker
+from app.engine.local.engine import Engine
 from tests.conftest import TEST_LOAD
 from tests.document_files import write_docx, write_pdf
 from tests.embed_model import embedder_path

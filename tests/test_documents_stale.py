@@ -15,7 +15,7 @@ import pytest
 from app.documents import library as library_module
 from app.documents.library import READS, DocumentLibrary
 from app.documents.parse import ParsedDocument
-from app.engine.embed_worker import EmbedWorker
+from app.engine.local.embed_worker import EmbedWorker
 from tests.embed_model import embedder_path
 
 OLD = "The ferry leaves at seven in the morning.\n"

@@ -1,4 +1,4 @@
-"""The adaptive draft length (``app/engine/draft_length.py``): pure Python, no model."""
+"""The adaptive draft length (``app/engine/local/draft/length.py``): pure Python, no model."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.draft_length import (
+from app.engine.local.draft.length import (
     ALLOWANCE,
     BUDGET,
     PLAIN_SAMPLES,

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from app.config.params import SamplingParams
-from app.engine import draft_length
 from app.engine.backend import Finished
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.draft import length as draft_length
+from app.engine.local.engine import Engine
 from app.util.errors import DraftError
 from tests.near_tie import worst_gap
 
@@ -116,7 +116,7 @@ def test_greedy_with_a_draft_equals_batched_reevaluation(
 def test_acceptance_figures_add_up(
     engine: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.engine.llama as engine_module
+    import app.engine.local.engine as engine_module
 
     engine.set_draft(model_path)
     spies: list[Spy] = []
@@ -296,7 +296,7 @@ def test_adaptive_length_grows_on_repetitive_text(
 def test_a_new_draft_reads_only_recent_text_until_it_has_paid(
     engine: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.engine.llama as engine_module
+    import app.engine.local.engine as engine_module
 
     # Afford a probe at once (the budget, with real timings, waits a few hundred tokens).
     monkeypatch.setattr(draft_length, "BUDGET", 1.0)

@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 
 from app.config.params import SamplingParams
 from app.engine.backend import Finished
+from app.engine.chat_message import ChatMessage
 from app.engine.image_part import image_marker
-from app.engine.llama import Engine
-from app.engine.overflow import fewest_kept, plan_drop
-from app.engine.prompt_pipeline import EARLY_CHARS, least_tokens
-from app.engine.templates import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.prompt.overflow import fewest_kept, plan_drop
+from app.engine.prompt.pipeline import EARLY_CHARS, least_tokens
 from app.util.errors import ContextOverflowError
 from tests.conftest import TEST_CTX
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.embed_worker import EmbedWorker
-from app.engine.embedder import Embedder
+from app.engine.local.embed_worker import EmbedWorker
+from app.engine.local.embedder import Embedder
 from app.gguf.embedder import read_embedder_info
 from app.models import default_embedder, embedders
 from app.models.default_embedder import (

@@ -11,8 +11,8 @@ import pytest
 
 from app.config.params import SamplingParams
 from app.engine.backend import Finished, LoadCancelled, PrefillProgress, Token
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.util.errors import ContextOverflowError, ModelFileError, ModelLoadError, NoModelLoaded
 from tests.conftest import TEST_CTX, TEST_LOAD
 from tests.near_tie import assert_greedy, reply_gaps, same_up_to_near_tie, token_text

@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.config.paths import data_dirs
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine, overflow
 from ui.window.main_window import MainWindow

@@ -15,7 +15,7 @@ from pytestqt.qtbot import QtBot
 from app.chat.conversation import Message, metrics_to_dict
 from app.engine.backend import Capabilities
 from app.engine.metrics import MessageMetrics
-from app.engine.reasoning_format import ReasoningFormat
+from app.engine.reasoning.format import ReasoningFormat
 from tests.fake_window import loaded_fake_window
 from tests.fakes import FAKE_CAPABILITIES, FakeEngine
 from ui.chat import thinking_block

@@ -594,8 +594,8 @@ _CHILD = textwrap.dedent(
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
     from app.config.params import LoadConfig, SamplingParams
-    from app.engine.llama import Engine
-    from app.engine.templates import ChatMessage
+    from app.engine.local.engine import Engine
+    from app.engine.templates.chat_template import ChatMessage
     from app.util.errors import LamplightError
 
     model, headers = sys.argv[1], sys.argv[2:]
@@ -676,7 +676,7 @@ def test_llama_cpp_still_aborts_without_the_check(header: Header, model_copy: Pa
         "import resource\n"
         f"resource.setrlimit(resource.RLIMIT_AS, ({CHILD_MEMORY}, {CHILD_MEMORY}))\n"
         "import sys, llama_cpp\n"
-        "from app.engine.native_libs import load_backends\n"
+        "from app.engine.native.libs import load_backends\n"
         "load_backends()\n"
         "llama_cpp.Llama(model_path=sys.argv[1], n_ctx=256, verbose=False)\n"
     )
@@ -693,7 +693,7 @@ def test_settings_llama_cpp_would_abort_on_are_refused_before_it(
     config: dict[str, Any], model_path: Path
 ) -> None:
     from app.config.params import LoadConfig
-    from app.engine.loader import open_llama
+    from app.engine.local.loader import open_llama
     from app.util.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="was not loaded"):

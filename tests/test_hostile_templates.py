@@ -24,18 +24,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config.params import SamplingParams
-from app.engine import llama as llama_module
-from app.engine import template_sandbox
 from app.engine.backend import Finished, Token
-from app.engine.llama import Engine
-from app.engine.template_sandbox import GRACE_S, LOAD_BUDGET_S, RENDER_BUDGET_S, output_limit
-from app.engine.templates import (
-    ChatMessage,
-    ChatTemplate,
-    ChatTemplateError,
-    choose_template,
-    jinja_template,
-)
+from app.engine.chat_message import ChatMessage
+from app.engine.local import engine as llama_module
+from app.engine.local.engine import Engine
+from app.engine.template_errors import ChatTemplateError
+from app.engine.templates import guard as template_guard
+from app.engine.templates import sandbox as template_sandbox
+from app.engine.templates.chat_template import ChatTemplate, choose_template, jinja_template
+from app.engine.templates.guard import GRACE_S
+from app.engine.templates.sandbox import LOAD_BUDGET_S, RENDER_BUDGET_S, output_limit
 from app.gguf.info import read_gguf_info
 from tests.conftest import TEST_LOAD
 from tests.native import own_notes
@@ -98,10 +96,10 @@ def test_real_hf_templates_render_in_the_sandbox(name: str) -> None:
 def test_tool_templates_get_hf_tojson() -> None:
     """Qwen 2.5 with tools: ``tojson`` as transformers defines it (no HTML escaping)."""
     tool = {"type": "function", "function": {"name": "weather", "description": "<b>&é"}}
-    compiled = template_sandbox.run_bounded(
+    compiled = template_guard.run_bounded(
         lambda: template_sandbox.compile_template(REAL["qwen2.5-instruct.jinja"]), 2.0, 10**6
     )
-    text = template_sandbox.run_bounded(
+    text = template_guard.run_bounded(
         lambda: compiled.render(messages=[{"role": "user", "content": "hi"}], tools=[tool]),
         2.0,
         10**6,
@@ -112,10 +110,8 @@ def test_tool_templates_get_hf_tojson() -> None:
         "|{{ x|tojson(sort_keys=true) }}|{{ x|tojson(ensure_ascii=true) }}"
     )
     x = {"b": "<é>", "a": [1]}
-    compiled = template_sandbox.run_bounded(
-        lambda: template_sandbox.compile_template(src), 2, 10**6
-    )
-    out = template_sandbox.run_bounded(lambda: compiled.render(x=x), 2.0, 10**6).split("|")
+    compiled = template_guard.run_bounded(lambda: template_sandbox.compile_template(src), 2, 10**6)
+    out = template_guard.run_bounded(lambda: compiled.render(x=x), 2.0, 10**6).split("|")
     assert out == [
         json.dumps(x, ensure_ascii=False),
         json.dumps(x, ensure_ascii=False, indent=2),
@@ -264,7 +260,7 @@ def test_a_render_that_outlives_its_tracer_is_interrupted() -> None:
 
     t0 = time.perf_counter()
     with pytest.raises(ChatTemplateError, match=r"ran longer than 0\.2 s"):
-        template_sandbox.run_bounded(spin, 0.2, 1000)
+        template_guard.run_bounded(spin, 0.2, 1000)
     assert time.perf_counter() - t0 < 0.2 + GRACE_S + SLACK_S
     deadline = time.monotonic() + 2
     while template_threads() and time.monotonic() < deadline:

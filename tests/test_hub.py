@@ -301,8 +301,8 @@ def test_download_and_load_the_default_model_through_the_hub(
 ) -> None:
     from app.config.params import SamplingParams
     from app.engine.backend import Finished
-    from app.engine.llama import Engine
-    from app.engine.templates import ChatMessage
+    from app.engine.chat_message import ChatMessage
+    from app.engine.local.engine import Engine
     from tests.conftest import TEST_LOAD
 
     with serving_hub(monkeypatch, tmp_path / "hf-home") as server:

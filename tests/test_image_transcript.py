@@ -16,8 +16,7 @@ from app.chat.image_store import MAX_IMAGES, image_ref
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
-from app.engine.chat_message import ChatMessage
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
 from tests.test_alternatives import StubLink, StubView
 

@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from app.config.params import SamplingParams
 from app.engine.backend import Backend, Capabilities, Finished, KvState
-from app.engine.kv_pool import GUI, LOCAL_API, KvPool, is_prefix
-from app.engine.llama import Engine
-from app.engine.templates import AUTO, PLAIN, ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.templates.chat_template import AUTO, PLAIN
+from app.host.kv_pool import GUI, LOCAL_API, KvPool, is_prefix
 
 GREEDY = SamplingParams.greedy(8)
 # Long enough (> MIN_TOKENS) to be worth pooling, short enough to keep the test fast.

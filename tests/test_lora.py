@@ -15,10 +15,11 @@ from app.chat.session_cache import SessionCache
 from app.chat.snapshot import read_header
 from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
-from app.engine.adapters import MAX_IDLE_ADAPTERS
 from app.engine.backend import Finished
-from app.engine.llama import LORA_CHANGED_NOTE, Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.adapters import MAX_IDLE_ADAPTERS
+from app.engine.local.engine import Engine
+from app.engine.local.engine_cache import LORA_CHANGED_NOTE
 from app.gguf.lora import (
     LoraError,
     LoraStack,

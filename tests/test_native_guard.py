@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.config.params import LoadConfig
-from app.engine.native_guard import NativeGuard, Prepared, wanted_paths
-from app.engine.native_libs import VARIANT_ENV, cpu_variants, load_backends, machine_key
-from app.engine.native_paths import FILE_NAME, PathVerdicts, RiskyPath
-from app.engine.path_probe import ProbeResult, crash_name, run_probe
+from app.engine.native.guard import NativeGuard, Prepared, wanted_paths
+from app.engine.native.libs import VARIANT_ENV, cpu_variants, load_backends, machine_key
+from app.engine.native.path_probe import ProbeResult, crash_name, run_probe
+from app.engine.native.paths import FILE_NAME, PathVerdicts, RiskyPath
 from app.util.errors import ModelLoadError
 from tests.conftest import ONE_THREAD
 
@@ -137,7 +137,7 @@ def test_exit_codes_that_are_crashes() -> None:
 def test_the_real_check_passes_on_this_machine(model_path: Path) -> None:
     """The child loads the real model with the path on and evaluates a batch. The one
     crash known on CPUs we test on is the AMX kernels behind the repacked weights."""
-    from app.engine.native_libs import cpu_flags
+    from app.engine.native.libs import cpu_flags
 
     for path in (None, RiskyPath.EXTRA_BUFTS, RiskyPath.FLASH_ATTN):
         result = run_probe(path, model_path, threads=1)
@@ -217,8 +217,8 @@ def test_the_engine_loads_without_the_path_whose_child_crashed(
     real control child survives, and the real engine loads and answers without them."""
     from app.config.params import SamplingParams
     from app.engine.backend import Token
-    from app.engine.llama import Engine
-    from app.engine.templates import ChatMessage
+    from app.engine.chat_message import ChatMessage
+    from app.engine.local.engine import Engine
 
     def probe(path: RiskyPath | None, model: Path, threads: int) -> ProbeResult:
         command = SEGFAULT if path is RiskyPath.EXTRA_BUFTS else None
@@ -269,7 +269,7 @@ def test_a_forced_baseline_module_runs_the_model(model_path: Path) -> None:
     if "x64" not in cpu_variants():
         pytest.skip("no x86-64 baseline module in this build")
     code = (
-        "from app.engine.native_libs import load_backends\n"
+        "from app.engine.native.libs import load_backends\n"
         "from tests.native import llama\n"
         "b = load_backends()\n"
         f"m = llama({str(model_path)!r}, n_ctx=128, n_threads=1, verbose=False)\n"
@@ -286,7 +286,7 @@ def test_an_unknown_forced_module_is_refused_by_name() -> None:
     if not cpu_variants():
         pytest.skip("this llama.cpp build has its CPU code linked in")
     code = (
-        "from app.engine.native_libs import load_backends, BackendLoadError\n"
+        "from app.engine.native.libs import load_backends, BackendLoadError\n"
         "try:\n    load_backends()\nexcept BackendLoadError as e:\n    print(e)\n"
     )
     done = _child(code, **{VARIANT_ENV: "pentium3"})
@@ -304,7 +304,7 @@ def test_the_hardware_page_shows_what_is_off_and_can_check_again(
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QPushButton
 
-    from app.engine.hardware import HardwareInfo
+    from app.engine.native.hardware import HardwareInfo
     from ui.perf.backend_page import BackendPage
 
     store = PathVerdicts(tmp_path / FILE_NAME, "m")

@@ -1,11 +1,11 @@
-"""Prompt lookup's n-gram index (``app/engine/ngram.py``): pure Python, no model."""
+"""Prompt lookup's n-gram index (``app/engine/local/draft/ngram.py``): pure Python, no model."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.ngram import SHORT_MATCH_TOKENS, NgramIndex
+from app.engine.local.draft.ngram import SHORT_MATCH_TOKENS, NgramIndex
 
 
 def test_a_long_match_drafts_what_followed_it() -> None:

@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 
 from app.config.params import LoadConfig
-from app.engine.hardware import Device, HardwareInfo, detect_hardware
-from app.engine.llama import Engine
-from app.engine.native_libs import LoadedBackends
-from app.engine.offload import (
+from app.engine.local.engine import Engine
+from app.engine.local.offload import (
     ALL,
     AUTO,
     _gpu_reason,
@@ -23,6 +21,8 @@ from app.engine.offload import (
     fit_report,
     load_with_fallback,
 )
+from app.engine.native.hardware import Device, HardwareInfo, detect_hardware
+from app.engine.native.libs import LoadedBackends
 from app.gguf.info import read_gguf_info
 from app.gguf.memory import estimate_ram
 from app.util.errors import ModelLoadError
@@ -86,23 +86,23 @@ def test_fit_report_warns_when_the_model_does_not_fit(
 ) -> None:
     report = fit_report(model_path, TEST_LOAD, detect_hardware())
     assert report.fits and report.warning("m") == ""
-    monkeypatch.setattr("app.engine.offload.available_memory", lambda: 100 * 1024**2)
+    monkeypatch.setattr("app.engine.local.offload.available_memory", lambda: 100 * 1024**2)
     tight = fit_report(model_path, TEST_LOAD, detect_hardware())
     assert not tight.fits and "needs about" in tight.warning("Gemma")
 
 
 def test_accelerator_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = detect_hardware()
-    monkeypatch.setattr("app.engine.offload._has_nvidia", lambda: True)
-    monkeypatch.setattr("app.engine.offload.sys.platform", "linux")
+    monkeypatch.setattr("app.engine.local.offload._has_nvidia", lambda: True)
+    monkeypatch.setattr("app.engine.local.offload.sys.platform", "linux")
     assert "GGML_CUDA=on" in accelerator_hint(cpu)
     assert accelerator_hint(gpu(GB)) == ""
-    monkeypatch.setattr("app.engine.offload._has_nvidia", lambda: False)
+    monkeypatch.setattr("app.engine.local.offload._has_nvidia", lambda: False)
     assert accelerator_hint(cpu) == ""
     # A CUDA build that finds no device (seen with CUDA_VISIBLE_DEVICES= on an H100): no
     # rebuild is suggested.
     cuda = LoadedBackends("haswell", None, False, ("haswell",), ("cuda",))
-    monkeypatch.setattr("app.engine.native_libs._loaded", cuda)
+    monkeypatch.setattr("app.engine.native.libs._loaded", cuda)
     hint = accelerator_hint(cpu)
     assert "CUDA support but found no usable GPU" in hint and "rebuild" not in hint
 
@@ -122,9 +122,9 @@ def test_an_out_of_memory_gpu_load_is_said_so_not_blamed_on_the_file() -> None:
 def test_ram_estimate_is_within_25_percent_of_the_measured_increase(model_path: Path) -> None:
     script = f"""
 import json
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 from app.config.params import LoadConfig
-from app.engine.templates import ChatMessage
+from app.engine.templates.chat_template import ChatMessage
 from app.config.params import SamplingParams
 from app.util.sysinfo import rss_bytes
 engine = Engine()

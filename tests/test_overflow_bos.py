@@ -18,10 +18,11 @@ import pytest
 
 from app.config.params import LoadConfig
 from app.engine.backend import KvState
+from app.engine.chat_message import ChatMessage
 from app.engine.context_map import ContextMap
-from app.engine.llama import HEAD_LOST_NOTE, Engine
+from app.engine.local.engine import Engine
+from app.engine.local.engine_cache import HEAD_LOST_NOTE
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 from tests.near_tie import reply_nll, same_up_to_near_tie
 from tests.test_context_overflow import ask, params
 

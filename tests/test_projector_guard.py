@@ -2,7 +2,7 @@
 
 Three layers keep such a file from killing Lamplight: the header checks
 (``app/gguf/projector_shapes.py``: every value libmtmd asserts on, stated exactly),
-a load in a child process before the app loads it (``app/engine/projector_guard.py``,
+a load in a child process before the app loads it (``app/engine/native/projector_guard.py``,
 the verdict remembered by file fingerprint), and the crash notice, which sets aside
 a projector that was loading when the app died. Bad projectors are built with
 ``tests/vision_model.py``; the slow tests load them through the real engine.
@@ -25,11 +25,11 @@ from hypothesis import strategies as st
 from pytestqt.qtbot import QtBot
 
 from app.config.params import LoadConfig
-from app.engine.llama import Engine
-from app.engine.native_guard import STORE_ENV, NativeGuard
-from app.engine.projector_guard import LEFT_OUT, ProjectorGuard
-from app.engine.projector_probe import ProjectorProbe, run_projector_probe
-from app.engine.vision import PROJECTOR_KEY, check_projector, open_projector
+from app.engine.local.engine import Engine
+from app.engine.local.vision import PROJECTOR_KEY, check_projector, open_projector
+from app.engine.native.guard import STORE_ENV, NativeGuard
+from app.engine.native.projector_guard import LEFT_OUT, ProjectorGuard
+from app.engine.native.projector_probe import ProjectorProbe, run_projector_probe
 from app.gguf import projector_checks
 from app.gguf.info import read_gguf_info
 from app.gguf.projector import read_projector

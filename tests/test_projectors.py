@@ -250,7 +250,7 @@ def test_search_tags_mark_vision_models() -> None:
 
 @pytest.mark.slow
 def test_the_paired_projector_loads_with_the_real_model(folder: Path) -> None:
-    from app.engine.llama import Engine
+    from app.engine.local.engine import Engine
     from tests.conftest import TEST_LOAD
 
     model = folder / "gemma-3-270m-Q4_K_M.gguf"

@@ -20,8 +20,8 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.config.params import LoadConfig
-from app.engine import loader as loader_module
-from app.engine.llama import Engine
+from app.engine.local import loader as loader_module
+from app.engine.local.engine import Engine
 from ui.engine.worker import EngineClient
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from app.config.params import SamplingParams
-from app.engine.llama import Engine
-from app.engine.templates import AUTO, ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.templates.chat_template import AUTO
 from tests.conftest import TEST_LOAD
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1, THINK_GRAMMAR, run, use
 

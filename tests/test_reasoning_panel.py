@@ -17,7 +17,7 @@ from app.config.params import SPECS, LoadConfig, SamplingParams
 from app.config.presets import PresetStore
 from app.engine.backend import Capabilities, ModelInfo
 from app.engine.metrics import MessageMetrics
-from app.engine.reasoning_format import ReasoningFormat
+from app.engine.reasoning.format import ReasoningFormat
 from ui.common.context import LoadedModel
 from ui.perf.perf_panel import PerfPanel, first_token_text
 from ui.settings.sampling_panel import SamplingPanel

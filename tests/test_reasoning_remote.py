@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
-from app.remote.openai_compat import OpenAIBackend, ReplyStream
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.openai.backend import OpenAIBackend
+from app.remote.openai.wire import ReplyStream
 from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR, use
 from tests.reasoning_templates import run as run_server
 from tests.server_fixture import RunningServer

@@ -6,9 +6,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.reasoning import ReasoningSplitter, split_text
-from app.engine.reasoning_format import ReasoningFormat
-from app.engine.templates import jinja_template, template_for_architecture
+from app.engine.reasoning.format import ReasoningFormat
+from app.engine.reasoning.splitter import ReasoningSplitter, split_text
+from app.engine.templates.chat_template import jinja_template, template_for_architecture
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1
 
 THINK = ReasoningFormat("<think>", "</think>", "\n</think>\n\n")

@@ -25,8 +25,8 @@ from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 
 THOUGHT = "The user greets me; a short friendly answer will do. zeppelin"
 

@@ -23,14 +23,14 @@ from pytestqt.qtbot import QtBot
 from app.api.host_gateway import HostGateway
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Backend, Finished, ModelInfo
+from app.engine.chat_message import ChatMessage
 from app.engine.context_map import common_prefix
-from app.engine.kv_pool import GUI, STASH
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
+from app.host.kv_pool import GUI, STASH
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
-from app.remote.openai_compat import OpenAIBackend
-from app.remote.openai_reply import OwnPrefix
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.openai.backend import OpenAIBackend
+from app.remote.openai.reply import OwnPrefix
 from app.util.errors import LamplightError
 from tests.server_fixture import RunningServer
 from tests.test_worker_api import SYSTEM, WAIT_MS, Recorder, make_job, run

@@ -41,11 +41,13 @@ from app.engine.backend import (
     Token,
     reply_byte_cap,
 )
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
 from app.remote.http import TOKEN_SLACK, Limits, ServerUnreachable
-from app.remote.llama_server import SLOT_FILES, LlamaServerBackend
-from app.remote.openai_compat import OpenAIBackend, ReplyStream
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.llama_server.slot import SLOT_FILES
+from app.remote.openai.backend import OpenAIBackend
+from app.remote.openai.wire import ReplyStream
 from app.util.errors import DecodeError, LamplightError, ModelLoadError, ServerOverflowError
 from tests.misbehaving_server import HEALTH, N_CTX, PROPS, STREAMS, MisbehavingServer
 from tests.server_fixture import RunningServer

@@ -7,8 +7,8 @@ import base64
 
 import pytest
 
-from app.engine.chat_message import ChatMessage
-from app.engine.image_part import ImagePart, image_marker
+from app.engine.chat_message import ChatMessage, ImagePart
+from app.engine.image_part import image_marker
 from app.remote.http import ServerError
 from app.remote.image_wire import (
     content_parts,
@@ -18,8 +18,8 @@ from app.remote.image_wire import (
     vision_of_model,
     vision_of_props,
 )
-from app.remote.openai_wire import parse_models
-from app.remote.tool_wire import wire_message
+from app.remote.openai.tool_wire import wire_message
+from app.remote.openai.wire import parse_models
 
 PIC = ImagePart.from_bytes(b"\x89PNG fake", "image/png", 2, 2)
 
@@ -63,7 +63,7 @@ def test_the_multimodal_prompt_puts_the_servers_marker_where_each_image_is() -> 
 
 def test_a_server_that_cannot_save_images_in_a_slot_says_so() -> None:
     from app.engine.image_part import image_token_id
-    from app.remote.llama_server_images import save_refused
+    from app.remote.llama_server.images import save_refused
 
     refusal = ServerError(501, "This feature is not supported by multimodal", "not_supported")
     with_image = [2, 10, *[image_token_id(PIC.digest)] * 66, 11]
@@ -74,7 +74,7 @@ def test_a_server_that_cannot_save_images_in_a_slot_says_so() -> None:
     # Through the backend: the snapshot is refused with the reason, the slot untouched.
     from app.config.params import LoadConfig, SamplingParams
     from app.remote.connection import Connection
-    from app.remote.llama_server import LlamaServerBackend
+    from app.remote.llama_server.backend import LlamaServerBackend
     from app.util.errors import LamplightError
     from tests.misbehaving_server import MisbehavingServer
 

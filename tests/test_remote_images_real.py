@@ -16,8 +16,8 @@ from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Backend, Finished
 from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
-from app.remote.openai_compat import OpenAIBackend
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.openai.backend import OpenAIBackend
 from app.util.errors import ImageError
 from tests.server_fixture import RunningServer, running_llama_server
 from tests.vision_model import IMAGE_TOKENS, image_part, projector_path

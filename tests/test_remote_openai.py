@@ -33,20 +33,20 @@ from app.engine.backend import (
     KvState,
     Token,
 )
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.gguf.lora import LoraError, LoraStack
-from app.remote import openai_compat
 from app.remote.connection import Connection
 from app.remote.http import TOKEN_SLACK, EventStream, ServerUnreachable
-from app.remote.openai_compat import (
+from app.remote.openai import backend as openai_compat
+from app.remote.openai.backend import (
     NO_VISION,
     WHY_NOT,
     ApiKeyRefused,
     OpenAIBackend,
-    ReplyStream,
     api_prefix,
     list_models,
 )
+from app.remote.openai.wire import ReplyStream
 from app.util.errors import (
     ContextOverflowError,
     LamplightError,

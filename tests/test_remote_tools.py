@@ -20,17 +20,16 @@ from hypothesis import strategies as st
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import SIZE_LIMIT, Finished, Token
 from app.engine.chat_message import ChatMessage, ToolCall
-from app.engine.templates import TemplateOverride
-from app.engine.tool_binding import ToolDecoding
-from app.engine.tool_format import HERMES
-from app.engine.tool_parser import ToolCallParser
+from app.engine.templates.chat_template import TemplateOverride
 from app.engine.tool_spec import TOOL_CALLS, ToolRequest, ToolSpec
+from app.engine.tools.binding import ToolDecoding
+from app.engine.tools.format import HERMES
+from app.engine.tools.parser import ToolCallParser
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
-from app.remote.llama_server_tools import ServerTools
-from app.remote.openai_compat import OpenAIBackend
-from app.remote.openai_wire import ReplyStream
-from app.remote.tool_wire import (
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.llama_server.tools import ServerTools
+from app.remote.openai.backend import OpenAIBackend
+from app.remote.openai.tool_wire import (
     MAX_ARGUMENT_BYTES,
     MAX_CALLS,
     ToolCallStream,
@@ -38,6 +37,7 @@ from app.remote.tool_wire import (
     tool_fields,
     wire_message,
 )
+from app.remote.openai.wire import ReplyStream
 from tests.server_fixture import RunningServer, running_llama_server
 from tests.test_remote_openai import chunk, json_response, scripted, sse
 from tests.tool_templates import QWEN_TOOLS

@@ -17,8 +17,8 @@ from app.config.params import (
 )
 from app.config.presets import BUILTIN, PresetStore
 from app.engine.backend import Finished
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 
 GREEDY = SamplingParams.greedy(48)
 PARAGRAPH = (

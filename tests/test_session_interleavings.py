@@ -65,9 +65,8 @@ from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
 from app.documents.sources import MAX_SOURCES, Source, sources_from_list
 from app.engine.backend import Backend, ModelInfo
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage, ToolCall
 from app.engine.tool_spec import ToolRequest
 from app.util.errors import DecodeError
 from tests.conftest import TEST_LOAD
@@ -707,7 +706,7 @@ class Interleavings(RuleBasedStateMachine):
     def check_cache(self) -> None:
         """On the real engine: the cache starts with BOS, and after a reply (shifted or
         not) it holds what a fresh read of the messages still sent would, then the reply."""
-        from app.engine.llama import Engine
+        from app.engine.local.engine import Engine
         from tests.near_tie import token_text
 
         engine = self.h.client.host.engine
@@ -823,7 +822,7 @@ def test_interleavings_real_engine_overflowing(
 ) -> None:
     """A small context on the real model: replies overflow under either policy, with and
     without a system prompt; after each, the cache equals a fresh read of what is kept."""
-    from app.engine.llama import Engine
+    from app.engine.local.engine import Engine
 
     class Overflowing(Interleavings):
         backend = Engine
@@ -866,7 +865,7 @@ def test_interleavings_real_engine_overflowing(
 @pytest.mark.slow
 def test_interleavings_real_engine(qapp: QApplication, model_path: Path) -> None:
     """A short run on the real model: the same invariants with llama.cpp underneath."""
-    from app.engine.llama import Engine
+    from app.engine.local.engine import Engine
 
     class RealInterleavings(Interleavings):
         backend = Engine

@@ -15,8 +15,8 @@ from app.chat.snapshot import SnapshotHeader, read_header, write_snapshot
 from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.engine.backend import Finished
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
 from app.util.hashing import FingerprintCache
 from tests.conftest import ROOT, TEST_LOAD
 
@@ -61,12 +61,12 @@ def test_resume_in_a_new_process_continues_identically(
 import json, sys
 from pathlib import Path
 from app.engine.backend import Finished
-from app.engine.llama import Engine
+from app.engine.local.engine import Engine
 from app.util.hashing import FingerprintCache
 from app.chat.session_cache import SessionCache
 from app.config.params import LoadConfig, SamplingParams
 from app.chat.store import ConversationStore
-from app.engine.templates import ChatMessage
+from app.engine.templates.chat_template import ChatMessage
 engine = Engine()
 engine.load({str(model_path)!r}, LoadConfig(n_ctx={TEST_LOAD.n_ctx}, n_threads=2))
 data = Path({str(tmp_path / "data")!r})

@@ -24,9 +24,9 @@ from app.chat.snapshot import write_snapshot
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, KvState
-from app.engine.kv_state import cells_problem
-from app.engine.llama import Engine
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.local.kv_state import cells_problem
 from app.util.hashing import FingerprintCache
 from tests.near_tie import same_up_to_near_tie
 
@@ -46,7 +46,7 @@ class Cache:
 
 
 def split(state: bytes) -> list[Cache]:
-    """The caches of a serialized sequence (the layout ``app.engine.kv_state`` reads)."""
+    """The caches of a serialized sequence (the layout ``app.engine.local.kv_state`` reads)."""
     assert struct.unpack_from("<II", state) == (IO_MAGIC, 0)
     off, out = 8, []
     while off < len(state):

@@ -28,8 +28,8 @@ from app.config.params import SPEC_BY_NAME
 from app.engine.backend import DraftInfo, KvState
 from app.engine.metrics import MessageMetrics
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
-from app.remote.openai_compat import OpenAIBackend
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.openai.backend import OpenAIBackend
 from app.util.errors import DraftError
 from ui.common.draft_stats import draft_text, reply_footer, tokens_per_pass
 from ui.settings.draft_control import COMBO_HELP

@@ -10,8 +10,8 @@ import psutil
 import pytest
 
 from app.config.params import LoadConfig
-from app.engine.hardware import detect_hardware
-from app.engine.offload import fit_report
+from app.engine.local.offload import fit_report
+from app.engine.native.hardware import detect_hardware
 from app.util import sysinfo
 from tests.conftest import ROOT
 from ui.models.model_manager import fits_hint

@@ -19,9 +19,9 @@ import pytest
 
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
-from app.engine.llama import Engine
-from app.engine.templates import (
-    ChatMessage,
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.templates.chat_template import (
     TemplateInputs,
     TemplateOverride,
     build_template,

@@ -28,20 +28,15 @@ from app.config.model_prefs import (
 from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
 from app.engine.backend import Finished, ModelInfo
-from app.engine.llama import Engine
-from app.engine.template_sandbox import MAX_SOURCE_CHARS
-from app.engine.templates import (
-    AUTO,
-    PLAIN,
-    ChatMessage,
-    ChatTemplateError,
-    TemplateOverride,
-    preview_prompt,
-)
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.template_errors import ChatTemplateError
+from app.engine.templates.chat_template import AUTO, PLAIN, TemplateOverride, preview_prompt
+from app.engine.templates.sandbox import MAX_SOURCE_CHARS
 from app.remote.connection import Connection
-from app.remote.llama_server import LlamaServerBackend
-from app.remote.openai_compat import CAPABILITIES as OPENAI_CAPABILITIES
-from app.remote.openai_compat import WHY_NOT, OpenAIBackend
+from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.openai.backend import CAPABILITIES as OPENAI_CAPABILITIES
+from app.remote.openai.backend import WHY_NOT, OpenAIBackend
 from app.util.errors import LamplightError
 from tests.conftest import ROOT
 from tests.fake_window import fake_window

@@ -1,4 +1,4 @@
-"""The shared ggml thread pool (``app/engine/threadpool.py``) on the real model."""
+"""The shared ggml thread pool (``app/engine/native/threadpool.py``) on the real model."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.engine import threadpool
-from app.engine.threadpool import (
+from app.engine.native import threadpool
+from app.engine.native.threadpool import (
     SharedThreadPool,
     ThreadPoolParams,
     ThreadPoolUnavailable,
@@ -161,13 +161,13 @@ def _python(code: str, **env: str) -> str:
 
 def test_quiet_idle_threads_sets_the_policy_before_llama_cpp_loads() -> None:
     code = (
-        "import os; from app.engine.threadpool import quiet_idle_threads as q; "
+        "import os; from app.engine.native.threadpool import quiet_idle_threads as q; "
         "print(repr(q()), os.environ.get('OMP_WAIT_POLICY'))"
     )
     assert _python(code) == "'' passive"
     assert _python(code, OMP_WAIT_POLICY="active") == "'' active"  # the user's choice stays
     late = (
-        "import os, llama_cpp; from app.engine.threadpool import quiet_idle_threads as q; "
+        "import os, llama_cpp; from app.engine.native.threadpool import quiet_idle_threads as q; "
         "print(q(), os.environ.get('OMP_WAIT_POLICY'))"
     )
     assert _python(late) == "llama_cpp is already imported; OpenMP has read its settings. None"

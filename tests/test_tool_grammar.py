@@ -1,4 +1,4 @@
-"""Tool-call grammars (app/engine/tool_grammar.py): they parse in llama.cpp, accept the
+"""Tool-call grammars (app/engine/tools/grammar.py): they parse in llama.cpp, accept the
 calls the parser reads, and arm only outside thinking."""
 # ruff: noqa: E501 - model outputs are quoted whole
 
@@ -13,11 +13,11 @@ from typing import Any
 import llama_cpp
 import pytest
 
-from app.engine.native import Native
-from app.engine.tool_format import FAMILIES
-from app.engine.tool_grammar import ToolGrammar, tool_grammar
-from app.engine.tool_parser import parse_calls
+from app.engine.native.handles import Native
 from app.engine.tool_spec import ToolRequest, ToolSpec
+from app.engine.tools.format import FAMILIES
+from app.engine.tools.grammar import ToolGrammar, tool_grammar
+from app.engine.tools.parser import parse_calls
 
 WEATHER = ToolSpec(
     "get_weather",
@@ -133,7 +133,7 @@ def test_forced_grammar_refuses_a_bad_call(vocab_llm: Any) -> None:
 
 
 def test_parallel_calls_stop_at_the_cap(vocab_llm: Any) -> None:
-    from app.engine.tool_grammar import MAX_PARALLEL
+    from app.engine.tools.grammar import MAX_PARALLEL
 
     g = tool_grammar(FAMILIES["hermes"], ToolRequest(TOOLS, "get_weather", parallel=True))
     assert g is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.engine.overflow import plan_drop, protected_head
+from app.engine.prompt.overflow import plan_drop, protected_head
 
 # A turn: the user's message, then rounds of (call, results...), then the answer.
 TURN = st.tuples(st.integers(0, 3), st.integers(1, 3))

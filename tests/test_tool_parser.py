@@ -1,4 +1,4 @@
-"""Tool-call parsing per family (app/engine/tool_parser.py), streamed and fuzzed."""
+"""Tool-call parsing per family (app/engine/tools/parser.py), streamed and fuzzed."""
 # ruff: noqa: E501 - documented model outputs are quoted whole
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.tool_format import FAMILIES, detect_tool_format
-from app.engine.tool_parser import MAX_CALLS, MAX_DEPTH, ToolCallParser, parse_calls
+from app.engine.tools.format import FAMILIES, detect_tool_format
+from app.engine.tools.parser import MAX_CALLS, MAX_DEPTH, ToolCallParser, parse_calls
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 NAMES = ["get_weather", "search"]

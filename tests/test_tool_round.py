@@ -22,8 +22,8 @@ from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.chat.tool_round import DENIED_TEXT, chain_start, forget_together
 from app.config.params import SamplingParams
+from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage, ToolCall
 from app.engine.tool_spec import AUTO, NONE, ToolRequest
 from app.mcp.tool_host import McpTool, ServerStatus, ToolResult
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from app.chat.conversation import Conversation, ConversationError, Message, to_markdown
 from app.chat.store import ConversationStore
 from app.chat.tool_records import CALL_STATES, MAX_CALLS, read_calls
-from app.engine.templates import ToolCall
+from app.engine.chat_message import ToolCall
 
 CALL = {"id": "call_1", "name": "read", "arguments": '{"path": "a"}', "server": "files"}
 

@@ -9,10 +9,10 @@ import pytest
 
 from app.config.params import LoadConfig, SamplingParams
 from app.config.settings import AppSettings
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics, percentile
 from app.engine.stopping import StopStringFilter
-from app.engine.templates import (
-    ChatMessage,
+from app.engine.templates.chat_template import (
     choose_template,
     jinja_template,
     template_for_architecture,

@@ -32,9 +32,9 @@ from app.config.params import SamplingParams
 from app.engine.backend import Finished, KvState
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.image_part import image_marker, image_token_id, is_image_token
-from app.engine.kv_pool import KvPool
-from app.engine.llama import Engine
-from app.engine.vision import _KEEP
+from app.engine.local.engine import Engine
+from app.engine.local.vision import _KEEP
+from app.host.kv_pool import KvPool
 from app.util.hashing import FingerprintCache
 from tests import vision_model
 from tests.conftest import ONE_THREAD

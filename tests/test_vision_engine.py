@@ -12,9 +12,9 @@ import pytest
 
 from app.config.params import SamplingParams
 from app.engine.backend import Finished
-from app.engine.chat_message import ChatMessage
-from app.engine.image_part import ImagePart, image_marker, is_image_token
-from app.engine.llama import Engine
+from app.engine.chat_message import ChatMessage, ImagePart
+from app.engine.image_part import image_marker, is_image_token
+from app.engine.local.engine import Engine
 from app.util.errors import ImageError, ProjectorError
 from tests.conftest import TEST_LOAD
 from tests.vision_model import IMAGE_TOKENS, image_part, projector_path

@@ -19,8 +19,9 @@ from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
 from app.api.host_gateway import HostGateway, reply_job
 from app.config.params import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
-from app.engine.llama import Engine
-from app.engine.templates import AUTO, PLAIN, ChatMessage
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.templates.chat_template import AUTO, PLAIN
 from tests.conftest import ONE_THREAD
 from ui.engine.worker import EngineClient
 

@@ -150,6 +150,6 @@ def image_bytes(
 
 def image_part(color: tuple[int, int, int] = (200, 30, 30), name: str = "picture.png") -> Any:
     """An ``ImagePart`` of a small PNG of ``color``."""
-    from app.engine.image_part import ImagePart
+    from app.engine.chat_message import ImagePart
 
     return ImagePart.from_bytes(image_bytes(color), "image/png", 120, 80, name)

@@ -109,11 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return serve(argv[1:])
     if argv and argv[0] == "probe-native-path":  # the frozen app's native-path check child
-        from app.engine.path_probe import main as probe
+        from app.engine.native.path_probe import main as probe
 
         return probe(argv[1:])
     if argv and argv[0] == "probe-projector":  # the frozen app's projector check child
-        from app.engine.projector_probe import main as probe_projector
+        from app.engine.native.projector_probe import main as probe_projector
 
         return probe_projector(argv[1:])
     if argv and argv[0] == "parse-document":  # the frozen app's bounded document reader
@@ -247,8 +247,8 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
     from PySide6.QtCore import QCoreApplication, QObject, QTimer, Slot
 
     from app.engine.backend import ModelInfo
+    from app.engine.chat_message import ChatMessage
     from app.engine.metrics import MessageMetrics
-    from app.engine.templates import ChatMessage
     from ui.engine.worker import DEFAULT_MODEL, EngineClient
 
     app = QCoreApplication(sys.argv[:1])
@@ -267,7 +267,7 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
 
         @Slot(object)
         def on_loaded(self, info: ModelInfo) -> None:
-            from app.engine.native_libs import loaded
+            from app.engine.native.libs import loaded
 
             backends = loaded()
             self.result["cpu_variant"] = backends.cpu_variant if backends else ""

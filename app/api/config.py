@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 
 from app.config.params import is_host, is_loopback, is_origin
-from app.engine.kv_pool import LOCAL_API
+from app.host.kv_pool import LOCAL_API
 from app.util.errors import LamplightError
 
 MIN_BODY = 1024

@@ -43,7 +43,7 @@ Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 
 
 class TextEmbedder(Protocol):
-    """What the route uses of ``app.engine.embedder.Embedder`` (on the worker's thread)."""
+    """What the route uses of ``app.engine.local.embedder.Embedder`` (on the worker's thread)."""
 
     @property
     def name(self) -> str: ...
@@ -59,7 +59,7 @@ class TextEmbedder(Protocol):
 
 
 class EmbedService(Protocol):
-    """What the route uses of ``app.engine.embed_worker.EmbedWorker``."""
+    """What the route uses of ``app.engine.local.embed_worker.EmbedWorker``."""
 
     def submit(self, fn: Callable[[TextEmbedder], T], urgent: bool = False) -> Future[T]: ...
 

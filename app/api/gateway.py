@@ -19,10 +19,11 @@ from typing import Literal, Protocol
 
 from app.config.params import SamplingParams, SettingError
 from app.engine.backend import Finished, ModelInfo, Token
-from app.engine.kv_pool import LOCAL_API
-from app.engine.templates import ChatMessage, ChatTemplateError
+from app.engine.chat_message import ChatMessage
+from app.engine.template_errors import ChatTemplateError
 from app.engine.tool_spec import ToolRequest
 from app.host.jobs import HostClosed, ModelGone, NoResult, TemplateUnavailable, model_id
+from app.host.kv_pool import LOCAL_API
 from app.util.errors import ContextOverflowError, ImageError, LamplightError, NoModelLoaded
 
 log = logging.getLogger(__name__)

@@ -18,8 +18,7 @@ from typing import Any
 
 from app.api.errors import ApiError, bad
 from app.engine.backend import Capabilities
-from app.engine.image_part import ImagePart
-from app.engine.templates import ChatMessage
+from app.engine.chat_message import ChatMessage, ImagePart
 from app.util.errors import ImageError
 from app.util.images import MAX_IMAGE_BYTES, check_image
 

@@ -35,8 +35,7 @@ from app.api.gateway import ApiKind
 from app.api.image_parts import IMAGE_KINDS, ImageBudget, image_part
 from app.api.tool_schema import link_results, parse_tools, tool_calls, tool_result
 from app.config.params import SamplingParams, SettingError, short_repr, validate_sampling
-from app.engine.image_part import ImagePart
-from app.engine.templates import ChatMessage, Role
+from app.engine.chat_message import ChatMessage, ImagePart, Role
 from app.engine.tool_spec import ToolRequest
 from app.util.datafiles import DataFileError, parse_json, reason
 

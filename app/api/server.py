@@ -56,8 +56,8 @@ from app.api.scheduler import ApiScheduler, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
 from app.engine.backend import Finished, ModelInfo, Token
-from app.engine.kv_pool import LOCAL_API
 from app.engine.tool_spec import ToolRequest
+from app.host.kv_pool import LOCAL_API
 
 if TYPE_CHECKING:
     from app.api.config import ApiConfig

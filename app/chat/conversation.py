@@ -23,9 +23,8 @@ from app.chat.tool_records import (
 )
 from app.config.params import short_repr
 from app.documents.sources import sources_from_list, with_sources
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage, ToolCall
 from app.util.errors import LamplightError
 
 # 2: ``alternatives`` (earlier versions kept by regenerate and edit). An assistant

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ImagePart
 from app.util.atomic import atomic_write_bytes
 from app.util.datafiles import DataFileError, read_limited, reason
 from app.util.errors import ImageError

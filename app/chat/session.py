@@ -64,9 +64,8 @@ from app.chat.user_turn import edited_turn, merged_turn
 from app.config.params import SamplingParams, sampling_to_dict
 from app.documents.sources import Source
 from app.engine.backend import ModelInfo
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ToolCall
 from app.mcp.tool_host import ToolHost
 
 log = logging.getLogger(__name__)

@@ -11,8 +11,8 @@ from typing import Literal, Protocol
 from app.chat.conversation import Conversation, Message
 from app.config.params import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES, cut_to_bytes
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 from app.engine.tool_spec import ToolRequest
 from app.mcp.tool_host import McpTool
 

@@ -14,7 +14,7 @@ stored, so the size follows the KV cache. Files are written atomically.
 
 What a restore can vouch for: the checksum says the file is as some writer left it,
 not that it is what this app saved (anyone can rewrite a file with a matching sum).
-So the state is checked again as it is loaded (``app.engine.kv_state``): each KV
+So the state is checked again as it is loaded (``app.engine.local.kv_state``): each KV
 cache's cells must sit at the last positions of the n saved tokens, once each (all n
 of them; the last window at least for a sliding-window cache), and llama.cpp's own
 reading checks the layer count, types and row sizes. A state

@@ -15,7 +15,7 @@ from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
 from app.chat.tool_records import cut_result
 from app.chat.tool_round import Decision, ToolLoop, rounds_notice, tool_request
 from app.engine.backend import MAX_REPLY_BYTES
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ImagePart
 from app.mcp.tool_host import McpTool
 
 # Room kept in a transcript for the next reply: every backend caps a reply's text at

@@ -40,7 +40,7 @@ PREFS_VERSION = 1
 MAX_MODELS = 1000
 KEY_CHARS = 1000
 SYSTEM_PROMPT_CHARS = 100_000
-TEMPLATE_CHARS = 200_000  # app.engine.template_sandbox.MAX_SOURCE_CHARS (a test checks)
+TEMPLATE_CHARS = 200_000  # app.engine.templates.sandbox.MAX_SOURCE_CHARS (a test checks)
 NAME_CHARS = 60
 MAX_BYTES = 64 * 1024 * 1024  # 1000 models with a 200 000-character template would be 200 MB
 ENTRY_SLACK = 64  # bytes per entry for the indentation and separators around it
@@ -55,7 +55,7 @@ class ModelPrefs:
 
     ``system_prompt``: the default for new chats with this model (None: the global
     default applies). ``template``/``template_name``/``template_source``: the chat
-    template (see ``app.engine.templates.TemplateOverride``). ``completion``:
+    template (see ``app.engine.templates.chat_template.TemplateOverride``). ``completion``:
     continue-the-text mode (None: on for base models, off for the others).
     """
 

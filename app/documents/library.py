@@ -33,7 +33,7 @@ from app.documents.index import DocRecord, DocumentIndex
 from app.documents.parse import ParsedDocument, kind_for
 from app.documents.parse_child import parse_bounded
 from app.documents.sources import MAX_SOURCES, Source
-from app.engine.embed_worker import EmbedWorker
+from app.engine.local.embed_worker import EmbedWorker
 from app.util.errors import DocumentCancelled, DocumentError
 from app.util.hashing import sha256_file
 

@@ -1,7 +1,7 @@
 """The seam between the chat and an inference engine: the ``Backend`` protocol.
 
 The worker thread drives exactly this interface. The in-process llama.cpp
-engine (``app.engine.llama.Engine``) implements it; so does the test fake, and
+engine (``app.engine.local.engine.Engine``) implements it; so does the test fake, and
 so will remote engines (llama-server, OpenAI-compatible servers). What an
 engine cannot do is declared in its ``Capabilities``, never discovered with
 ``hasattr``: callers check a flag, and the UI disables what is off, saying why.
@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from app.config.params import LoadConfig, SamplingParams
-from app.engine.chat_message import ToolCall
-from app.engine.hardware import HardwareInfo
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
-from app.engine.reasoning_format import ReasoningFormat
-from app.engine.templates import ChatMessage, TemplateInputs, TemplateOverride, plain_template
+from app.engine.native.hardware import HardwareInfo
+from app.engine.reasoning.format import ReasoningFormat
+from app.engine.templates.chat_template import TemplateInputs, TemplateOverride, plain_template
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
@@ -45,6 +44,10 @@ REPLY_BYTES_PER_TOKEN = 256  # generous: a token is a few bytes, a server's delt
 SIZE_LIMIT = "size_limit"  # the reply reached ``reply_byte_cap``
 TIME_LIMIT = "time_limit"  # the server fell silent, or took longer than a reply may
 SERVER_ERROR = "server_error"  # the server failed after the reply had begun
+
+# ``export_state(STASH + party)``: a stash of ``party``; a backend that stores states
+# itself (llama-server) keeps each party's apart, so one never overwrites another's.
+STASH = "pool:"
 
 
 def reply_byte_cap(max_tokens: int) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -74,3 +75,18 @@ class ChatMessage:
     tool_call_id: str = ""
     name: str = ""
     images: tuple[ImagePart, ...] = ()
+
+
+def _same(a: ChatMessage, b: ChatMessage) -> bool:
+    if a.role != b.role or [i.digest for i in a.images] != [i.digest for i in b.images]:
+        return False
+    if a.role == "assistant":  # clients often trim the reply they send back
+        return a.content.strip() == b.content.strip()
+    return a.content == b.content
+
+
+def is_prefix(head: Sequence[ChatMessage], messages: Sequence[ChatMessage]) -> bool:
+    """``head`` is the start of ``messages`` (an assistant's text compared trimmed)."""
+    return len(head) <= len(messages) and all(
+        _same(a, b) for a, b in zip(head, messages, strict=False)
+    )

@@ -3,7 +3,7 @@
 A chat template renders text, so each image of a message is rendered as a marker,
 ``<__lamplight_image:DIGEST__>``, placed before the message's text (as llama.cpp's
 server places its media marker). The engine splits prompt text at the markers and
-puts the image's chunk (``app.engine.vision``) there. Text a user or a model wrote
+puts the image's chunk (``app.engine.local.vision``) there. Text a user or a model wrote
 cannot contain a marker: :func:`with_markers` escapes look-alikes first.
 
 In the engine's token list an image is a run of one negative pseudo-token id
@@ -19,7 +19,6 @@ import re
 from collections.abc import Sequence
 
 from app.engine.chat_message import ChatMessage
-from app.engine.chat_message import ImagePart as ImagePart  # re-exported
 
 MARKER_OPEN = "<__lamplight_image:"
 MARKER_CLOSE = "__>"

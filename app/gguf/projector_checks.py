@@ -2,7 +2,7 @@
 or refused because loading it ends llama.cpp's process.
 
 A projector's header can pass every check in ``app.gguf.projector`` and still trip
-an assert in libmtmd (``app/engine/projector_guard.py`` loads each new one in a
+an assert in libmtmd (``app/engine/native/projector_guard.py`` loads each new one in a
 child process first). The verdict is kept in ``projector_checks.json`` in the data
 folder, keyed by the llama-cpp-python version and the projector's fingerprint (the
 sha256 of its header and its size: what libmtmd's asserts read), so a file is

@@ -20,7 +20,7 @@ image). Each rule here is one such assert, stated for the values it reads:
 The width rules hold for the encoders built by ``clip_graph::build_vit`` with
 separate Q, K and V (:data:`VIT_TYPES`); other projector types get the block count
 rule here, and the rest is left to the guarded load in a child process
-(``app/engine/projector_guard.py``).
+(``app/engine/native/projector_guard.py``).
 """
 
 from __future__ import annotations

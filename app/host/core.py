@@ -17,13 +17,14 @@ from app.chat.session_cache import RestoreResult, SessionCache
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig
 from app.engine.backend import Backend, DraftInfo
-from app.engine.crash_steps import EngineSteps, marked
-from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
-from app.engine.llama import Engine
-from app.engine.offload import fit_report, load_with_fallback
-from app.engine.templates import AUTO, ChatMessage, TemplateOverride
+from app.engine.chat_message import ChatMessage
+from app.engine.local.crash_steps import EngineSteps, marked
+from app.engine.local.engine import Engine
+from app.engine.local.offload import fit_report, load_with_fallback
+from app.engine.templates.chat_template import AUTO, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.host.drafts import draft_candidates
+from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.host.listener import HostListener
 from app.models.default_model import ensure_default_model
 from app.util.errors import LamplightError

@@ -20,14 +20,14 @@ from pathlib import Path
 from app.chat.store import ConversationStore
 from app.config.params import LoadConfig
 from app.engine.backend import Backend
-from app.engine.crash_steps import EngineSteps
-from app.engine.kv_pool import DEFAULT_POOL_MB, KvPool
-from app.engine.llama import Engine
-from app.engine.native_guard import NativeGuard, store_file
-from app.engine.templates import TemplateOverride
+from app.engine.local.crash_steps import EngineSteps
+from app.engine.local.engine import Engine
+from app.engine.native.guard import NativeGuard, store_file
+from app.engine.templates.chat_template import TemplateOverride
 from app.gguf.lora import LoraStack
 from app.host.core import EngineCore
 from app.host.jobs import HostClosed, ReplyFailed, ReplyJob
+from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.host.listener import HostListener
 from app.host.replies import Relay, run_reply
 from app.models.default_model import default_model_if_present

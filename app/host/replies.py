@@ -18,9 +18,9 @@ import logging
 from collections.abc import Iterator
 
 from app.engine.backend import EngineEvent, Finished, Token
-from app.engine.kv_pool import GUI, LOCAL_API
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import AUTO, ChatMessage
+from app.engine.templates.chat_template import AUTO
 from app.host.core import EngineCore, gui_key
 from app.host.jobs import (
     ModelGone,
@@ -31,6 +31,7 @@ from app.host.jobs import (
     TemplateUnavailable,
     model_id,
 )
+from app.host.kv_pool import GUI, LOCAL_API
 from app.remote.http import ServerUnreachable
 from app.util.errors import LamplightError, NoModelLoaded
 

@@ -14,11 +14,11 @@ def backend_for(connection: Connection, api_key: str = "") -> Backend:
         LamplightError: an unknown kind of server.
     """
     if connection.kind == "llama-server":
-        from app.remote.llama_server import LlamaServerBackend
+        from app.remote.llama_server.backend import LlamaServerBackend
 
         return LlamaServerBackend(connection, api_key)
     if connection.kind == "openai":
-        from app.remote.openai_compat import OpenAIBackend
+        from app.remote.openai.backend import OpenAIBackend
 
         return OpenAIBackend(connection, api_key)
     raise LamplightError(f"Unknown kind of server: {connection.kind!r}.")

@@ -20,8 +20,8 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
-from app.engine.chat_message import ChatMessage
-from app.engine.image_part import ImagePart, split_markers
+from app.engine.chat_message import ChatMessage, ImagePart
+from app.engine.image_part import split_markers
 from app.remote.http import ServerError, sentence
 from app.util.errors import ImageError
 

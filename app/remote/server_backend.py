@@ -1,8 +1,8 @@
 """What the two server backends share: the connection and its clients, the model's
 fingerprint, and the refusals of what only the in-process engine can do.
 
-``LlamaServerBackend`` (``app.remote.llama_server``) and ``OpenAIBackend``
-(``app.remote.openai_compat``) derive from ``ServerBackend``; each adds its own
+``LlamaServerBackend`` (``app.remote.llama_server.backend``) and ``OpenAIBackend``
+(``app.remote.openai.backend``) derive from ``ServerBackend``; each adds its own
 requests, capabilities and generation.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.backend import DraftInfo, ModelInfo
-from app.engine.hardware import HardwareInfo
+from app.engine.native.hardware import HardwareInfo
 from app.remote.connection import Connection
 from app.remote.http import (
     DEFAULT_LIMITS,

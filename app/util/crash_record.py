@@ -14,7 +14,7 @@ At start (the window, ``lamplight serve`` and ``--smoke-test`` alike), :func:`be
 - writes this process's own marker.
 
 The engine thread reports each step change with :func:`set_step` (a few per reply,
-never per token: ``app/engine/crash_steps.py``). A step change overwrites the marker
+never per token: ``app/engine/local/crash_steps.py``). A step change overwrites the marker
 in place, through a descriptor kept open: one ``write`` of whole 4 KiB pages at
 offset 0, the JSON padded with spaces (which JSON ignores), so the file never
 shrinks and needs no truncate. A process that dies is never half way through that

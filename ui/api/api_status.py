@@ -27,7 +27,7 @@ from ui.engine.worker import EngineClient
 if TYPE_CHECKING:
     from app.api.runner import ApiConfig, ApiServer
     from app.api.scheduler import JobView
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from app.api.scheduler import Outcome
     from app.config.params import LoadConfig
     from app.engine.backend import ModelInfo
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
     from app.host.host import EngineHost
 
 log = logging.getLogger("lamplight.serve")
@@ -255,7 +255,7 @@ def checked_embedder(path: str) -> Path:
 def embed_worker(data_dir: Path, embedder: Path | None) -> EmbedWorker:
     """The worker for ``/v1/embeddings``: ``embedder``, else the app's chosen one (found,
     or made, when the first request comes)."""
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
     from app.models.embedders import chosen_embedder
 
     if embedder is not None:

@@ -46,7 +46,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.image_store import ImageStore
 from app.engine.backend import Backend, ModelInfo
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ImagePart
 from app.util.errors import ImageError
 from app.util.images import MAX_IMAGE_BYTES
 from app.util.sysinfo import size_text

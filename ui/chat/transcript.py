@@ -28,7 +28,6 @@ from ui.chat import long_text, thinking_block
 from ui.chat.citations import MessageSources
 from ui.chat.image_viewer import MessageImages
 from ui.chat.message_header import ACTION_SCHEME, header_html
-from ui.chat.message_header import stamp_text as stamp_text
 from ui.chat.tool_card import ToolCards
 from ui.common.draft_stats import reply_footer
 

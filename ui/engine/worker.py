@@ -28,14 +28,15 @@ from app.engine.backend import (
     PrefillProgress,
     Token,
 )
-from app.engine.crash_steps import EngineSteps
-from app.engine.kv_pool import DEFAULT_POOL_MB
-from app.engine.templates import ChatMessage, TemplateOverride
+from app.engine.chat_message import ChatMessage
+from app.engine.local.crash_steps import EngineSteps
+from app.engine.templates.chat_template import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.host.core import DEFAULT_MODEL
 from app.host.host import THREAD_NAME, EngineHost, guarded_engine
 from app.host.jobs import DraftCandidate, ReplyEvent, ReplyJob, ReplySink
+from app.host.kv_pool import DEFAULT_POOL_MB
 
 __all__ = [
     "DEFAULT_MODEL",

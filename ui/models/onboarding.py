@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.conversation import Conversation
 from app.engine.backend import ModelInfo
-from app.engine.offload import KV_BYTES
+from app.engine.local.offload import KV_BYTES
 from app.models.downloads import DownloadJob
 from app.models.library import LibraryEntry
 from app.models.recommended import (

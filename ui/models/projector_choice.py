@@ -14,7 +14,7 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from app.config.setting_records import LoadConfig
-from app.engine.native_guard import projector_checks_file
+from app.engine.native.guard import projector_checks_file
 from app.gguf.header import shown
 from app.models.projectors import (
     FILE_NAME,

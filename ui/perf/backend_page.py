@@ -19,10 +19,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.engine.hardware import HardwareInfo
-from app.engine.native_libs import BUILT_IN, VARIANT_ENV
-from app.engine.native_paths import PathVerdicts, RiskyPath
-from app.engine.offload import accelerator_hint
+from app.engine.local.offload import accelerator_hint
+from app.engine.native.hardware import HardwareInfo
+from app.engine.native.libs import BUILT_IN, VARIANT_ENV
+from app.engine.native.paths import PathVerdicts, RiskyPath
 from app.util.datafiles import os_reason
 from app.util.sysinfo import size_text
 

@@ -33,8 +33,8 @@ from PySide6.QtWidgets import (
 
 from app.chat.conversation import ConversationError, is_valid_id
 from app.config.paths import DataDirs
-from app.engine.native_paths import PathVerdicts, RiskyPath
-from app.engine.vision import PROJECTOR_KEY
+from app.engine.local.vision import PROJECTOR_KEY
+from app.engine.native.paths import PathVerdicts, RiskyPath
 from app.gguf.header import shown
 from app.util.crash_record import CrashReport
 from app.util.errors import ProjectorError
@@ -71,8 +71,8 @@ def short_label(path: RiskyPath) -> str:
 def verdicts_here(dirs: DataDirs) -> PathVerdicts:
     """This machine's verdicts, in the file the engine's guard reads (raises when
     llama.cpp's build cannot be named: no llama_cpp, no library folder)."""
-    from app.engine.native_guard import store_file
-    from app.engine.native_libs import machine_key
+    from app.engine.native.guard import store_file
+    from app.engine.native.libs import machine_key
 
     return PathVerdicts(store_file(dirs.root), machine_key())
 
@@ -81,7 +81,7 @@ def set_aside_projector(report: CrashReport, dirs: DataDirs) -> str:
     """After a crash inside llama.cpp while a vision projector was loading, refuse that
     projector from now on (pairing passes it over, the engine leaves it out). Returns
     the notice's sentence about it ('' when no projector is to blame)."""
-    from app.engine.native_guard import projector_checks_file
+    from app.engine.native.guard import projector_checks_file
     from app.gguf.projector import read_projector
     from app.gguf.projector_checks import ProjectorChecks
 

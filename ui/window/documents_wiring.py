@@ -18,7 +18,7 @@ from ui.window.session_view import WindowView
 
 if TYPE_CHECKING:
     from app.documents.library import DocumentLibrary
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
 
 
 class DocumentsHost(Protocol):

@@ -29,8 +29,8 @@ from app.config.paths import DataDirs
 from app.config.presets import PresetStore
 from app.config.settings import AppSettings
 from app.engine.backend import ModelInfo
+from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates import ChatMessage
 from app.gguf.lora import LoraStack
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import QLabel
 from app.chat.conversation import Conversation
 from app.chat.doc_refs import given_whole
 from app.engine.backend import ModelInfo
-from app.engine.image_part import ImagePart
+from app.engine.chat_message import ImagePart
 from app.util.errors import DocumentCancelled, DocumentError, EmbedderError
 from ui.api.api_status import ApiControl
 from ui.chat.chat_pane import ChatPane
@@ -30,7 +30,7 @@ from ui.common.context import Context
 
 if TYPE_CHECKING:
     from app.documents.library import DocumentLibrary
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def make_documents(data_dir: Path) -> tuple[EmbedWorker, DocumentLibrary]:
     """The embedder worker (the model is found and loaded on its first job) and the
     library over it; the tests put a stand-in here."""
     from app.documents.library import DocumentLibrary  # heavy: imported once, here
-    from app.engine.embed_worker import EmbedWorker
+    from app.engine.local.embed_worker import EmbedWorker
     from app.models.embedders import chosen_embedder
 
     worker = EmbedWorker(locate=lambda: chosen_embedder(data_dir))

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.chat.conversation import Conversation
 from app.config.params import ApiSettings
-from app.engine.hardware import detect_hardware
+from app.engine.native.hardware import detect_hardware
 from app.models.library import LibraryEntry
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
@@ -371,9 +371,9 @@ def show_api_dialog(host: ApiHost) -> ApiDialog:
 
 
 def show_backend_page(ctx: Context) -> BackendPage:
-    from app.engine.native_guard import store_file
-    from app.engine.native_libs import machine_key
-    from app.engine.native_paths import PathVerdicts
+    from app.engine.native.guard import store_file
+    from app.engine.native.libs import machine_key
+    from app.engine.native.paths import PathVerdicts
 
     verdicts = PathVerdicts(store_file(ctx.dirs.root), machine_key())
     page = BackendPage(detect_hardware(), system_info(), ctx.parent, verdicts)

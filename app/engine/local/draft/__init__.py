@@ -1,0 +1,1 @@
+"""Speculative decoding: drafters, the draft model and the adaptive draft length."""

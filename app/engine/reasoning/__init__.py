@@ -1,0 +1,1 @@
+"""Thinking in a reply: how a template marks it, and the split into thinking and answer."""

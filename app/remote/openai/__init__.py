@@ -1,0 +1,1 @@
+"""OpenAI-compatible servers as a Backend: the wire format, replies and tool calls."""
