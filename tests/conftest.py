@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
 # One verdict file on native paths that crash on this CPU (app/engine/native/guard.py) for
 # every engine the suite makes, in this process and in the apps it starts: checked once.
 os.environ.setdefault(
@@ -28,6 +30,20 @@ from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model  # after the env var
 from tests.fakes import FakeGateway
 from tests.server_fixture import RunningServer, running_llama_server
+
+# Hypothesis budgets (``tests/hypothesis_budget.py``): ``ci`` runs the same cases each run,
+# ``dev`` a tenth of them for a fast loop, ``deep`` ten times as many, freshly random.
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", settings.get_profile("ci"), max_examples=10)
+settings.register_profile("deep", settings.get_profile("ci"), max_examples=1000, derandomize=False)
+settings.load_profile("ci")  # ``--hypothesis-profile=NAME`` loads another before collection
 
 ROOT = Path(__file__).resolve().parent.parent
 # Kept between runs (git-ignored) so the 253 MB model is assembled once per checkout.

@@ -24,6 +24,7 @@ from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from app.engine.metrics import MessageMetrics
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from tests.test_gui import make_window, send
 from ui.window.main_window import MainWindow
 
@@ -109,7 +110,7 @@ branch_graphs = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(branches=branch_graphs, target=st.sampled_from(["m0", "m1", "b0", "b1", "b2", "b3"]))
 def test_any_stored_alternatives_load_and_every_operation_ends(
     branches: list[dict[str, object]], target: str

@@ -34,6 +34,7 @@ from app.api.errors import ApiError
 from app.api.runner import ApiConfig, ApiServer
 from app.util.errors import DocumentCancelled, EmbedderError
 from tests.fakes import FakeGateway
+from tests.hypothesis_budget import examples
 
 T = TypeVar("T")
 NAME = "all-MiniLM-L6-v2-F16"
@@ -305,7 +306,7 @@ FIELDS = st.fixed_dictionaries(
 
 
 @pytest.mark.slow
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(body=FIELDS | JSON)
 def test_parse_refuses_with_400_only(body: Any) -> None:
     try:
@@ -316,7 +317,7 @@ def test_parse_refuses_with_400_only(body: Any) -> None:
     assert isinstance(req, EmbedRequest) and req.texts and all(req.texts)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(raw=st.binary(max_size=200))
 def test_parse_refuses_raw_bytes_with_400_only(raw: bytes) -> None:
     try:
@@ -329,7 +330,7 @@ def test_parse_refuses_raw_bytes_with_400_only(raw: bytes) -> None:
 def test_hostile_bodies_over_http_are_never_500(start: Start) -> None:
     server, _ = start()
 
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=examples(40), deadline=None)
     @given(body=FIELDS)
     def check(body: dict[str, Any]) -> None:
         r = post(server, body)

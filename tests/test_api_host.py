@@ -32,6 +32,7 @@ from app.host.jobs import (
 from app.host.listener import QuietListener
 from app.util.errors import DecodeError
 from tests.fakes import FakeEngine, as_backend
+from tests.hypothesis_budget import examples
 
 WAIT_S = 10.0
 ORIGINS: list[Origin] = ["gui", "api"]
@@ -194,7 +195,9 @@ def test_close_runs_what_was_queued_then_frees_the_model(tmp_path: Path) -> None
 
 
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(25),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     plan=st.lists(

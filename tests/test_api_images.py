@@ -23,6 +23,7 @@ from app.engine.backend import Capabilities
 from app.engine.chat_message import ChatMessage
 from app.util.errors import ImageError
 from tests.conftest import Serve
+from tests.hypothesis_budget import examples
 
 
 def png(width: int = 8, height: int = 6, color: tuple[int, int, int] = (200, 30, 30)) -> bytes:
@@ -179,7 +180,7 @@ def hostile_urls(draw: st.DrawFn) -> str:
     return "data:" + params + base64.b64encode(_GOOD).decode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hostile_urls(), st.booleans())
 def test_hostile_data_urls_are_a_400_or_an_image(url: str, as_object: bool) -> None:
     try:
@@ -191,7 +192,7 @@ def test_hostile_data_urls_are_a_400_or_an_image(url: str, as_object: bool) -> N
     assert len(m.images) == 1 and m.images[0].width > 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.text(max_size=20),

@@ -19,6 +19,7 @@ from app.config.params import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
+from tests.hypothesis_budget import examples
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -282,7 +283,7 @@ BODY = st.builds(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=BODY | JSON)
 def test_any_json_raises_only_api_error(body: Any) -> None:
     for parse in (parse_chat, parse_completion):
@@ -296,7 +297,7 @@ def test_any_json_raises_only_api_error(body: Any) -> None:
             assert req.params_for(512).max_tokens >= 1
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(raw=st.binary(max_size=64) | JSON.map(lambda v: json.dumps(v).encode()))
 def test_any_bytes_raise_only_api_error(raw: bytes) -> None:
     try:

@@ -26,6 +26,7 @@ from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.tool_spec import ToolRequest, ToolSpec
 from tests.conftest import Serve
 from tests.fakes import FakeGateway
+from tests.hypothesis_budget import examples
 from tests.serve_fixture import Served, running
 
 MODEL = "gemma-3-270m-it-Q4_K_M"
@@ -286,7 +287,7 @@ BODY = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=BODY)
 def test_any_tool_json_raises_only_api_error(body: dict[str, Any]) -> None:
     try:

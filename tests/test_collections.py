@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from app.documents.collections import MAX_COLLECTIONS, Collections
 from app.util.errors import DocumentError
+from tests.hypothesis_budget import examples
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -110,7 +111,9 @@ _json = st.recursive(
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(100),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(_json)
 def test_hostile_json_never_raises(tmp_path: Path, value: object) -> None:

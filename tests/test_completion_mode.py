@@ -28,6 +28,7 @@ from app.engine.templates.chat_template import (
 )
 from app.gguf.info import read_gguf_info
 from tests.conftest import ROOT
+from tests.hypothesis_budget import examples
 from tests.prompt_window import close, evaluated, send
 from tests.prompt_window import open_window as _open_window
 from ui.window.main_window import MainWindow
@@ -41,7 +42,7 @@ ROLES = st.sampled_from(["system", "user", "assistant"])
 TEXT = st.text(st.characters(codec="utf-8"), max_size=12)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.tuples(ROLES, TEXT), max_size=8), st.data())
 def test_plain_template_is_the_text_in_separable_parts(
     turns: list[tuple[str, str]], data: st.DataObject

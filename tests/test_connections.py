@@ -34,6 +34,7 @@ from app.remote.connection_store import (
 )
 from app.util.datafiles import DataFileError
 from app.util.errors import LamplightError
+from tests.hypothesis_budget import examples
 from tests.server_fixture import RunningServer, free_port, running_llama_server
 from ui.remote.connections_dialog import ConnectionsDialog
 
@@ -359,7 +360,7 @@ def _check_loaded(path: Path, loaded_conns: list[Connection]) -> None:
     assert again.connections == loaded_conns and again.notes == []
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_file_with_junk())
 def test_fuzz_reader_keeps_every_good_entry(
     case: tuple[dict[str, Any], list[Connection], str],
@@ -378,7 +379,7 @@ def test_fuzz_reader_keeps_every_good_entry(
         _check_loaded(path, loaded.connections)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(

@@ -22,6 +22,7 @@ from app.engine.metrics import MessageMetrics
 from app.engine.prompt.overflow import plan_drop, protected_head, reply_budget
 from app.util.errors import ContextOverflowError
 from tests.conftest import TEST_LOAD
+from tests.hypothesis_budget import examples
 from tests.near_tie import assert_greedy, reply_gaps, reply_nll, token_text
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
@@ -274,7 +275,7 @@ def test_a_cache_that_cannot_shift_reads_the_kept_text_again(
     assert reread and max(reread) > 100  # the kept text was evaluated again
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(st.integers(0, 400), min_size=1, max_size=30),
     st.booleans(),

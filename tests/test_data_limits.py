@@ -30,11 +30,10 @@ from app.config.params import (
     SamplingParams,
 )
 from app.config.settings import AppSettings
+from tests.hypothesis_budget import examples
 
 FUZZ = settings(
-    max_examples=300,
-    derandomize=True,
-    database=None,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -168,7 +167,7 @@ class PrefsMachine(RuleBasedStateMachine):
 
 TestPrefsMachine = PrefsMachine.TestCase
 TestPrefsMachine.settings = settings(
-    max_examples=60, stateful_step_count=30, deadline=None, database=None, derandomize=True
+    max_examples=examples(60), stateful_step_count=30, deadline=None
 )
 
 

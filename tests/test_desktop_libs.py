@@ -29,6 +29,7 @@ from app.util.desktop_libs import (
     window_problem,
 )
 from tests.conftest import ROOT
+from tests.hypothesis_budget import examples
 
 MISSING = ["libxcb-cursor.so.0", "libxcb-icccm.so.4", "libxcb-keysyms.so.1"]
 UBUNTU = 'NAME="Ubuntu"\nID=ubuntu\nID_LIKE=debian\nVERSION_ID="24.04"\n'
@@ -169,7 +170,7 @@ def test_distributions_are_told_apart() -> None:
     assert packages_for(["libweird.so.9"], "debian") == ["libweird.so.9"]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=3000))
 def test_hostile_ldd_output_and_os_release_never_raise(text: str) -> None:
     found = parse_ldd(text)

@@ -21,6 +21,7 @@ from app.chat.user_turn import merge_sources
 from app.config.params import SamplingParams
 from app.documents.sources import MAX_SOURCES, Source, sources_from_list
 from app.engine.metrics import MessageMetrics
+from tests.hypothesis_budget import examples
 from tests.test_image_transcript import Link, View
 
 P = SamplingParams()
@@ -106,7 +107,7 @@ _SOURCE = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(_SOURCE, max_size=12), max_size=3))
 def test_merged_passages_are_unique_numbered_and_keep_every_whole_document(
     groups: list[list[Source]],

@@ -18,6 +18,7 @@ from app.documents.parse import ParsedDocument
 from app.util.errors import DocumentError
 from app.util.hashing import sha256_file
 from tests.documents_fakes import document, fake_embed
+from tests.hypothesis_budget import examples
 
 TOPICS = {
     "bees.txt": [
@@ -137,7 +138,9 @@ def test_search_without_vector_is_bm25_and_respects_paths(
 
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(80),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(st.text(max_size=200))
 def test_any_query_text_never_raises(filled: tuple[DocumentIndex, Path], text: str) -> None:

@@ -12,6 +12,7 @@ from app.documents.chunking import chunk_document
 from app.documents.parse import Block, ParsedDocument
 from app.documents.retrieval import fts_query, rrf, terms, top_k_cosine
 from tests.documents_fakes import document
+from tests.hypothesis_budget import examples
 
 
 def lines_of(text: str, first: int, last: int) -> str:
@@ -73,7 +74,7 @@ def test_chunking_is_deterministic_and_skips_blank_blocks() -> None:
     assert all(c.text.strip() for c in chunk_document(doc, 300))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.text(min_size=0, max_size=400), min_size=0, max_size=6), st.integers(16, 300))
 def test_chunks_are_bounded_and_their_lines_are_real(texts: list[str], max_chars: int) -> None:
     doc = document("/d/g.txt", texts)
@@ -93,7 +94,7 @@ def test_fts_query_quotes_and_ors_terms_without_stopwords() -> None:
     assert fts_query(" ".join(f"w{i}" for i in range(50))).count(" OR ") == 15
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text(max_size=300))
 def test_any_text_makes_a_query_fts5_accepts(text: str) -> None:
     db = sqlite3.connect(":memory:")

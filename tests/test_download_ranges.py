@@ -26,6 +26,7 @@ from app.models.downloads import DownloadJob, DownloadQueue
 from app.models.names import FORBIDDEN_CATEGORIES, destination
 from app.models.quant import GgufChoice, RepoFile
 from tests.hub_server import HubServer, RangeAnswer, serving_hub
+from tests.hypothesis_budget import examples
 
 REPO = "acme/tiny-GGUF"
 FILE = "tiny-Q4_K_M.gguf"
@@ -252,9 +253,7 @@ ANSWERS = st.builds(
 
 
 @settings(
-    max_examples=int(os.environ.get("LAMPLIGHT_FUZZ_EXAMPLES") or 150),
-    derandomize=not os.environ.get("LAMPLIGHT_FUZZ_EXAMPLES"),
-    database=None,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

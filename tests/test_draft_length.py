@@ -22,6 +22,7 @@ from app.engine.local.draft.length import (
     DraftLength,
     expected_tokens,
 )
+from tests.hypothesis_budget import examples
 
 
 def cheap(n: int) -> float:
@@ -149,7 +150,7 @@ def test_a_slow_drafter_is_not_worth_it() -> None:
     assert length.k == 0
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     k_max=st.integers(0, 16),
     adaptive=st.booleans(),
@@ -282,7 +283,7 @@ def test_a_draft_model_that_pays_is_found_and_then_starts_at_once() -> None:
     assert loss2 / plain2 < loss / plain_ms  # no budget to earn before drafting
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     alpha=st.floats(0.0, 1.0),
     plain=st.floats(2.0, 200.0),

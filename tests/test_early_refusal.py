@@ -27,6 +27,7 @@ from app.engine.prompt.overflow import fewest_kept, plan_drop
 from app.engine.prompt.pipeline import EARLY_CHARS, least_tokens
 from app.util.errors import ContextOverflowError
 from tests.conftest import TEST_CTX
+from tests.hypothesis_budget import examples
 
 BIG = 25_000_000
 POLICIES = ("stop", "truncate_middle", "rolling")
@@ -117,7 +118,7 @@ def vocabulary_text(engine: Engine) -> st.SearchStrategy[str]:
 def test_the_bound_is_never_more_than_the_real_tokens(engine: Engine) -> None:
     longest = engine._vocab.longest_token() if engine._vocab else 0
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
     @given(text=vocabulary_text(engine), repeat=st.integers(1, 40))
     def check(text: str, repeat: int) -> None:
         text *= repeat
@@ -127,7 +128,7 @@ def test_the_bound_is_never_more_than_the_real_tokens(engine: Engine) -> None:
     check()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     roles=st.lists(st.sampled_from(["system", "user", "assistant", "tool"]), max_size=12),
     sizes=st.lists(st.integers(0, 50), min_size=12, max_size=12),

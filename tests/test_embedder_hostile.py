@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from app.gguf.embedder import POOLING, EmbedderInfo, read_embedder_info
 from app.util.errors import EmbedderError, ModelFileError
 from tests.embed_model import embedder_path
+from tests.hypothesis_budget import examples
 
 TIME_BUDGET_S = 2.0
 BOUNDARY = (0, 1, 2, 3, 4, 6, 100, 101, 102, 30521, 30522, 2**31 - 1, 2**32 - 1)
@@ -94,7 +95,7 @@ mutation = st.one_of(
 
 @pytest.mark.slow
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

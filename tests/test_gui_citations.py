@@ -17,6 +17,7 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Conversation, Message
 from app.documents.sources import Source, sources_from_list
+from tests.hypothesis_budget import examples
 from ui.chat.citations import label, preview, sources_frame
 from ui.chat.document_viewer import (
     CHANGED,
@@ -258,7 +259,9 @@ def test_viewer_reader_errors_and_whole_documents(qtbot: QtBot, tmp_path: Path) 
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     st.lists(

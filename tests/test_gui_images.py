@@ -18,6 +18,7 @@ from pytestqt.qtbot import QtBot
 
 from tests.fake_window import loaded_fake_window
 from tests.fakes import IMAGE_TOKENS, VISION_CAPABILITIES, FakeEngine
+from tests.hypothesis_budget import examples
 from ui.chat.image_attach import MAX_ATTACHMENTS, NO_VISION, tokens_text
 from ui.chat.image_viewer import MISSING, ImageViewer, read_image
 from ui.window.main_window import MainWindow
@@ -249,7 +250,7 @@ def test_non_vision_model_disables_and_explains(
         close(qtbot, win)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.binary(max_size=400), cut=st.integers(0, 200), flip=st.integers(0, 255))
 def test_thumbnails_of_hostile_bytes_never_raise(data: bytes, cut: int, flip: int) -> None:
     good = bytearray(png(8, 8))

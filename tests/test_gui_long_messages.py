@@ -27,6 +27,7 @@ from app.config.params import SamplingParams
 from app.config.paths import data_dirs
 from tests.fake_window import fake_window, loaded_fake_window
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from tests.test_gui_real import real_window
 from ui.chat import long_text
 from ui.chat.chat_pane import ChatPane
@@ -123,7 +124,9 @@ def test_the_viewer_lays_out_a_part_at_a_time_and_saves_it_whole(
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     extra=st.integers(-3, 3),
@@ -236,7 +239,7 @@ def test_a_long_paste_reaches_the_real_model_whole(
         assert win.conversation.messages[0].content == "Hello"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(text=st.text(st.sampled_from("ab \n\t\u00a0\u2003\x1c"), max_size=400))
 def test_a_title_is_the_first_words_of_the_first_message(text: str) -> None:
     conv = Conversation()

@@ -24,6 +24,7 @@ from app.mcp.consent import consent_details
 from app.mcp.tool_host import ServerStatus
 from tests.fake_mcp import FakeMcpHost, tool
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from tests.test_gui import make_window
 from ui.tools import mcp_control
 from ui.tools.mcp_consent import consent_text, notice_text
@@ -247,7 +248,7 @@ def test_paste_accepts_each_apps_shape(tmp_path: Path) -> None:
     assert set(json.loads(path.read_text())["mcpServers"]) == {"v", "c"}
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.one_of(
         st.text(max_size=300),

@@ -22,6 +22,7 @@ from app.config.paths import data_dirs
 from tests.fake_tools import CALL, FakeToolHost
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from ui.chat import tool_card
 from ui.chat.tool_args_dialog import ToolArgsDialog
 from ui.chat.tool_card import CardCall, CardState, calls_of, card_html, parse_arguments
@@ -191,7 +192,7 @@ def test_hostile_text_on_a_card_is_text_and_its_links_need_the_key(qtbot: QtBot)
     assert seen == []
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     raw=st.lists(
         st.one_of(

@@ -24,6 +24,7 @@ from app.config.settings import AppSettings
 from app.util.datafiles import DataFileError
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from ui.engine.worker import EngineClient
 from ui.window import layout_format, window_state
 from ui.window.layout_format import read_geometry, read_main_window_state, read_splitter_state
@@ -400,7 +401,7 @@ def real_layout(
 
 
 FUZZ = settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -26,6 +26,7 @@ from app.documents.parse import ParsedDocument, parse_file
 from app.documents.parse_child import parse_bounded
 from app.util.errors import DocumentError
 from tests.document_files import docx_bytes, html_text, pdf_bytes
+from tests.hypothesis_budget import examples
 
 TIME_BUDGET_S = 3.0
 W_NS = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
@@ -84,7 +85,7 @@ def mutated(draw: st.DrawFn, suffix: str) -> bytes:
 
 
 FUZZ = settings(
-    max_examples=200,
+    max_examples=examples(200),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

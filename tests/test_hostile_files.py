@@ -63,16 +63,13 @@ from app.engine.metrics import MessageMetrics
 from app.util.hashing import FingerprintCache
 from tests.conftest import ROOT, make_unreadable
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from ui.chat.conversation_list import human_time
 
 BUDGET_S = 2.0  # per call; generous for a loaded 2-core machine (typical: a few ms)
-# Cases per fuzzer and run: the same ones each run (derandomized, as the other Hypothesis
-# tests here). LAMPLIGHT_FUZZ_EXAMPLES=5000 runs a longer, random search.
-_DEEP = os.environ.get("LAMPLIGHT_FUZZ_EXAMPLES")
+# Cases per fuzzer (``--hypothesis-profile=deep`` for a longer, random search).
 FUZZ = settings(
-    max_examples=int(_DEEP or 300),
-    derandomize=not _DEEP,
-    database=None,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

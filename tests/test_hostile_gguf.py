@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from app.gguf.info import GgufInfo, read_gguf_info
 from app.util.errors import ModelFileError
 from tests.conftest import make_unreadable
+from tests.hypothesis_budget import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 BOUNDARY = (0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, 2**64 - 1)
@@ -276,7 +277,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # Hypothesis calls the test many times with one module-scoped scratch file: fine,
 # each example overwrites it.
 _FUZZ = settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -296,7 +297,7 @@ def test_header_walk_survives_mutations_of_the_real_header(header: Header, scrat
     run()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     version=st.sampled_from((2, 3, 1, 4, 2**32 - 1)),
     counts=st.tuples(st.sampled_from(BOUNDARY), st.sampled_from(BOUNDARY)),

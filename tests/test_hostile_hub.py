@@ -38,13 +38,13 @@ from app.models.names import (
 from app.models.quant import GgufChoice, RepoFile
 from app.util.errors import LamplightError
 from tests.hub_server import HubServer, serving_hub
+from tests.hypothesis_budget import examples
 
 REPO = "google/gemma-3-270m-GGUF"
 FILE = "gemma-3-270m-Q4_K_M.gguf"
 FUZZ = settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
-    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
@@ -741,7 +741,7 @@ def test_fuzz_damaged_library_cache(
     first = Library(models, cache, hf_cache=False).scan()
     real = json.loads(cache.read_text())
 
-    @settings(FUZZ, max_examples=150)
+    @settings(FUZZ, max_examples=examples(150))
     @given(raw=_mutated_json(real))
     def check(raw: bytes) -> None:
         cache.write_bytes(raw)

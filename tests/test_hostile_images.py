@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from app.chat.image_store import ImageStore
 from app.util.errors import ImageError
 from app.util.images import MAX_PIXELS, check_image, decode_rgb
+from tests.hypothesis_budget import examples
 
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 TIME_BUDGET_S = 2.0
@@ -92,7 +93,7 @@ def test_the_samples_are_good_images(store: ImageStore) -> None:
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=int(TIME_BUDGET_S * 1000),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -101,7 +102,7 @@ def test_mutated_images_give_an_image_error_or_an_image(store: ImageStore, data:
     survives(data, store)
 
 
-@settings(max_examples=100, deadline=int(TIME_BUDGET_S * 1000))
+@settings(max_examples=examples(100), deadline=int(TIME_BUDGET_S * 1000))
 @given(st.binary(max_size=512))
 def test_random_bytes_are_refused_readably(data: bytes) -> None:
     with pytest.raises(ImageError) as caught:

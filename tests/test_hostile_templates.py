@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 import weakref
@@ -36,6 +35,7 @@ from app.engine.templates.guard import GRACE_S
 from app.engine.templates.sandbox import LOAD_BUDGET_S, RENDER_BUDGET_S, output_limit
 from app.gguf.info import read_gguf_info
 from tests.conftest import TEST_LOAD
+from tests.hypothesis_budget import examples
 from tests.native import own_notes
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
@@ -499,12 +499,10 @@ def check_template_pipeline(source: str, messages: list[ChatMessage]) -> None:
     assert not template_threads()
 
 
-# Per-run example counts (x1 by default; raise LAMPLIGHT_TEMPLATE_FUZZ for a longer hunt).
-SCALE = float(os.environ.get("LAMPLIGHT_TEMPLATE_FUZZ", "1"))
+# Per-run example counts (``--hypothesis-profile=deep`` for a longer hunt).
 FUZZ = settings(
-    max_examples=int(120 * SCALE),
+    max_examples=examples(120),
     deadline=None,
-    derandomize=SCALE == 1,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -516,14 +514,14 @@ def test_fuzz_generated_templates(source: str, messages: list[ChatMessage]) -> N
         check_template_pipeline(source, messages)
 
 
-@settings(FUZZ, max_examples=int(80 * SCALE))
+@settings(FUZZ, max_examples=examples(80))
 @given(source=mutated_real_templates(), messages=conversations())
 def test_fuzz_mutated_real_templates(source: str, messages: list[ChatMessage]) -> None:
     with short_budgets():
         check_template_pipeline(source, messages)
 
 
-@settings(FUZZ, max_examples=int(60 * SCALE))
+@settings(FUZZ, max_examples=examples(60))
 @given(name=st.sampled_from(sorted(REAL)), messages=conversations())
 def test_fuzz_messages_on_real_templates(name: str, messages: list[ChatMessage]) -> None:
     check_template_pipeline(REAL[name], messages)

@@ -12,6 +12,7 @@ from PySide6.QtCore import QUrl
 from PySide6.QtWidgets import QApplication
 
 from app.chat.markdown_render import MARKDOWN_LIMIT, RUN_LIMIT, render_markdown
+from tests.hypothesis_budget import examples
 from ui.chat.transcript import TranscriptView
 
 HREF = re.compile(r'href="([^"]*)"')
@@ -49,14 +50,14 @@ _PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".join))
 def test_model_text_never_forms_a_link_outside_the_web(text: str) -> None:
     for href in HREF.findall(render_markdown(text)):
         assert href.lower().startswith(SAFE), (text, href)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.one_of(_PIECES, st.text(min_size=1, max_size=3)), min_size=1, max_size=20).map(
         "".join

@@ -18,6 +18,7 @@ from app.chat.store import ConversationStore
 from app.config.params import SamplingParams
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
+from tests.hypothesis_budget import examples
 from tests.test_alternatives import StubLink, StubView
 
 
@@ -105,7 +106,7 @@ def test_hostile_image_references_are_dropped_and_the_message_kept() -> None:
     assert conv.messages[1].images == [] and conv.messages[2].images == []
 
 
-@settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=2000, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=80),

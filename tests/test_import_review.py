@@ -18,6 +18,7 @@ from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.config.params import validate_sampling
 from app.config.setting_records import SamplingParams
+from tests.hypothesis_budget import examples
 from tests.test_alternatives import StubLink, StubView
 
 SECRET = "/home/someone/.config/gh/hosts.yml"
@@ -116,7 +117,7 @@ _VALUES = st.recursive(
 _PATHS = st.lists(st.sampled_from([SECRET, "~/.ssh/id_rsa", "C:\\Users\\x\\a.txt", ""]) | _VALUES)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(120), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     documents=_PATHS | _VALUES,
     collections=_PATHS | _VALUES,

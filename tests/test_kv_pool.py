@@ -17,6 +17,7 @@ from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.templates.chat_template import AUTO, PLAIN
 from app.host.kv_pool import GUI, LOCAL_API, KvPool, is_prefix
+from tests.hypothesis_budget import examples
 
 GREEDY = SamplingParams.greedy(8)
 # Long enough (> MIN_TOKENS) to be worth pooling, short enough to keep the test fast.
@@ -292,7 +293,7 @@ class _TokenBackend:
 PARTIES = ("api:a", "api:b", LOCAL_API, GUI)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.tuples(st.integers(0, 3), st.sampled_from(["ask", "follow", "again", "lora"])),

@@ -25,6 +25,7 @@ from app.chat.markdown_render import (
     plain_html,
     render_markdown,
 )
+from tests.hypothesis_budget import examples
 
 WALL_S = 5.0  # generous for a loaded 2-core machine; typical is well under a second
 TAG = re.compile(r"<[^>]+>")
@@ -114,9 +115,7 @@ WORDS = st.from_regex(r"[a-z]{1,6}[0-9]{0,2}", fullmatch=True)
 
 
 @settings(
-    max_examples=60,
-    derandomize=True,
-    database=None,
+    max_examples=examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -134,9 +133,7 @@ NASTY = st.sampled_from([*"[]()*_`|<>&#\\:=", *_MARKUP, "http://a.b"])
 
 
 @settings(
-    max_examples=25,
-    derandomize=True,
-    database=None,
+    max_examples=examples(25),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -27,6 +27,7 @@ from app.mcp.results import (
 )
 from app.mcp.state import McpState
 from app.mcp.tool_host import McpTool
+from tests.hypothesis_budget import examples
 from tests.test_connections import MemoryKeyring, use_keyring
 
 pytestmark = pytest.mark.timeout(60)
@@ -184,7 +185,7 @@ _entry = st.dictionaries(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(_json, st.dictionaries(st.sampled_from(["mcpServers", "servers"]), _json)))
 def test_fuzz_random_json_trees(data: Any) -> None:
     cfg = parse_config(json.dumps(data))
@@ -195,7 +196,7 @@ def test_fuzz_random_json_trees(data: Any) -> None:
 _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=_SLOW_OK)
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=_SLOW_OK)
 @given(st.dictionaries(st.text(max_size=70), _entry, max_size=4))
 def test_fuzz_server_entries(servers: dict[str, Any]) -> None:
     cfg = parse_config(json.dumps({"mcpServers": servers}))
@@ -205,7 +206,7 @@ def test_fuzz_server_entries(servers: dict[str, Any]) -> None:
         assert s.transport == "http" or s.command.strip()
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.binary(max_size=400))
 def test_fuzz_random_bytes(raw: bytes) -> None:
     parse_config(raw)
@@ -264,7 +265,7 @@ def test_qualified_names_on_a_clash() -> None:
     assert [t.qualified for t in out] == ["a__echo", "add", "b_b__echo", "dots_in_name"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     st.lists(
         st.tuples(st.text(min_size=1, max_size=80), st.lists(st.text(max_size=90), max_size=5)),

@@ -30,6 +30,7 @@ from app.mcp.approvals import ANY_TOOL, ApprovalStore, Decision
 from app.mcp.config import KEYRING, ServerConfig
 from app.mcp.consent import consent_details
 from app.mcp.host import McpHost
+from tests.hypothesis_budget import examples
 from tests.test_mcp_host import (
     _state,
     _wait,
@@ -180,7 +181,7 @@ def test_a_consent_or_approval_of_an_older_lamplight_grants_nothing(tmp_path: Pa
 _ENV_NAME = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     st.sampled_from(["stdio", "http"]),
     st.lists(st.tuples(_ENV_NAME, st.text(max_size=300) | st.just(KEYRING)), max_size=80),
@@ -295,5 +296,7 @@ class ApprovalMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-ApprovalMachine.TestCase.settings = settings(max_examples=30, stateful_step_count=20, deadline=None)
+ApprovalMachine.TestCase.settings = settings(
+    max_examples=examples(30), stateful_step_count=20, deadline=None
+)
 test_approval_machine = ApprovalMachine.TestCase

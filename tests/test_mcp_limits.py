@@ -33,6 +33,7 @@ from app.mcp.oversize import (
 )
 from app.mcp.results import MAX_RESULT_CHARS
 from app.mcp.stdio_transport import LineReader
+from tests.hypothesis_budget import examples
 from tests.test_mcp_host import open_host, running_http_server, stdio
 
 pytestmark = pytest.mark.timeout(120)
@@ -101,7 +102,7 @@ def _response(msg_id: Any, text: str, id_last: bool, ascii_only: bool) -> bytes:
     return json.dumps(body, ensure_ascii=ascii_only).encode("utf-8")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_IDS, _TEXTS, st.booleans(), st.booleans(), st.integers(0, 2000))
 def test_a_cut_message_keeps_its_id_and_the_start_of_its_text(
     msg_id: Any, text: str, id_last: bool, ascii_only: bool, cut: int
@@ -125,7 +126,7 @@ def test_a_cut_message_keeps_its_id_and_the_start_of_its_text(
     assert len(result.text) <= 100 and "over the limit" in result.text
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(st.binary(max_size=80).map(lambda b: b.replace(b"\n", b"")), max_size=12),
     st.lists(st.integers(1, 50), max_size=20),
@@ -181,7 +182,7 @@ _EVENT = st.builds(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(_EVENT, max_size=8), st.lists(st.integers(1, 30), max_size=20))
 def test_events_pass_whole_whatever_the_chunks(events: list[bytes], cuts: list[int]) -> None:
     stream = b"".join(events)

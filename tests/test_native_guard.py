@@ -25,6 +25,7 @@ from app.engine.native.path_probe import ProbeResult, crash_name, run_probe
 from app.engine.native.paths import FILE_NAME, PathVerdicts, RiskyPath
 from app.util.errors import ModelLoadError
 from tests.conftest import ONE_THREAD
+from tests.hypothesis_budget import examples
 
 ROOT = Path(__file__).resolve().parent.parent
 SEGFAULT = [sys.executable, "-c", "import ctypes; ctypes.string_at(0)"]
@@ -73,7 +74,9 @@ def test_a_damaged_store_is_set_aside_and_the_checks_run_again(tmp_path: Path) -
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
 def test_mutated_store_files_never_break_reading(tmp_path: Path, data: st.DataObject) -> None:

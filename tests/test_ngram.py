@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.engine.local.draft.ngram import SHORT_MATCH_TOKENS, NgramIndex
+from tests.hypothesis_budget import examples
 
 
 def test_a_long_match_drafts_what_followed_it() -> None:
@@ -22,7 +23,7 @@ def test_short_matches_draft_less() -> None:
     assert NgramIndex([1, 2, 3]).draft(4) == []  # nothing repeats
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(tokens=st.lists(st.integers(0, 5), max_size=200), k=st.integers(0, 16))
 def test_a_draft_is_what_followed_an_earlier_match(tokens: list[int], k: int) -> None:
     draft = NgramIndex(tokens).draft(k)

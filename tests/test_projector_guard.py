@@ -40,6 +40,7 @@ from app.util.crash_record import MARKER_NAME
 from app.util.errors import ProjectorError
 from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from tests.test_crash_recovery import crashed_data, fake_app, notice_of
 from tests.vision_model import build_projector, projector_path
 
@@ -147,7 +148,9 @@ def test_verdicts_follow_the_file_not_its_name_and_not_another_llama_cpp(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     content=st.one_of(
@@ -429,7 +432,7 @@ _MUTATION = st.one_of(
 
 @pytest.mark.slow
 @settings(
-    max_examples=10,
+    max_examples=examples(10),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -30,6 +30,7 @@ from app.models.projectors import (
 )
 from app.util.errors import ModelFileError, ProjectorError
 from tests.hub_server import HubServer, serving_hub
+from tests.hypothesis_budget import examples
 from tests.vision_model import TEXT_WIDTH, projector_path
 
 
@@ -96,7 +97,9 @@ def _mutated(data: bytes, edits: list[tuple[int, bytes]], cut: int | None) -> by
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(
     edits=st.lists(

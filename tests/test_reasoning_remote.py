@@ -22,6 +22,7 @@ from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
 from app.remote.openai.wire import ReplyStream
+from tests.hypothesis_budget import examples
 from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR, use
 from tests.reasoning_templates import run as run_server
 from tests.server_fixture import RunningServer
@@ -149,7 +150,7 @@ _PIECES = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(pieces=_PIECES)
 def test_inline_splitting_loses_nothing_but_markers(pieces: list[str]) -> None:
     """Whatever the split, thinking + answer is the content less the markers it used."""

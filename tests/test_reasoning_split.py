@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.reasoning.splitter import ReasoningSplitter, split_text
 from app.engine.templates.chat_template import jinja_template, template_for_architecture
+from tests.hypothesis_budget import examples
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1
 
 THINK = ReasoningFormat("<think>", "</think>", "\n</think>\n\n")
@@ -32,7 +33,7 @@ def cuts(text: str, points: list[int]) -> list[str]:
     return [text[a:b] for a, b in zip([0, *at], [*at, len(text)], strict=True)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     thought=TEXT.filter(lambda t: "</think>" not in t),
     answer=TEXT.filter(lambda t: "</think>" not in t and "<think>" not in t),
@@ -48,7 +49,7 @@ def test_any_split_gives_the_same_thinking_and_answer(
     assert a == answer.lstrip()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     answer=TEXT.filter(lambda t: "<think>" not in t),
     points=st.lists(st.integers(0, 80), max_size=8),

@@ -27,6 +27,7 @@ from app.config.params import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
+from tests.hypothesis_budget import examples
 
 THOUGHT = "The user greets me; a short friendly answer will do. zeppelin"
 
@@ -121,7 +122,7 @@ def test_odd_thinking_values_are_repaired(value: object, role: str, kept: str) -
     assert m.reasoning == kept
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     reasoning=st.one_of(
         st.none(),

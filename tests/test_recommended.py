@@ -49,6 +49,7 @@ from app.models.recommended import (
 )
 from tests.conftest import TEST_LOAD
 from tests.hub_server import HubServer, serving_hub
+from tests.hypothesis_budget import examples
 from ui.engine.worker import EngineClient
 from ui.models import recommended_view
 from ui.models.hub_workers import HubServices
@@ -61,7 +62,7 @@ REAL_BYTES = LIST_PATH.read_bytes()
 REAL = json.loads(REAL_BYTES)
 FIELDS = tuple(REAL["models"][0])
 FUZZ = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -33,6 +33,7 @@ from app.mcp.connection import describe
 from app.mcp.host import McpHost
 from app.util import crash_record
 from app.util.redact import QUIET_LOGGERS, RedactFilter, redact_text, redact_url, secure_logging
+from tests.hypothesis_budget import examples
 from tests.server_fixture import free_port
 from tests.test_connections import MemoryKeyring, use_keyring
 from tests.test_mcp_host import open_host, running_http_server, stdio
@@ -101,14 +102,14 @@ def _planted(draw: st.DrawFn) -> tuple[str, str]:
     return f"{before} {token} {after}", secret
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_planted())
 def test_no_planted_secret_survives(planted: tuple[str, str]) -> None:
     text, secret = planted
     assert secret not in redact_text(text)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(_WORDS)
 def test_any_text_redacts_without_error(text: str) -> None:
     assert redact_text(redact_text(text)) == redact_text(text)

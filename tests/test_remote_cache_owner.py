@@ -32,6 +32,7 @@ from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
 from app.remote.openai.reply import OwnPrefix
 from app.util.errors import LamplightError
+from tests.hypothesis_budget import examples
 from tests.server_fixture import RunningServer
 from tests.test_worker_api import SYSTEM, WAIT_MS, Recorder, make_job, run
 from ui.engine.worker import EngineClient
@@ -82,7 +83,7 @@ def backend_holding(tokens: list[int]) -> LlamaServerBackend:
 TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=12)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(TOKENS, TOKENS, st.lists(TOKENS, max_size=3))
 def test_a_request_that_reuses_the_slot_is_never_given_a_saved_prompt(
     held: list[int], prompt: list[int], saved: list[list[int]]
@@ -105,7 +106,7 @@ def test_what_a_request_reuses() -> None:
     assert backend_holding([]).reuses(chat) == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.one_of(st.integers(-5, 2**40), st.text(max_size=3), st.none()),
     st.one_of(st.integers(-5, 2**40), st.none()),
@@ -131,7 +132,7 @@ MESSAGES = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(MESSAGES, st.sampled_from("ab"), MESSAGES, st.integers(0, 10**6))
 def test_an_openai_servers_count_is_shown_only_for_the_clients_own_request(
     asked: list[ChatMessage], reply: str, messages: list[ChatMessage], count: int

@@ -49,6 +49,7 @@ from app.remote.llama_server.slot import SLOT_FILES
 from app.remote.openai.backend import OpenAIBackend
 from app.remote.openai.wire import ReplyStream
 from app.util.errors import DecodeError, LamplightError, ModelLoadError, ServerOverflowError
+from tests.hypothesis_budget import examples
 from tests.misbehaving_server import HEALTH, N_CTX, PROPS, STREAMS, MisbehavingServer
 from tests.server_fixture import RunningServer
 from tests.test_remote_openai import STOP_REASONS
@@ -372,9 +373,8 @@ def test_every_reply_ends_once_in_time_with_only_our_errors() -> None:
     with MisbehavingServer() as server:
 
         @settings(
-            max_examples=40,
+            max_examples=examples(40),
             deadline=None,
-            database=None,
             suppress_health_check=[HealthCheck.too_slow],
         )
         @given(

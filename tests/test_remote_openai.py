@@ -53,6 +53,7 @@ from app.util.errors import (
     ModelLoadError,
     NoModelLoaded,
 )
+from tests.hypothesis_budget import examples
 from tests.server_fixture import RunningServer, free_port, running_llama_server
 
 STOP_REASONS = {
@@ -602,9 +603,8 @@ def test_other_servers_errors() -> None:
 # -- damaged streams ---------------------------------------------------------------
 
 FUZZ = settings(
-    max_examples=60,
+    max_examples=examples(60),
     deadline=None,
-    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 JSON_VALUES = st.recursive(
@@ -684,7 +684,7 @@ def test_damaged_streams_end_in_one_finished_or_a_typed_error(
             run(b, [ChatMessage("user", "Hello")], SamplingParams(max_tokens=6))
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(events=st.lists(JSON_VALUES, max_size=6))
 def test_reply_stream_takes_any_json(events: list[Any]) -> None:
     reply = ReplyStream()

@@ -38,6 +38,7 @@ from app.remote.openai.tool_wire import (
     wire_message,
 )
 from app.remote.openai.wire import ReplyStream
+from tests.hypothesis_budget import examples
 from tests.server_fixture import RunningServer, running_llama_server
 from tests.test_remote_openai import chunk, json_response, scripted, sse
 from tests.tool_templates import QWEN_TOOLS
@@ -244,9 +245,8 @@ def test_a_server_that_cannot_use_tools() -> None:
 # -- the stream, fuzzed -------------------------------------------------------------
 
 FUZZ = settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
-    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 ARGS = st.dictionaries(
@@ -308,7 +308,7 @@ HOSTILE_PIECE = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None, database=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(pieces=st.lists(st.lists(HOSTILE_PIECE, max_size=5) | JSON_VALUES, max_size=8))
 def test_hostile_pieces_never_raise(pieces: list[Any]) -> None:
     stream = ToolCallStream()

@@ -18,6 +18,7 @@ from app.chat.conversation import Conversation, Message
 from app.chat.search_index import HIT_END, HIT_START, SearchIndex, fts_query
 from app.chat.store import ConversationStore
 from app.util.atomic import atomic_write_text
+from tests.hypothesis_budget import examples
 from tests.prompt_window import close, open_window
 from ui.chat.message_header import stamp_text
 from ui.chat.transcript import TranscriptView
@@ -141,7 +142,9 @@ def test_an_index_with_a_foreign_schema_is_rebuilt(store: ConversationStore) -> 
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(st.text(max_size=300))
 def test_any_typed_text_is_a_safe_query(store: ConversationStore, text: str) -> None:
@@ -152,7 +155,7 @@ def test_any_typed_text_is_a_safe_query(store: ConversationStore, text: str) -> 
     store.search(text)  # never raises, whatever the operators or quotes
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.binary(max_size=6000), st.integers(0, 5000))
 def test_any_bytes_in_the_index_file_never_lose_a_search(
     tmp_path_factory: pytest.TempPathFactory, noise: bytes, at: int

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from app.chat import search_index
 from app.chat.conversation import Conversation, Message
 from app.chat.store import ConversationStore
+from tests.hypothesis_budget import examples
 
 WORD = "marmalade"
 
@@ -151,9 +152,7 @@ VALUES = st.one_of(
 
 
 @settings(
-    max_examples=int(os.environ.get("LAMPLIGHT_FUZZ_EXAMPLES") or 80),
-    derandomize=not os.environ.get("LAMPLIGHT_FUZZ_EXAMPLES"),
-    database=None,
+    max_examples=examples(80),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import shutil
 import tempfile
 import time
@@ -72,6 +71,7 @@ from app.util.errors import DecodeError
 from tests.conftest import TEST_LOAD
 from tests.fake_tools import CALL, FakeToolHost, as_tool_host
 from tests.fakes import VISION_CAPABILITIES, FakeEngine
+from tests.hypothesis_budget import examples
 from tests.test_image_transcript import picture
 from ui.engine.worker import EngineClient
 
@@ -795,7 +795,7 @@ class FakeInterleavings(Interleavings):
     backend = staticmethod(_fake)
 
 
-FAKE_EXAMPLES = int(os.environ.get("LAMPLIGHT_INTERLEAVE_EXAMPLES", "150"))
+FAKE_EXAMPLES = examples(150)
 FAKE_STEPS = 50
 
 
@@ -807,7 +807,6 @@ def test_interleavings_fake_backend(qapp: QApplication) -> None:
             max_examples=FAKE_EXAMPLES,
             stateful_step_count=FAKE_STEPS,
             deadline=None,
-            derandomize=True,
             suppress_health_check=list(HealthCheck),
         ),
     )
@@ -851,10 +850,9 @@ def test_interleavings_real_engine_overflowing(
     run_state_machine_as_test(
         Overflowing,
         settings=settings(
-            max_examples=3,
+            max_examples=examples(3),
             stateful_step_count=30,
             deadline=None,
-            derandomize=True,
             suppress_health_check=list(HealthCheck),
         ),
     )
@@ -876,10 +874,9 @@ def test_interleavings_real_engine(qapp: QApplication, model_path: Path) -> None
     run_state_machine_as_test(
         RealInterleavings,
         settings=settings(
-            max_examples=3,
+            max_examples=examples(3),
             stateful_step_count=15,
             deadline=None,
-            derandomize=True,
             suppress_health_check=list(HealthCheck),
         ),
     )

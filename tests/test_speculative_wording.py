@@ -31,6 +31,7 @@ from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
 from app.util.errors import DraftError
+from tests.hypothesis_budget import examples
 from ui.common.draft_stats import draft_text, reply_footer, tokens_per_pass
 from ui.settings.draft_control import COMBO_HELP
 
@@ -96,7 +97,7 @@ def test_the_footer_names_the_drafter_and_its_figures() -> None:
     assert draft_text(MessageMetrics(generated_tokens=5)) == ""
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     generated=st.integers(0, 10_000),
     drafted=st.integers(0, 10_000),

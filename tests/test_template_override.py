@@ -41,6 +41,7 @@ from app.util.errors import LamplightError
 from tests.conftest import ROOT
 from tests.fake_window import fake_window
 from tests.fakes import FakeEngine
+from tests.hypothesis_budget import examples
 from tests.native import own_notes
 from tests.prompt_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
@@ -367,9 +368,8 @@ def mutated_prefs(draw: st.DrawFn) -> bytes:
 
 
 @settings(
-    max_examples=150,
+    max_examples=examples(150),
     deadline=None,
-    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(raw=mutated_prefs())

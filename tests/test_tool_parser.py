@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from app.engine.tools.format import FAMILIES, detect_tool_format
 from app.engine.tools.parser import MAX_CALLS, MAX_DEPTH, ToolCallParser, parse_calls
+from tests.hypothesis_budget import examples
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 NAMES = ["get_weather", "search"]
@@ -238,7 +239,7 @@ def _splits(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(case=st.sampled_from(DOCUMENTED), cuts=st.lists(st.integers(0, 400), max_size=12))
 def test_split_anywhere_same_result(case: tuple, cuts: list[int]) -> None:
     family, reply = case[0], case[1]
@@ -281,7 +282,7 @@ _ALPHABET = st.sampled_from(
 )
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     family=st.sampled_from(sorted(FAMILIES)),
     parts=st.lists(_ALPHABET, max_size=40),

@@ -26,6 +26,7 @@ from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.metrics import MessageMetrics
 from app.engine.tool_spec import AUTO, NONE, ToolRequest
 from app.mcp.tool_host import McpTool, ServerStatus, ToolResult
+from tests.hypothesis_budget import examples
 
 P = SamplingParams()
 TOOLS = [
@@ -565,5 +566,7 @@ class ToolLoopMachine(RuleBasedStateMachine):
         self.tmp.cleanup()
 
 
-ToolLoopMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+ToolLoopMachine.TestCase.settings = settings(
+    max_examples=examples(25), stateful_step_count=15, deadline=None
+)
 test_tool_loop_machine = ToolLoopMachine.TestCase

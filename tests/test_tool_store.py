@@ -15,6 +15,7 @@ from app.chat.conversation import Conversation, ConversationError, Message, to_m
 from app.chat.store import ConversationStore
 from app.chat.tool_records import CALL_STATES, MAX_CALLS, read_calls
 from app.engine.chat_message import ToolCall
+from tests.hypothesis_budget import examples
 
 CALL = {"id": "call_1", "name": "read", "arguments": '{"path": "a"}', "server": "files"}
 
@@ -124,7 +125,7 @@ _CALLS = st.lists(
 )
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_CALLS, _JSON, _JSON, st.sampled_from(["assistant", "tool", "user"]))
 def test_any_tool_fields_read_as_valid_calls(
     calls: Any, call_id: Any, is_error: Any, role: str

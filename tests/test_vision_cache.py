@@ -38,6 +38,7 @@ from app.host.kv_pool import KvPool
 from app.util.hashing import FingerprintCache
 from tests import vision_model
 from tests.conftest import ONE_THREAD
+from tests.hypothesis_budget import examples
 from tests.vision_model import build_projector, image_part
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, seed=1)
@@ -272,7 +273,7 @@ JSON = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(record=JSON)
 def test_fuzz_the_projector_record(record: Any) -> None:
     """Any JSON in the header's projector field: a one-line refusal or a header whose

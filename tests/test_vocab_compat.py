@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from app.gguf.header import parse_header
 from app.gguf.vocab_compat import draft_problem, vocab_signature
 from tests.draft_model import read_gguf, vocab_variant
+from tests.hypothesis_budget import examples
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,7 @@ def header_end(draft_path: Path) -> int:
     return parse_header(draft_path)[2]
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(fraction=st.floats(0.0, 1.0))
 def test_truncated_drafts_are_refused(
     fraction: float,
@@ -224,7 +225,7 @@ _OFFSETS = st.one_of(
 
 
 @settings(
-    max_examples=100,
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
