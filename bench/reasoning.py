@@ -35,7 +35,7 @@ from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.models.default_model import ensure_default_model
 from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR
 

@@ -38,7 +38,7 @@ from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import AUTO, TemplateOverride
+from app.engine.templates.override import AUTO, TemplateOverride
 from app.engine.tool_spec import NONE, REQUIRED, ToolRequest
 from app.models.default_model import ensure_default_model
 from tests.tool_templates import QWEN_TOOLS, TIME, WEATHER

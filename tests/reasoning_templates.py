@@ -9,7 +9,7 @@ import threading
 from app.config.params import SamplingParams
 from app.engine.backend import Backend, Finished, Token
 from app.engine.chat_message import ChatMessage
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 
 # Qwen3's shape: chatml, ``<think>`` tags, ``enable_thinking``, past thinking dropped.
 QWEN3 = (

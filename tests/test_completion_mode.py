@@ -19,13 +19,9 @@ from app.config.params import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import (
-    AUTO,
-    PLAIN,
-    TURN_MARKERS,
-    looks_like_base_model,
-    plain_template,
-)
+from app.engine.templates.builtin import plain_template
+from app.engine.templates.jinja_template import TURN_MARKERS
+from app.engine.templates.override import AUTO, PLAIN, looks_like_base_model
 from app.gguf.info import read_gguf_info
 from tests.conftest import ROOT
 from tests.hypothesis_budget import examples

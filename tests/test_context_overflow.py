@@ -357,7 +357,7 @@ def test_the_prompt_pipeline_marks_message_starts_and_drops_whole_turns() -> Non
     from app.engine.context_map import ContextMap
     from app.engine.prompt.overflow import Overflow
     from app.engine.prompt.pipeline import PromptPipeline, PromptRequest, record_drops
-    from app.engine.templates.chat_template import template_for_architecture
+    from app.engine.templates.builtin import template_for_architecture
 
     def tokenize(text: str, bos: bool) -> list[int]:
         return [0] * bos + [ord(c) for c in text]

@@ -17,7 +17,7 @@ from pytestqt.qtbot import QtBot
 from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
-from app.engine.templates.chat_template import plain_template
+from app.engine.templates.builtin import plain_template
 from tests.fake_mcp import FakeMcpHost
 from tests.fakes import FakeEngine
 from tests.test_gui_mcp import FILES

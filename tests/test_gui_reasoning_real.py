@@ -13,7 +13,7 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.config.params import SamplingParams
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from tests.reasoning_templates import R1
 from tests.test_gui_real import real_window
 from ui.window.main_window import MainWindow

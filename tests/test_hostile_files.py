@@ -1173,7 +1173,7 @@ from app.chat.store import ConversationStore
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished, KvState
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.util.hashing import FingerprintCache
 
 root, model, n = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])

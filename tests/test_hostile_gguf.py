@@ -596,7 +596,7 @@ _CHILD = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
     from app.config.params import LoadConfig, SamplingParams
     from app.engine.local.engine import Engine
-    from app.engine.templates.chat_template import ChatMessage
+    from app.engine.chat_message import ChatMessage
     from app.util.errors import LamplightError
 
     model, headers = sys.argv[1], sys.argv[2:]

@@ -30,8 +30,9 @@ from app.engine.local.engine import Engine
 from app.engine.template_errors import ChatTemplateError
 from app.engine.templates import guard as template_guard
 from app.engine.templates import sandbox as template_sandbox
-from app.engine.templates.chat_template import ChatTemplate, choose_template, jinja_template
+from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.guard import GRACE_S
+from app.engine.templates.jinja_template import choose_template, jinja_template
 from app.engine.templates.sandbox import LOAD_BUDGET_S, RENDER_BUDGET_S, output_limit
 from app.gguf.info import read_gguf_info
 from tests.conftest import TEST_LOAD

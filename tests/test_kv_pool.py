@@ -15,7 +15,7 @@ from app.config.params import SamplingParams
 from app.engine.backend import Backend, Capabilities, Finished, KvState
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import AUTO, PLAIN
+from app.engine.templates.override import AUTO, PLAIN
 from app.host.kv_pool import GUI, LOCAL_API, KvPool, is_prefix
 from tests.hypothesis_budget import examples
 

@@ -124,7 +124,7 @@ def test_ram_estimate_is_within_25_percent_of_the_measured_increase(model_path: 
 import json
 from app.engine.local.engine import Engine
 from app.config.params import LoadConfig
-from app.engine.templates.chat_template import ChatMessage
+from app.engine.chat_message import ChatMessage
 from app.config.params import SamplingParams
 from app.util.sysinfo import rss_bytes
 engine = Engine()

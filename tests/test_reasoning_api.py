@@ -22,7 +22,7 @@ from app.api.schema import parse_chat
 from app.engine.backend import Finished, Token
 from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.host.host import EngineHost
 from app.host.listener import QuietListener
 from tests.conftest import ONE_THREAD

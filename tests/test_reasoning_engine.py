@@ -17,7 +17,7 @@ import pytest
 from app.config.params import SamplingParams
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import AUTO
+from app.engine.templates.override import AUTO
 from tests.conftest import TEST_LOAD
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1, THINK_GRAMMAR, run, use
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.reasoning.splitter import ReasoningSplitter, split_text
-from app.engine.templates.chat_template import jinja_template, template_for_architecture
+from app.engine.templates.builtin import template_for_architecture
+from app.engine.templates.jinja_template import jinja_template
 from tests.hypothesis_budget import examples
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import SIZE_LIMIT, Finished, Token
 from app.engine.chat_message import ChatMessage, ToolCall
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import TOOL_CALLS, ToolRequest, ToolSpec
 from app.engine.tools.binding import ToolDecoding
 from app.engine.tools.format import HERMES

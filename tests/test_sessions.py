@@ -66,7 +66,7 @@ from app.util.hashing import FingerprintCache
 from app.chat.session_cache import SessionCache
 from app.config.params import LoadConfig, SamplingParams
 from app.chat.store import ConversationStore
-from app.engine.templates.chat_template import ChatMessage
+from app.engine.chat_message import ChatMessage
 engine = Engine()
 engine.load({str(model_path)!r}, LoadConfig(n_ctx={TEST_LOAD.n_ctx}, n_threads=2))
 data = Path({str(tmp_path / "data")!r})

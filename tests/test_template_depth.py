@@ -21,12 +21,8 @@ from app.config.params import LoadConfig, SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import (
-    TemplateInputs,
-    TemplateOverride,
-    build_template,
-    choose_template,
-)
+from app.engine.templates.jinja_template import choose_template
+from app.engine.templates.override import TemplateInputs, TemplateOverride, build_template
 from app.gguf.info import _parse_header
 from tests.native import own_notes
 

@@ -31,7 +31,7 @@ from app.engine.backend import Finished, ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.template_errors import ChatTemplateError
-from app.engine.templates.chat_template import AUTO, PLAIN, TemplateOverride, preview_prompt
+from app.engine.templates.override import AUTO, PLAIN, TemplateOverride, preview_prompt
 from app.engine.templates.sandbox import MAX_SOURCE_CHARS
 from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend

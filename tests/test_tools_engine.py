@@ -19,7 +19,7 @@ from app.config.params import SamplingParams
 from app.engine.backend import CallProgress, Finished, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import AUTO, TemplateOverride
+from app.engine.templates.override import AUTO, TemplateOverride
 from app.engine.tool_spec import NONE, REQUIRED, TOOL_CALLS, ToolRequest
 from tests.tool_templates import QWEN_TOOLS, TIME, WEATHER
 

@@ -12,11 +12,8 @@ from app.config.settings import AppSettings
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics, percentile
 from app.engine.stopping import StopStringFilter
-from app.engine.templates.chat_template import (
-    choose_template,
-    jinja_template,
-    template_for_architecture,
-)
+from app.engine.templates.builtin import template_for_architecture
+from app.engine.templates.jinja_template import choose_template, jinja_template
 
 CHAT = [
     ChatMessage("system", "Be brief."),

@@ -21,7 +21,7 @@ from app.config.params import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.chat_template import AUTO, PLAIN
+from app.engine.templates.override import AUTO, PLAIN
 from tests.conftest import ONE_THREAD
 from ui.engine.worker import EngineClient
 

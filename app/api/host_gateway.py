@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from app.api.gateway import ApiJob, failure_for
 from app.engine.backend import Finished, ModelInfo, Token
-from app.engine.templates.chat_template import AUTO, PLAIN
+from app.engine.templates.override import AUTO, PLAIN
 from app.host.host import EngineHost
 from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
 

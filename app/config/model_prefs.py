@@ -55,7 +55,7 @@ class ModelPrefs:
 
     ``system_prompt``: the default for new chats with this model (None: the global
     default applies). ``template``/``template_name``/``template_source``: the chat
-    template (see ``app.engine.templates.chat_template.TemplateOverride``). ``completion``:
+    template (see ``app.engine.templates.override.TemplateOverride``). ``completion``:
     continue-the-text mode (None: on for base models, off for the others).
     """
 

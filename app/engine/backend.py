@@ -23,7 +23,8 @@ from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
 from app.engine.native.hardware import HardwareInfo
 from app.engine.reasoning.format import ReasoningFormat
-from app.engine.templates.chat_template import TemplateInputs, TemplateOverride, plain_template
+from app.engine.templates.builtin import plain_template
+from app.engine.templates.override import TemplateInputs, TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError

@@ -21,7 +21,7 @@ from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps, marked
 from app.engine.local.engine import Engine
 from app.engine.local.offload import fit_report, load_with_fallback
-from app.engine.templates.chat_template import AUTO, TemplateOverride
+from app.engine.templates.override import AUTO, TemplateOverride
 from app.gguf.lora import LoraStack
 from app.host.drafts import draft_candidates
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool

@@ -23,7 +23,7 @@ from app.engine.backend import Backend
 from app.engine.local.crash_steps import EngineSteps
 from app.engine.local.engine import Engine
 from app.engine.native.guard import NativeGuard, store_file
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.gguf.lora import LoraStack
 from app.host.core import EngineCore
 from app.host.jobs import HostClosed, ReplyFailed, ReplyJob

@@ -20,7 +20,7 @@ from typing import Literal
 from app.config.params import SamplingParams
 from app.engine.backend import CallProgress, Finished, ModelInfo, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.util.errors import LamplightError
 

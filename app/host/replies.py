@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from app.engine.backend import EngineEvent, Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.engine.templates.chat_template import AUTO
+from app.engine.templates.override import AUTO
 from app.host.core import EngineCore, gui_key
 from app.host.jobs import (
     ModelGone,

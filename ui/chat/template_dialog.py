@@ -2,7 +2,7 @@
 
 The preview renders a sample conversation (or the open chat) with the chosen
 template in the same sandbox, with the same checks and limits, as a template
-from a GGUF file (``app.engine.templates.chat_template.preview_prompt``). That can take up to
+from a GGUF file (``app.engine.templates.override.preview_prompt``). That can take up to
 the sandbox's load budget for a hostile template, so it runs on a short-lived
 thread, one at a time; its result comes back to the GUI thread by a queued
 signal. A custom template that fails shows why and cannot be saved.
@@ -33,15 +33,15 @@ from PySide6.QtWidgets import (
 from app.config.model_prefs import ModelPrefs
 from app.engine.chat_message import ChatMessage
 from app.engine.template_errors import ChatTemplateError
-from app.engine.templates.chat_template import (
+from app.engine.templates.builtin import BUILTIN
+from app.engine.templates.guard import GRACE_S
+from app.engine.templates.override import (
     AUTO,
-    BUILTIN,
     PLAIN,
     TemplateInputs,
     TemplateOverride,
     preview_prompt,
 )
-from app.engine.templates.guard import GRACE_S
 from app.engine.templates.sandbox import LOAD_BUDGET_S, RENDER_BUDGET_S
 
 PREVIEW_DELAY_MS = 250  # after the last keystroke

@@ -30,7 +30,7 @@ from app.engine.backend import (
 )
 from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.host.core import DEFAULT_MODEL

@@ -63,11 +63,9 @@ from app.engine.prompt.pipeline import (
     record_drops,
     render,
 )
-from app.engine.templates.chat_template import (
-    AUTO as AUTO_TEMPLATE,
-)
-from app.engine.templates.chat_template import (
-    ChatTemplate,
+from app.engine.templates.chat_template import ChatTemplate
+from app.engine.templates.override import AUTO as AUTO_TEMPLATE
+from app.engine.templates.override import (
     TemplateInputs,
     TemplateOverride,
     build_template,

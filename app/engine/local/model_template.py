@@ -5,13 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.local.vocab import Vocab
-from app.engine.templates.chat_template import AUTO as AUTO_TEMPLATE
-from app.engine.templates.chat_template import (
-    ChatTemplate,
-    TemplateInputs,
-    build_template,
-    template_for_architecture,
-)
+from app.engine.templates.builtin import template_for_architecture
+from app.engine.templates.chat_template import ChatTemplate
+from app.engine.templates.override import AUTO as AUTO_TEMPLATE
+from app.engine.templates.override import TemplateInputs, build_template
 from app.gguf.info import GgufInfo
 
 

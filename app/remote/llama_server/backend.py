@@ -62,9 +62,9 @@ from app.engine.prompt.pipeline import (
     render,
 )
 from app.engine.template_errors import ChatTemplateError
-from app.engine.templates.chat_template import (
+from app.engine.templates.chat_template import ChatTemplate
+from app.engine.templates.override import (
     AUTO,
-    ChatTemplate,
     TemplateInputs,
     TemplateOverride,
     build_template,

@@ -23,12 +23,10 @@ from app.engine.backend import (
     fit_bytes,
 )
 from app.engine.metrics import MessageMetrics
-from app.engine.templates.chat_template import (
-    TURN_MARKERS,
-    TemplateInputs,
-    clean_text,
-    template_for_architecture,
-)
+from app.engine.templates.builtin import template_for_architecture
+from app.engine.templates.chat_template import clean_text
+from app.engine.templates.jinja_template import TURN_MARKERS
+from app.engine.templates.override import TemplateInputs
 from app.gguf.lora import LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (

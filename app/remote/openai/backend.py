@@ -56,7 +56,7 @@ from app.engine.backend import (
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.prompt.overflow import plan_drop, reply_budget
-from app.engine.templates.chat_template import TemplateOverride
+from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
