@@ -3,10 +3,10 @@ Collection… entries, drops and pastes of files, and the documents bar.
 
 Which files and collections a conversation uses is the session's
 (``ChatSession.set_documents``); this keeps the bar in step with it. Expanding
-folders and indexing (``DocumentLibrary.add``, blocking) run one job at a time on
-Qt's thread pool; progress and results come back to the GUI thread as queued signals,
-and Cancel sets the job's ``threading.Event``. A dropped picture still goes to the
-image attachments; a file of a kind that cannot be read gets a note naming it.
+folders and indexing (``DocumentLibrary.add``, blocking) run one job at a time in the
+background (``run_in_background``); progress comes back to the GUI thread as queued
+signals, and Cancel sets the job's ``threading.Event``. A dropped picture still goes
+to the image attachments; a file of a kind that cannot be read gets a note naming it.
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from PySide6.QtCore import QEvent, QMimeData, QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QEvent, QMimeData, QObject, Signal
 from PySide6.QtGui import QAction, QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import QDialog, QFileDialog, QVBoxLayout, QWidget
 
@@ -28,6 +29,7 @@ from ui.chat.chat_pane import ChatPane
 from ui.chat.collections_dialog import CollectionsDialog
 from ui.chat.document_bar import ChipState, DocumentBar
 from ui.chat.image_attach import IMAGE_SUFFIXES, ImageAttach
+from ui.common.background import run_in_background
 from ui.common.context import Context
 
 if TYPE_CHECKING:
@@ -90,28 +92,10 @@ def unsupported_note(paths: Sequence[Path]) -> str:
 
 
 class _Relay(QObject):
-    """Carries a job's news from the pool to the GUI thread."""
+    """Carries a job's progress from the pool to the GUI thread."""
 
     expanded = Signal(int, object)  # job, list[Path]
     progress = Signal(int, object)  # job, Progress
-    finished = Signal(
-        int, object
-    )  # job, list[DocumentStatus] or a reason (str) or None (cancelled)
-    statuses = Signal(int, object)  # generation, (list[DocumentStatus], paths gone)
-
-
-class _Run(QRunnable):
-    """Runs ``fn`` on the pool; exceptions are logged (the callers report their own)."""
-
-    def __init__(self, fn: Callable[[], None]) -> None:
-        super().__init__()
-        self._fn = fn
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except RuntimeError:  # the window (and its relay) went away meanwhile
-            log.debug("document job outlived its window", exc_info=True)
 
 
 @dataclass
@@ -144,8 +128,6 @@ class DocumentAttach(QObject):
         self._relay = _Relay(self)
         self._relay.expanded.connect(self._on_expanded)
         self._relay.progress.connect(self._on_progress)
-        self._relay.finished.connect(self._on_finished)
-        self._relay.statuses.connect(self._on_statuses)
         self._states: dict[str, Any] = {}  # path -> DocumentStatus (or the fake's)
         self._missing: set[str] = set()  # files not there when last asked
         self._live: dict[str, str] = {}  # path -> stage, the file being indexed now
@@ -256,24 +238,23 @@ class DocumentAttach(QObject):
     def _run(self, job: Job) -> None:
         relay, library = self._relay, self.library
 
-        def work() -> None:
-            result: object
+        def work() -> object:
+            """list[DocumentStatus], or a reason (str), or None (cancelled)."""
             try:
                 files = library.expand(job.paths)
                 relay.expanded.emit(job.ident, files)
-                result = library.add(files, lambda p: relay.progress.emit(job.ident, p), job.cancel)
+                return library.add(files, lambda p: relay.progress.emit(job.ident, p), job.cancel)
             except DocumentCancelled:
-                result = None
+                return None
             except (DocumentError, EmbedderError) as exc:
-                result = str(exc)
+                return str(exc)
             except Exception as exc:  # a bug or an I/O failure: this job's, not the window's
                 log.exception("indexing documents")
-                result = f"The documents could not be read ({exc.__class__.__name__})."
+                return f"The documents could not be read ({exc.__class__.__name__})."
             finally:
                 job.done.set()
-            relay.finished.emit(job.ident, result)
 
-        QThreadPool.globalInstance().start(_Run(work))
+        run_in_background(work, partial(self._on_finished, job.ident), owner=self)
 
     def _job(self, ident: int) -> Job | None:
         return next((j for j in self._jobs if j.ident == ident), None)
@@ -385,18 +366,16 @@ class DocumentAttach(QObject):
 
     def _ask_status(self, paths: list[str]) -> None:
         self._generation += 1
-        generation, relay, library = self._generation, self._relay, self.library
+        library = self.library
 
-        def work() -> None:
+        def work() -> object:
             try:
-                result = library.status(paths)
-                gone = {p for p in paths if not Path(p).is_file()}
+                return library.status(paths), {p for p in paths if not Path(p).is_file()}
             except Exception:  # the bar keeps what it showed
                 log.exception("document status")
-                return
-            relay.statuses.emit(generation, (result, gone))
+                return None
 
-        QThreadPool.globalInstance().start(_Run(work))
+        run_in_background(work, partial(self._on_statuses, self._generation), owner=self)
 
     def _on_statuses(self, generation: int, answer: object) -> None:
         if generation != self._generation or not isinstance(answer, tuple):

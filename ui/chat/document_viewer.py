@@ -1,6 +1,6 @@
 """The document a cited passage came from, opened at the passage.
 
-The document's text is read on Qt's thread pool through ``read_text`` (the window's:
+The document's text is read in the background through ``read_text`` (the window's:
 the text as the index parsed it, in blocks of (page, line, text)), never on the GUI
 thread. The passage is found again by its words (whitespace may differ) and
 highlighted; where the file is gone, or no longer holds the passage, the viewer shows
@@ -10,13 +10,13 @@ the passage as it was saved with the message, and says why.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.documents.sources import Source
+from ui.common.background import run_in_background
 from ui.common.open_path import open_path
 
 Blocks = Sequence[tuple[int | None, int, str]]
@@ -131,23 +132,6 @@ def load(source: Source, read_text: ReadText) -> Shown:
     return Shown(text, span[0], span[1], True, "")
 
 
-class _Relay(QObject):
-    """Carries the pool's result to the GUI thread."""
-
-    loaded = Signal(object)  # Shown
-
-
-class _LoadJob(QRunnable):
-    def __init__(self, relay: _Relay, source: Source, read_text: ReadText) -> None:
-        super().__init__()
-        self._relay, self._source, self._read_text = relay, source, read_text
-
-    def run(self) -> None:  # Qt's name
-        shown = load(self._source, self._read_text)
-        with contextlib.suppress(RuntimeError):  # the viewer was closed and deleted meanwhile
-            self._relay.loaded.emit(shown)
-
-
 class DocumentViewer(QDialog):
     """A non-modal window with the document's text, the passage highlighted and in view.
 
@@ -198,9 +182,7 @@ class DocumentViewer(QDialog):
         layout.addWidget(self.view, 1)
         layout.addLayout(row)
         self.resize(760, 640)
-        self._relay = _Relay()
-        self._relay.loaded.connect(self._on_loaded)
-        QThreadPool.globalInstance().start(_LoadJob(self._relay, source, read_text))
+        run_in_background(partial(load, source, read_text), self._on_loaded)
 
     def _on_loaded(self, shown: object) -> None:
         if not isinstance(shown, Shown):

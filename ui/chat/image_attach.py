@@ -2,8 +2,8 @@
 strip of chips above the input box, and what they cost in context tokens.
 
 Reading an attached file (its size, a full defensive decode by ``ImageStore.put``, which
-keeps it in the data folder, and a bounded thumbnail) runs on Qt's thread pool, so a
-large photo never stalls the window; the result comes back as a queued signal. The
+keeps it in the data folder, and a bounded thumbnail) runs in the background
+(``run_in_background``), so a large photo never stalls the window. The
 tokens each picture takes are asked of the backend on the engine thread, behind the
 host's queue like every other engine call (``Backend.image_tokens``), never here.
 
@@ -27,9 +27,7 @@ from PySide6.QtCore import (
     QIODevice,
     QMimeData,
     QObject,
-    QRunnable,
     Qt,
-    QThreadPool,
     Signal,
 )
 from PySide6.QtGui import QAction, QDragEnterEvent, QDragMoveEvent, QDropEvent, QImage, QPixmap
@@ -52,6 +50,7 @@ from app.util.images import MAX_IMAGE_BYTES
 from app.util.sysinfo import size_text
 from ui.chat.chat_pane import ChatPane
 from ui.chat.image_viewer import CHIP_SIDE, THUMB_SIDE, read_image
+from ui.common.background import run_in_background
 from ui.common.context import Context
 from ui.common.qt_util import MenuToolButton, chip_row
 
@@ -96,9 +95,8 @@ class Loaded:
 
 
 class _Relay(QObject):
-    """Carries results from the pool and the engine thread to the GUI thread."""
+    """Carries the engine thread's answers to the GUI thread."""
 
-    loaded = Signal(int, object)  # ticket, Loaded or the reason it failed (str)
     counted = Signal(int, object)  # generation, list of token counts or a reason (str)
 
 
@@ -131,29 +129,15 @@ def load_attachment(store: ImageStore, source: Path | bytes | QImage, name: str)
     return Loaded(part, thumb)
 
 
-class _LoadJob(QRunnable):
-    def __init__(
-        self,
-        relay: _Relay,
-        ticket: int,
-        store: ImageStore,
-        source: Path | bytes | QImage,
-        name: str,
-    ) -> None:
-        super().__init__()
-        self._relay, self._ticket, self._store = relay, ticket, store
-        self._source, self._name = source, name
-
-    def run(self) -> None:
-        try:
-            result: Loaded | str = load_attachment(self._store, self._source, self._name)
-        except ImageError as exc:
-            result = str(exc)
-        except Exception as exc:  # any failure is this file's, never the window's
-            log.exception("attaching %s", self._name)
-            result = f"It could not be read ({exc.__class__.__name__})."
-        with contextlib.suppress(RuntimeError):  # the window closed meanwhile
-            self._relay.loaded.emit(self._ticket, result)
+def _load_or_why(store: ImageStore, source: Path | bytes | QImage, name: str) -> Loaded | str:
+    """``load_attachment`` on the pool: the attachment, or why it was not attached."""
+    try:
+        return load_attachment(store, source, name)
+    except ImageError as exc:
+        return str(exc)
+    except Exception as exc:  # any failure is this file's, never the window's
+        log.exception("attaching %s", name)
+        return f"It could not be read ({exc.__class__.__name__})."
 
 
 class Chip(QFrame):
@@ -251,7 +235,6 @@ class ImageAttach(QObject):
         self._thumbs = chat.transcript.images.cache
         chat.transcript.images.source = ctx.store.images.path
         self._relay = _Relay(self)
-        self._relay.loaded.connect(self._on_loaded)
         self._relay.counted.connect(self._on_counted)
         self.chips: list[Chip] = []
         self._pending: dict[int, str] = {}  # ticket -> name, files being read
@@ -369,7 +352,8 @@ class ImageAttach(QObject):
         self._ticket += 1
         self._pending[self._ticket] = name
         store = self._ctx.store.images
-        QThreadPool.globalInstance().start(_LoadJob(self._relay, self._ticket, store, source, name))
+        load = partial(_load_or_why, store, source, name)
+        run_in_background(load, partial(self._on_loaded, self._ticket), owner=self)
         self._update()
 
     def _on_loaded(self, ticket: int, result: object) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from PySide6.QtCore import QObject, QRunnable, QThreadPool, Signal
+from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QLabel
 
 from app.chat.conversation import Conversation
@@ -26,6 +27,7 @@ from ui.api.api_status import ApiControl
 from ui.chat.chat_pane import ChatPane
 from ui.chat.document_attach import DocumentAttach
 from ui.chat.image_attach import ImageAttach
+from ui.common.background import run_in_background
 from ui.common.context import Context
 
 if TYPE_CHECKING:
@@ -86,22 +88,8 @@ class SendHost(Protocol):
     def update_buttons(self) -> None: ...
 
 
-class _Search(QRunnable):
-    def __init__(self, fn: Any) -> None:
-        super().__init__()
-        self._fn = fn
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except RuntimeError:  # the window went away meanwhile
-            log.debug("document search outlived its window", exc_info=True)
-
-
 class SendFlow(QObject):
     """The window's Send and Stop while documents are searched (see the module docstring)."""
-
-    found = Signal(int, object)  # ticket, list[Source] or a reason (str) or None (cancelled)
 
     def __init__(self, win: SendHost) -> None:
         super().__init__(win.ctx.parent)
@@ -110,7 +98,6 @@ class SendFlow(QObject):
         self._cancel: threading.Event | None = None
         self._pending: tuple[str, list[ImagePart]] | None = None
         self._conv_id = ""  # the conversation the search is for
-        self.found.connect(self._on_found)
 
     @property
     def searching(self) -> bool:
@@ -138,25 +125,24 @@ class SendFlow(QObject):
         room = room_tokens(ctx.model.info, conv, text, ctx.settings.value.sampling.max_tokens)
         whole = given_whole(conv.messages, ctx.session.edit_index)
         self._ticket += 1
-        ticket, cancel, library, relay = self._ticket, threading.Event(), docs.library, self.found
+        cancel, library = threading.Event(), docs.library
         self._cancel, self._pending, self._conv_id = cancel, (text, images), conv.id
 
-        def work() -> None:
-            result: object
+        def work() -> object:
+            """list[Source], or a reason (str), or None (cancelled)."""
             try:
-                result = library.context_for(paths, text, room, whole, cancel)
+                return library.context_for(paths, text, room, whole, cancel)
             except DocumentCancelled:
-                result = None
+                return None
             except (DocumentError, EmbedderError) as exc:
-                result = str(exc)
+                return str(exc)
             except Exception as exc:  # a bug: the message stays, the reason is shown
                 log.exception("searching documents")
-                result = f"The documents could not be searched ({exc.__class__.__name__})."
-            relay.emit(ticket, result)
+                return f"The documents could not be searched ({exc.__class__.__name__})."
 
         w.status_speed.setText(SEARCHING)
         ctx.status(SEARCHING, 0)
-        QThreadPool.globalInstance().start(_Search(work))
+        run_in_background(work, partial(self._on_found, self._ticket), owner=self)
         w.update_buttons()
 
     def _on_found(self, ticket: int, result: object) -> None:
