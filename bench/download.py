@@ -113,7 +113,8 @@ def main() -> None:
     try:
         from huggingface_hub import hf_hub_download
 
-        from app.models.downloader import Control, FileFetcher
+        from app.models.download_control import Control
+        from app.models.downloader import FileFetcher
 
         sizes = {p.name: p.stat().st_size for p in (model, small)}
         shas = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (model, small)}

@@ -21,7 +21,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pytestqt.qtbot import QtBot
 
-from app.models.downloader import Control, DownloadError, FileFetcher
+from app.models.download_control import Control
+from app.models.download_errors import DownloadError
+from app.models.downloader import FileFetcher
 from app.models.downloads import DownloadJob, DownloadQueue
 from app.models.names import FORBIDDEN_CATEGORIES, destination
 from app.models.quant import GgufChoice, RepoFile

@@ -22,7 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.models.downloader import Control, DownloadCancelled, DownloadError, FileFetcher
+from app.models.download_control import Control
+from app.models.download_errors import DownloadCancelled, DownloadError
+from app.models.downloader import FileFetcher
 from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient, HubError
 from app.models.library import Library

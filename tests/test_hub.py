@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from app.models import hub as hub_module
-from app.models.downloader import Control, DownloadCancelled, DownloadError, FileFetcher
+from app.models.download_control import Control
+from app.models.download_errors import DownloadCancelled, DownloadError
+from app.models.downloader import FileFetcher
 from app.models.downloads import DownloadQueue, repo_dir_name
 from app.models.hub import HubClient, HubError
 from app.models.library import Library

@@ -14,7 +14,9 @@ from pytestqt.qtbot import QtBot
 
 from app.config.paths import data_dirs
 from app.models.default_embedder import embedders_dir
-from app.models.downloader import Control, DownloadError, FileFetcher, ProgressFn
+from app.models.download_control import Control
+from app.models.download_errors import DownloadError
+from app.models.downloader import FileFetcher, ProgressFn
 from app.models.downloads import DownloadQueue
 from app.models.embedders import choose_embedder, chosen_embedder
 from app.models.hub import HubClient

@@ -13,144 +13,34 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import io
 import logging
 import os
-import re
 import shutil
 import socket
-import stat
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.util.errors import LamplightError
+from app.models.byte_ranges import WrongRange, body_range, unsatisfied_total
+from app.models.download_control import Control
+from app.models.download_errors import (
+    DownloadCancelled,
+    DownloadError,
+    explain_http_error,
+    local_error,
+)
+from app.models.part_file import PART_SUFFIX, PartState, hash_part, size_of
 from app.util.sysinfo import size_text
 
 log = logging.getLogger(__name__)
 
-CHUNK = 1024 * 1024
 SPACE_MARGIN = 64 * 1024 * 1024
-PART_SUFFIX = ".part"
-# RFC 9110 "bytes first-last/complete": at most 19 digits, so int() never meets a huge number.
-_CONTENT_RANGE = re.compile(r"bytes[ \t]+(\d{1,19})-(\d{1,19})/(\d{1,19}|\*)", re.IGNORECASE)
-_UNSATISFIED = re.compile(r"bytes[ \t]+\*/(\d{1,19})", re.IGNORECASE)
-_DISK_FULL = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
-
-
-class DownloadError(LamplightError):
-    """A download that cannot go on; the message says what to do."""
-
-
-class DownloadCancelled(LamplightError):
-    """The user cancelled or paused the download."""
-
-
-class WrongRange(Exception):
-    """The server answered bytes that cannot be placed in the part; tried again."""
-
-
-@dataclass
-class Control:
-    """Set from any thread to pause or cancel a running download.
-
-    ``request_pause`` and ``request_cancel`` also shut down the sockets of the
-    running transfer, so a read blocked on a stalled server returns at once
-    instead of after the read timeout.
-    """
-
-    pause: threading.Event
-    cancel: threading.Event
-    _sockets: set[socket.socket] = field(default_factory=set, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @classmethod
-    def new(cls) -> Control:
-        return cls(threading.Event(), threading.Event())
-
-    def stopped(self) -> bool:
-        return self.pause.is_set() or self.cancel.is_set()
-
-    def request_pause(self) -> None:
-        self.pause.set()
-        self.interrupt()
-
-    def request_cancel(self) -> None:
-        self.cancel.set()
-        self.interrupt()
-
-    def interrupt(self) -> None:
-        """Wake the downloading thread out of any blocking read (any thread)."""
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            _shutdown(sock)
-
-    def attach(self, sock: socket.socket) -> None:
-        """The download thread uses ``sock`` now; a stop already asked for closes it."""
-        with self._lock:
-            self._sockets.add(sock)
-        if self.stopped():
-            _shutdown(sock)
-
-    def detach_all(self) -> None:
-        with self._lock:
-            self._sockets.clear()
-
-
-def _shutdown(sock: socket.socket) -> None:
-    # shutdown(), not close(): it wakes a recv() blocked in another thread on every OS,
-    # and leaves the file descriptor to its owner (httpcore) to close.
-    with contextlib.suppress(OSError):
-        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 ProgressFn = Callable[[int, int], None]
 """(bytes on disk, total bytes) for the file being fetched."""
-
-
-@dataclass
-class PartState:
-    """How many bytes ``<name>.part`` holds and a sha256 that has seen exactly them."""
-
-    done: int = 0
-    hasher: Any = field(default_factory=hashlib.sha256)
-
-    def restart(self) -> None:
-        """Back to byte 0 with a new hasher (``hashlib`` objects cannot be reset)."""
-        self.done = 0
-        self.hasher = hashlib.sha256()
-
-
-def explain_http_error(exc: BaseException, what: str) -> str:
-    """A message a person can act on, for the library's HTTP errors."""
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-    )
-
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(exc, GatedRepoError) or status in (401, 403):
-        if status == 403:
-            return (
-                f"{what}: your Hugging Face token does not give access. Accept the model's "
-                "terms on its Hub page with the same account, or use a token with read access."
-            )
-        return (
-            f"{what} is gated or private: sign in with a Hugging Face token "
-            "(run `hf auth login`, or set HF_TOKEN) after accepting its terms on the Hub."
-        )
-    if isinstance(exc, RepositoryNotFoundError | EntryNotFoundError) or status == 404:
-        return f"{what} was not found on the Hub (renamed or deleted?)."
-    if isinstance(exc, HfHubHTTPError):
-        return f"{what}: the Hub answered {status or 'with an error'}."
-    return f"{what}: {exc}"
 
 
 class FileFetcher:
@@ -205,7 +95,7 @@ class FileFetcher:
                 return dest
             dest.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _local_error(exc, dest, 0) from exc
+            raise local_error(exc, dest, 0) from exc
         part = dest.with_name(dest.name + PART_SUFFIX)
         state = self._resume_state(part, size, control)
         need = size - state.done
@@ -226,7 +116,7 @@ class FileFetcher:
         try:
             os.replace(part, dest)
         except OSError as exc:
-            raise _local_error(exc, dest, state.done) from exc
+            raise local_error(exc, dest, state.done) from exc
         return dest
 
     def _retrying(
@@ -259,7 +149,7 @@ class FileFetcher:
             if control.pause.is_set():
                 self._states[part] = state
                 raise DownloadCancelled("paused")
-            if _size_of(part) != state.done:  # changed behind our back: trust the disk
+            if size_of(part) != state.done:  # changed behind our back: trust the disk
                 state = self._resume_state(part, size, control, reuse=False)
             tries += 1
             error: BaseException | None = None
@@ -326,26 +216,14 @@ class FileFetcher:
         A state kept from an earlier call is used only if the part still has its
         length; otherwise the part is hashed again (stopping early if asked to).
         """
-        on_disk = _size_of(part)
+        on_disk = size_of(part)
         if on_disk > size:
             self._discard(part)
             on_disk = 0
         kept = self._states.pop(part, None)
         if reuse and kept is not None and kept.done == on_disk:
             return kept
-        state = PartState()
-        if on_disk:
-            # After a restart: hash what is there once, then carry on from its end.
-            try:
-                with part.open("rb") as fh:
-                    while block := fh.read(CHUNK):
-                        if control.stopped():
-                            raise DownloadCancelled("paused")
-                        state.hasher.update(block)
-                        state.done += len(block)
-            except OSError as exc:
-                raise _local_error(exc, part, 0) from exc
-        return state
+        return hash_part(part, control) if on_disk else PartState()
 
     def _stream(
         self,
@@ -401,10 +279,11 @@ class FileFetcher:
                 if response.status_code == 416 and asked:
                     # "bytes */N": a file of another size than the Hub lists, or a server
                     # that cannot serve ranges (the next try asks for the whole file).
-                    self._check_total(_unsatisfied_total(response), size, part)
+                    self._check_total(unsatisfied_total(response), size, part)
                     raise WrongRange(f"the server refused the byte range from {asked:,} on (416)")
                 hf_raise_for_status(response)
-                start, end = self._placed(response, asked, size, part)
+                start, end, total = body_range(response, size)
+                self._check_total(total, size, part)
                 if start > state.done:
                     wanted = f"bytes from {asked:,} on" if asked else "the whole file"
                     raise WrongRange(
@@ -419,33 +298,6 @@ class FileFetcher:
                 )
         finally:
             control.detach_all()
-
-    def _placed(self, response: Any, asked: int, size: int, part: Path) -> tuple[int, int]:
-        """Where the body of ``response`` lies in the file: ``(start, end_exclusive)``.
-
-        Raises:
-            WrongRange: a status other than 200/206, or a 206 whose ``Content-Range`` is
-                missing, malformed or impossible.
-            DownloadError: the ``Content-Range`` speaks of a file of another size.
-        """
-        status = response.status_code
-        if status == 200:
-            return 0, size
-        if status != 206:
-            raise WrongRange(f"the server answered {status} to a request for a byte range")
-        text = str(response.headers.get("Content-Range", ""))
-        match = _CONTENT_RANGE.fullmatch(text.strip())
-        if match is None:
-            shown = ascii(text[:60]) if text else "none"
-            raise WrongRange(
-                f"the server answered a byte range without a usable Content-Range ({shown})"
-            )
-        first, last = int(match[1]), int(match[2])
-        total = None if match[3] == "*" else int(match[3])
-        if first > last or last >= (size if total is None else total):
-            raise WrongRange(f"the server answered an impossible byte range ({text[:60]!a})")
-        self._check_total(total, size, part)
-        return first, last + 1
 
     def _check_total(self, total: int | None, size: int, part: Path) -> None:
         if total is not None and total != size:
@@ -477,14 +329,14 @@ class FileFetcher:
             # write or a full disk leaves the part and the hash in step.
             fh = part.open("r+b" if state.done else "wb", buffering=0)
         except OSError as exc:
-            raise _local_error(exc, part, state.done) from exc
+            raise local_error(exc, part, state.done) from exc
         with fh:
             try:
                 if state.done:
                     fh.truncate(state.done)
                     fh.seek(state.done)
             except OSError as exc:
-                raise _local_error(exc, part, state.done) from exc
+                raise local_error(exc, part, state.done) from exc
             # Network-sized pieces, not 1 MiB ones: a dropped connection then loses
             # nothing already received.
             too_long = False
@@ -512,7 +364,7 @@ class FileFetcher:
                 # What the kernel dropped is unknown: forget the hash, so that the next
                 # try hashes what the disk really holds.
                 state.restart()
-                raise _local_error(exc, part, _size_of(part)) from exc
+                raise local_error(exc, part, size_of(part)) from exc
         if too_long:
             self._discard(part)
             raise DownloadError(
@@ -527,9 +379,9 @@ class FileFetcher:
             try:
                 n = self._write(fh, view)
             except OSError as exc:
-                raise _local_error(exc, part, state.done) from exc
+                raise local_error(exc, part, state.done) from exc
             if not n:
-                raise _local_error(OSError(errno.ENOSPC, "no byte written"), part, state.done)
+                raise local_error(OSError(errno.ENOSPC, "no byte written"), part, state.done)
             state.hasher.update(view[:n])
             state.done += n
             view = view[n:]
@@ -556,35 +408,3 @@ class FileFetcher:
         self._states.pop(part, None)
         with contextlib.suppress(FileNotFoundError):
             part.unlink()
-
-
-def _unsatisfied_total(response: Any) -> int | None:
-    """The file size a 416 answer states (``Content-Range: bytes */N``), if it states one."""
-    match = _UNSATISFIED.fullmatch(str(response.headers.get("Content-Range", "")).strip())
-    return int(match[1]) if match else None
-
-
-def _size_of(path: Path) -> int:
-    """Bytes in the part file (0 if there is none); something else in its place is refused.
-
-    A FIFO or a device where the part belongs would block the first read or write.
-    """
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return 0
-    except OSError as exc:
-        raise _local_error(exc, path, 0) from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise DownloadError(f"{path} is not a regular file; move it away and resume.")
-    return st.st_size
-
-
-def _local_error(exc: OSError, path: Path, kept: int) -> DownloadError:
-    """A message for a failure of the local disk (never retried like a network error)."""
-    if exc.errno in _DISK_FULL:
-        return DownloadError(
-            f"Disk full while writing {path.name} in {path.parent}. The {size_text(kept)} "
-            "downloaded so far are kept: free some space and resume."
-        )
-    return DownloadError(f"Could not write {path}: {exc.strerror or exc}.")

@@ -14,13 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.models.downloader import (
-    PART_SUFFIX,
-    Control,
-    DownloadCancelled,
-    DownloadError,
-    FileFetcher,
-)
+from app.models.download_control import Control
+from app.models.download_errors import DownloadCancelled, DownloadError
+from app.models.downloader import FileFetcher
 from app.models.names import (
     UnsafeNameError,
     check_file_name,
@@ -29,6 +25,7 @@ from app.models.names import (
     destination,
     repo_dir_name,
 )
+from app.models.part_file import PART_SUFFIX
 from app.models.quant import GgufChoice, RepoFile
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, read_json, set_aside

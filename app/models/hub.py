@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.models.downloader import explain_http_error
+from app.models.download_errors import explain_http_error
 from app.models.names import UnsafeNameError, check_file_name, check_repo_id
 from app.models.projectors import rank
 from app.models.quant import GgufChoice, RepoFile, group_gguf

@@ -13,7 +13,8 @@ import os
 import unicodedata
 from pathlib import Path, PurePosixPath
 
-from app.models.downloader import PART_SUFFIX, DownloadError
+from app.models.download_errors import DownloadError
+from app.models.part_file import PART_SUFFIX
 
 REPO_SEPARATOR = "__"  # owner/name is stored as the folder owner__name
 NAME_MAX_BYTES = 255  # one path component, in UTF-8 (ext4, APFS, NTFS in UTF-16 units)
