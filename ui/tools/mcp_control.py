@@ -1,9 +1,10 @@
 """The window's MCP host: made when first needed, shared with the chat, closed at quit.
 
 Importing the SDK takes about a second, so nothing is imported before the window shows:
-``start`` makes the host on a thread of its own when an ``mcp.json`` exists, and the first
-use (the settings page, or the chat asking for tools) makes it otherwise. ``HostProxy`` is
-the ``ToolHost`` the chat gets at once; it forwards to the host once there is one.
+``start`` makes the host in the background (``run_in_background``) when an ``mcp.json``
+exists, and the first use (the settings page, or the chat asking for tools) makes it
+otherwise. ``HostProxy`` is the ``ToolHost`` the chat gets at once; it forwards to the
+host once there is one.
 
 Signals (``McpControl``, on the GUI thread):
     changed(): a server's status changed, or the host appeared.
@@ -24,6 +25,7 @@ from PySide6.QtCore import QObject, Qt, Signal
 
 from app.mcp.approvals import ApprovalStore
 from app.mcp.tool_host import McpTool, ServerStatus, ToolHost, ToolResult
+from ui.common.background import Job, run_in_background
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,7 @@ class McpControl(QObject):
         self.proxy.subscribe(lambda: self.post(self.changed.emit))
         self.approvals = ApprovalStore(data_dir / APPROVALS_NAME)
         self._noticed: set[tuple[str, str]] = set()  # (name, server_id): an edit asks anew
-        self._starter: threading.Thread | None = None
+        self._starter: Job | None = None
 
     def post(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the GUI thread, soon (safe from any thread)."""
@@ -180,10 +182,7 @@ class McpControl(QObject):
         """After the window shows: make the host off the GUI thread if a config exists
         (so its problems show early); else wait for the first need."""
         if self._starter is None and self.proxy.config_path.exists():
-            self._starter = threading.Thread(
-                target=self.proxy.ensure, name="lamplight-mcp-start", daemon=True
-            )
-            self._starter.start()
+            self._starter = run_in_background(self.proxy.ensure)
 
     def host(self) -> Host | None:
         """The host, made now if need be (on the GUI thread: the page is opening)."""
@@ -198,5 +197,5 @@ class McpControl(QObject):
     def close(self) -> None:
         """At quit: the servers end with the app."""
         if self._starter is not None:
-            self._starter.join(timeout=10)
+            self._starter.wait(timeout=10)
         self.proxy.close()

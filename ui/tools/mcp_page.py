@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import threading
 from functools import partial
 
 import shiboken6
@@ -34,6 +33,7 @@ from PySide6.QtWidgets import (
 from app.mcp.approvals import Rule
 from app.mcp.tool_host import McpTool, ServerStatus
 from app.util.atomic import atomic_write_text
+from ui.common.background import run_in_background
 from ui.common.open_path import open_path
 from ui.tools.mcp_consent import ConsentPanel
 from ui.tools.mcp_control import Host, McpControl
@@ -241,7 +241,7 @@ class McpPage(QDialog):
         Off the GUI thread; the host's status reports redraw the page."""
         host = self.host
         if host is not None:
-            threading.Thread(target=host.tools, args=(0.0,), name="mcp-start", daemon=True).start()
+            run_in_background(partial(host.tools, 0.0))
 
     def set_unused(self, why: str) -> None:
         """The model in use is offered no tools, for this reason ("": it is): said in
