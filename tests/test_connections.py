@@ -591,7 +591,7 @@ def test_dialog_test_against_real_llama_server(
     assert text.startswith("Connected: llama-server"), text
     assert "gemma-3-270m" in text and "(context 2048)" in text
     assert "gemma-3-270m" in d.model_box.currentText()
-    qtbot.waitUntil(lambda: d._thread is None, timeout=5000)  # idle: the thread is gone
+    qtbot.waitUntil(lambda: not d._tests, timeout=5000)  # idle: no test left in flight
 
     d.kind_box.setCurrentIndex(d.kind_box.findData("openai"))  # its /v1 API lists the model
     d.test_button.click()
@@ -618,8 +618,8 @@ def test_dialog_test_refused_port_shows_the_error(qtbot: QtBot, dialog: Connecti
 def test_close_during_a_test_joins_the_thread_at_once(
     qtbot: QtBot, dialog: ConnectionsDialog, kind: str
 ) -> None:
-    """A server that accepts and never answers: closing cuts the test short (the
-    autouse fixture checks that no thread is left)."""
+    """A server that accepts and never answers: closing cuts the test short and waits
+    for it."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(4)
@@ -627,14 +627,13 @@ def test_close_during_a_test_joins_the_thread_at_once(
         d.add_button.click()
         fill(d, "Silent", f"http://127.0.0.1:{silent.getsockname()[1]}", kind=kind)
         d.test_button.click()
-        thread = d._thread
-        assert thread is not None
+        [(_test, job)] = d._tests.values()
         qtbot.wait(300)  # connected and waiting for an answer
-        assert thread.isRunning() and d.test_result.text().startswith("Testing")
+        assert job.running and d.test_result.text().startswith("Testing")
         t0 = time.monotonic()
         d.close()
         assert time.monotonic() - t0 < 2.0
-        assert not thread.isRunning() and d._thread is None
+        assert not job.running and not d._tests
 
 
 def test_dialog_test_sends_the_api_key(

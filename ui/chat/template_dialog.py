@@ -3,18 +3,17 @@
 The preview renders a sample conversation (or the open chat) with the chosen
 template in the same sandbox, with the same checks and limits, as a template
 from a GGUF file (``app.engine.templates.override.preview_prompt``). That can take up to
-the sandbox's load budget for a hostile template, so it runs on a short-lived
-thread, one at a time; its result comes back to the GUI thread by a queued
-signal. A custom template that fails shows why and cannot be saved.
+the sandbox's load budget for a hostile template, so it runs in the background
+(``run_in_background``), one at a time. A custom template that fails shows why and cannot be saved.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
-from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFontDatabase
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -43,6 +42,7 @@ from app.engine.templates.override import (
     preview_prompt,
 )
 from app.engine.templates.sandbox import LOAD_BUDGET_S, RENDER_BUDGET_S
+from ui.common.background import Job, run_in_background
 
 PREVIEW_DELAY_MS = 250  # after the last keystroke
 PREVIEW_CHARS = 100_000  # the preview shows the end of a longer prompt
@@ -76,27 +76,16 @@ class PreviewResult:
     error: str = ""
 
 
-class _Relay(QObject):
-    """Carries a preview's result from its thread to the GUI thread (a queued signal)."""
-
-    done = Signal(int, object)
-
-
-def _run_preview(
-    relay: _Relay,
-    generation: int,
-    override: TemplateOverride,
-    inputs: TemplateInputs,
-    messages: Sequence[ChatMessage],
-) -> None:
+def _preview(
+    override: TemplateOverride, inputs: TemplateInputs, messages: Sequence[ChatMessage]
+) -> PreviewResult:
     try:
         text, note = preview_prompt(override, inputs, messages)
-        result = PreviewResult(text=text, note=note)
+        return PreviewResult(text=text, note=note)
     except ChatTemplateError as exc:
-        result = PreviewResult(error=str(exc))
+        return PreviewResult(error=str(exc))
     except Exception as exc:  # the dialog must always get an answer
-        result = PreviewResult(error=f"failed: {exc}")
-    relay.done.emit(generation, result)
+        return PreviewResult(error=f"failed: {exc}")
 
 
 class TemplateDialog(QDialog):
@@ -120,11 +109,9 @@ class TemplateDialog(QDialog):
         self._chat = list(chat)
         self._custom = prefs.template_source or inputs.embedded or STARTER
         self._generation = 0
-        self._thread: threading.Thread | None = None
+        self._job: Job | None = None  # the preview running
         self._pending = False
         self._result: PreviewResult | None = None
-        self._relay = _Relay(self)
-        self._relay.done.connect(self._on_preview_done)
         self._timer = QTimer(self)
         self._timer.setSingleShot(True)
         self._timer.setInterval(PREVIEW_DELAY_MS)
@@ -298,22 +285,16 @@ class TemplateDialog(QDialog):
         self._timer.start()
 
     def _start_preview(self) -> None:
-        if self._thread is not None:
+        if self._job is not None:
             self._pending = True  # started again once the running one answers
             return
         override = PLAIN if self.completion.isChecked() else self._override()
-        self._thread = threading.Thread(
-            target=_run_preview,
-            args=(self._relay, self._generation, override, self._inputs, self._messages()),
-            name="lamplight-template-preview",
-            daemon=True,
-        )
-        self._thread.start()
+        preview = partial(_preview, override, self._inputs, self._messages())
+        done = partial(self._on_preview_done, self._generation)
+        self._job = run_in_background(preview, done, owner=self)
 
     def _on_preview_done(self, generation: int, result: PreviewResult) -> None:
-        if self._thread is not None:
-            self._thread.join(1.0)  # it has emitted its last signal: it is ending
-            self._thread = None
+        self._job = None
         if self._pending:
             self._pending = False
             self._start_preview()
@@ -353,8 +334,8 @@ class TemplateDialog(QDialog):
     def done(self, result: int) -> None:
         """Close, once a running preview has ended (the sandbox bounds how long it runs)."""
         self._timer.stop()
-        if self._thread is not None:
-            self._thread.join(JOIN_S)
-            self._thread = None
+        if self._job is not None:
+            self._job.wait(JOIN_S)
+            self._job = None
         self._pending = False
         super().done(result)

@@ -2,22 +2,19 @@
 
 The list and the form beside it edit ``ConnectionStore``; API keys go to the
 system keyring (``app.remote.keys``), never into the store's file. "Test" asks
-the server who it is on a short-lived thread owned by the dialog (the GUI
-thread never waits on the network) and fills the model list from its answer.
-The thread runs only while a test is in flight and is joined when the dialog
-closes.
+the server who it is in the background (``ConnectionTest``; the GUI thread never
+waits on the network) and fills the model list from its answer. Closing the
+dialog cuts a test in flight short and waits for it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import socket
-import threading
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -46,12 +43,11 @@ from app.remote.connection_store import (
     Probe,
     make_connection,
     new_id,
-    probe,
 )
-from app.remote.http import make_client
 from app.util.errors import LamplightError
+from ui.common.background import Job, run_in_background
 from ui.common.qt_util import blocked
-from ui.engine.worker import register_thread
+from ui.remote.connection_test import ConnectionTest
 
 log = logging.getLogger(__name__)
 
@@ -78,85 +74,6 @@ SLOT_OFF_TIP = (
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
-class _Prober(QObject):
-    """Tests one connection at a time on the dialog's thread.
-
-    ``cancel`` must end a test at once, even one waiting on a server that accepted
-    the connection and never answers: closing an httpx client does not wake a
-    thread blocked reading its socket, but shutting the socket down does. The
-    sockets are caught as they connect through httpcore's ``trace`` extension,
-    which a request hook adds to every request of the test's client.
-
-    Signals:
-        done(int, object): request id and the ``Probe``.
-    """
-
-    done = Signal(int, object)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._lock = threading.Lock()
-        self._client: Any = None
-        self._sockets: list[socket.socket] = []
-        self._closing = False
-
-    @Slot(int, object, str)
-    def run(self, request: int, connection: Connection, api_key: str) -> None:
-        try:
-            client = make_client(connection.url, api_key, connection.verify_tls)
-        except LamplightError as exc:
-            self.done.emit(request, Probe(False, str(exc)))
-            return
-        client.event_hooks = {"request": [self._traced], "response": []}
-        with self._lock:
-            if self._closing:
-                client.close()
-                return
-            self._client = client
-        try:
-            result = probe(connection, api_key, client)
-        finally:
-            with self._lock:
-                self._client = None
-                self._sockets.clear()
-            client.close()
-        self.done.emit(request, result)
-
-    def _traced(self, request: Any) -> None:
-        request.extensions["trace"] = self._on_trace
-
-    def _on_trace(self, event: str, info: dict[str, Any]) -> None:
-        if event != "connection.connect_tcp.complete":
-            return
-        stream = info.get("return_value")
-        sock = stream.get_extra_info("socket") if stream is not None else None
-        if isinstance(sock, socket.socket):
-            with self._lock:
-                self._sockets.append(sock)
-                closing = self._closing
-            if closing:
-                _shut(sock)
-
-    def cancel(self) -> None:
-        """Any thread: cut the test in flight short; later requests are dropped."""
-        with self._lock:
-            self._closing = True
-            client, sockets = self._client, list(self._sockets)
-        for sock in sockets:
-            _shut(sock)
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # closing under a running request may race its own cleanup
-                log.debug("closing the test client raised", exc_info=True)
-
-
-def _shut(sock: socket.socket) -> None:
-    """Wake a thread blocked on ``sock`` (its owner closes it)."""
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
 class ConnectionsDialog(QDialog):
     """Saved servers, a form to edit one, and the choice of where the model runs.
 
@@ -167,7 +84,6 @@ class ConnectionsDialog(QDialog):
 
     connectRequested = Signal(object)
     localRequested = Signal()
-    _probeRequested = Signal(int, object, str)
 
     def __init__(self, store: ConnectionStore, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -178,9 +94,7 @@ class ConnectionsDialog(QDialog):
         self._editing: str | None = None  # id of the saved connection in the form
         self._new_id = new_id()  # id a new connection gets when saved
         self._request = 0
-        self._in_flight = 0
-        self._thread: QThread | None = None
-        self._prober: _Prober | None = None
+        self._tests: dict[int, tuple[ConnectionTest, Job]] = {}  # by request, in flight
 
         left = self._build_list()
         self._build_server_fields()
@@ -563,31 +477,15 @@ class ConnectionsDialog(QDialog):
             return
         conn, key = checked
         self._request += 1
-        self._in_flight += 1
         self.test_result.setStyleSheet("")
         self.test_result.setText(f"Testing {conn.url} …")
-        self._ensure_thread()
-        self._probeRequested.emit(self._request, conn, key)
+        test = ConnectionTest()
+        done = partial(self._on_probed, self._request)
+        self._tests[self._request] = (test, run_in_background(partial(test.run, conn, key), done))
 
-    def _ensure_thread(self) -> None:
-        if self._thread is not None:
-            return
-        thread = QThread()
-        thread.setObjectName("lamplight-connection-test")
-        register_thread(thread)
-        prober = _Prober()
-        prober.moveToThread(thread)
-        self._probeRequested.connect(prober.run)
-        prober.done.connect(self._on_probed)
-        self._thread, self._prober = thread, prober
-        thread.start()
-
-    @Slot(int, object)
-    def _on_probed(self, request: int, result: Probe) -> None:
-        self._in_flight = max(0, self._in_flight - 1)
-        if self._in_flight == 0:
-            self._stop_thread()
-        if request != self._request:
+    def _on_probed(self, request: int, result: Probe | None) -> None:
+        self._tests.pop(request, None)
+        if request != self._request or result is None:
             return  # an older test, or the form changed since
         self.test_result.setText(result.message)
         self.test_result.setStyleSheet(OK_STYLE if result.ok else ERROR_STYLE)
@@ -601,23 +499,15 @@ class ConnectionsDialog(QDialog):
         self.test_result.clear()
         self.test_result.setStyleSheet("")
 
-    def _stop_thread(self) -> None:
-        thread, prober = self._thread, self._prober
-        if thread is None or prober is None:
-            return
-        self._thread = self._prober = None
-        prober.cancel()
-        self._probeRequested.disconnect(prober.run)
-        thread.quit()
-        if not thread.wait(JOIN_MS):  # pragma: no cover - a socket that ignores close
-            log.warning("the connection test did not stop in time")
-        prober.done.disconnect(self._on_probed)
-
     def shutdown(self) -> None:
-        """Stop a test in flight and join its thread (closing does this)."""
-        self._in_flight = 0
+        """Cut a test in flight short and wait for it (closing does this)."""
         self._request += 1
-        self._stop_thread()
+        tests, self._tests = list(self._tests.values()), {}
+        for test, _job in tests:
+            test.cancel()
+        for _test, job in tests:
+            if not job.wait(JOIN_MS / 1000):  # pragma: no cover - a socket that ignores close
+                log.warning("the connection test did not stop in time")
 
     def showEvent(self, event: QShowEvent) -> None:
         self.refresh()  # the connection in use may have changed while hidden
