@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.api.gateway import ApiFailure, ApiJob, EngineGateway
+from app.api.host_gateway import reply_job
 from app.config.params import LoadConfig, SamplingParams, SettingError
 from app.engine.backend import (
     Backend,
@@ -33,6 +34,8 @@ from app.engine.templates.builtin import plain_template
 from app.engine.templates.override import AUTO, TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
+from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
+from app.host.line import ReplyLine
 from app.util.errors import (
     ContextOverflowError,
     DraftError,
@@ -378,10 +381,19 @@ def as_backend(fake: FakeEngine) -> Backend:
     return fake
 
 
+class Scripted(Exception):
+    """A ``FakeGateway`` failure that reaches the client as the ``ApiFailure`` it holds."""
+
+    def __init__(self, failure: ApiFailure) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+
+
 class FakeGateway:
-    """A scripted ``EngineGateway`` for fast server tests: one worker thread runs the
-    submitted jobs in order, emitting ``tokens`` ``delay`` seconds apart and honouring
-    ``job.stop``; ``fail`` ends a job with an ``ApiFailure`` after ``fail_after`` tokens.
+    """A scripted ``EngineGateway`` for fast server tests: the host's ``ReplyLine`` in
+    front of one worker thread that runs the jobs handed to it (``submitted``) in order,
+    emitting ``tokens`` ``delay`` seconds apart and honouring ``job.stop``; ``fail`` ends
+    a job with an ``ApiFailure`` after ``fail_after`` tokens.
     ``tool_calls``: a job offered tools ends asking for these (its tokens the text
     before them), unless its last message is a tool result. ``close()`` joins its thread."""
 
@@ -401,8 +413,9 @@ class FakeGateway:
         self.cached_tokens = 3
         self.is_loading = False
         self.tool_calls: tuple[ToolCall, ...] = ()
-        self.submitted: list[ApiJob] = []
+        self.submitted: list[ApiJob] = []  # jobs the line handed to the worker
         self.started: list[ApiJob] = []  # jobs the worker began to run
+        self._asked: dict[str, ApiJob] = {}  # a reply's id -> its request
         self.release = threading.Event()  # cleared: a job waits for it before its first token
         self.release.set()
         self.info: ModelInfo | None = ModelInfo(
@@ -419,7 +432,8 @@ class FakeGateway:
             backend="CPU",
             load_ms=1.0,
         )
-        self._jobs: queue_mod.Queue[ApiJob | None] = queue_mod.Queue()
+        self.line = ReplyLine(self.submit)
+        self._jobs: queue_mod.Queue[ReplyJob | None] = queue_mod.Queue()
         self._thread = threading.Thread(target=self._run, name="fake-gateway", daemon=True)
         self._thread.start()
 
@@ -429,8 +443,21 @@ class FakeGateway:
     def loading(self) -> bool:
         return self.is_loading
 
-    def submit(self, job: ApiJob) -> None:
-        self.submitted.append(job)
+    def join(self, job: ApiJob, limit: int) -> int:
+        reply = reply_job(job)
+        self._asked[job.id] = job
+        api_sink = reply.sink
+
+        def sink(event: ReplyEvent) -> None:  # a scripted ApiFailure goes as it is
+            if isinstance(event, ReplyFailed) and isinstance(event.error, Scripted):
+                job.emit(event.error.failure)
+            else:
+                api_sink(event)
+
+        return self.line.join(replace(reply, sink=sink), limit)
+
+    def submit(self, job: ReplyJob) -> None:
+        self.submitted.append(self._asked[job.id])
         self._jobs.put(job)
 
     def close(self) -> None:
@@ -440,10 +467,10 @@ class FakeGateway:
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            self.started.append(job)
+            self.started.append(self._asked[job.id])
             self._one(job)
 
-    def _one(self, job: ApiJob) -> None:
+    def _one(self, job: ReplyJob) -> None:
         t0 = time.perf_counter()
         prompt = sum(len(m.content.split()) + 2 for m in job.messages)
         metrics = MessageMetrics(
@@ -459,29 +486,29 @@ class FakeGateway:
         parts: list[str] = []
         for i, text in enumerate(self.tokens[: job.params.max_tokens]):
             if self.fail is not None and i >= self.fail_after:
-                job.emit(self.fail)
+                job.relay.send(ReplyFailed(Scripted(self.fail)))
                 return
             if job.stop.is_set():
                 metrics.stop_reason = "cancelled"
-                job.emit(Finished("".join(parts), metrics))
+                job.relay.send(Finished("".join(parts), metrics))
                 return
             if self.delay:
                 job.stop.wait(self.delay)
             parts.append(text)
             metrics.generated_tokens += 1
             metrics.token_times_ms.append((time.perf_counter() - t0) * 1000 + i)
-            job.emit(Token(text))
+            job.relay.send(Token(text))
         if self.fail is not None:
-            job.emit(self.fail)
+            job.relay.send(ReplyFailed(Scripted(self.fail)))
             return
         limited = len(self.tokens) > job.params.max_tokens
         metrics.stop_reason = "max_tokens" if limited else self.stop_reason
         calling = self.tool_calls and job.tools and job.tools.active
         if calling and not limited and job.messages[-1].role != "tool":
             metrics.stop_reason = "tool_calls"
-            job.emit(Finished("".join(parts), metrics, tool_calls=self.tool_calls))
+            job.relay.send(Finished("".join(parts), metrics, tool_calls=self.tool_calls))
             return
-        job.emit(Finished("".join(parts), metrics))
+        job.relay.send(Finished("".join(parts), metrics))
 
 
 def as_gateway(fake: FakeGateway) -> EngineGateway:

@@ -145,7 +145,7 @@ def test_a_refused_job_fails_and_the_api_gets_its_status(hosted: Hosted) -> None
         SamplingParams.greedy(4),
         emit=seen.append,
     )
-    HostGateway(hosted.host).submit(api)
+    HostGateway(hosted.host).join(api, 32)
     assert hosted.host.drain(WAIT_S)
     (failure,) = seen
     assert isinstance(failure, ApiFailure) and (failure.status, failure.code) == (

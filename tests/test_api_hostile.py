@@ -194,7 +194,7 @@ def stream_until_stopped(
 
 def test_the_windows_stop_is_an_error_not_a_finish(serve: Serve) -> None:
     server, gw = serve(delay=0.02)
-    text, error = stream_until_stopped(server, gw, server.scheduler.stop_running)
+    text, error = stream_until_stopped(server, gw, server.requests.stop_running)
     assert text.startswith(" t0 t1 t2") and " t399" not in text
     assert error.code == "request_stopped" and "incomplete" in error.message
     # The raw stream: one error event, and no [DONE] to take it for a whole reply.
@@ -205,7 +205,7 @@ def test_the_windows_stop_is_an_error_not_a_finish(serve: Serve) -> None:
         for line in r.iter_lines():
             lines.append(line)
             if line.startswith("data: {") and ' t2"' in line:
-                server.scheduler.stop_running()
+                server.requests.stop_running()
     events = [ln.removeprefix("data: ") for ln in lines if ln.startswith("data: ")]
     assert r.status_code == 200 and "[DONE]" not in events
     assert json.loads(events[-1])["error"]["code"] == "request_stopped"
@@ -216,15 +216,15 @@ def test_the_windows_stop_is_an_error_not_a_finish(serve: Serve) -> None:
         asked = pool.submit(
             lambda: client(server, retries=2).chat.completions.create(model=MODEL, messages=USER)
         )
-        wait_for(lambda: server.scheduler.running() is not None and len(gw.started) == 3)
-        server.scheduler.stop_running()
+        wait_for(lambda: server.requests.running() is not None and len(gw.started) == 3)
+        server.requests.stop_running()
         gw.release.set()
         with pytest.raises(openai.InternalServerError) as whole:
             asked.result(10)
     assert whole.value.status_code == 503 and whole.value.code == "request_stopped"
     assert whole.value.response.headers["x-should-retry"] == "false"
     assert len(gw.submitted) == 3  # not retried
-    assert [o.finish for o in server.scheduler.recent()] == ["cancelled"] * 3
+    assert [o.finish for o in server.requests.recent()] == ["cancelled"] * 3
 
 
 def test_a_server_stopping_mid_reply_says_so(serve: Serve) -> None:
@@ -243,7 +243,7 @@ def test_a_waiting_request_at_shutdown_gets_503_with_retry_after(serve: Serve) -
         first = pool.submit(httpx2.post, server.url + "/chat/completions", json={"messages": USER})
         wait_for(lambda: len(gw.started) == 1)
         second = pool.submit(httpx2.post, server.url + "/chat/completions", json={"messages": USER})
-        wait_for(lambda: len(server.scheduler.queued()) == 1)
+        wait_for(lambda: len(server.requests.queued()) == 1)
         stopper = threading.Thread(target=server.stop)
         stopper.start()
         wait_for(gw.started[0].stop.is_set)
@@ -260,7 +260,7 @@ def test_a_waiting_request_at_shutdown_gets_503_with_retry_after(serve: Serve) -
 
 def test_sixteen_clients_at_once_all_get_their_reply(serve: Serve) -> None:
     server, _ = serve(delay=0.01)
-    assert server.scheduler.max_queue >= 16
+    assert server.requests.max_queue >= 16
     start = threading.Barrier(16)
 
     def ask(i: int) -> str:
@@ -274,7 +274,7 @@ def test_sixteen_clients_at_once_all_get_their_reply(serve: Serve) -> None:
     with ThreadPoolExecutor(16) as pool:
         replies = list(pool.map(ask, range(16)))
     assert replies == ["Hello there, friend."] * 16
-    assert [o.finish for o in server.scheduler.recent()] == ["stop"] * 16
+    assert [o.finish for o in server.requests.recent()] == ["stop"] * 16
 
 
 def test_the_queue_is_bounded_in_length_and_time(serve: Serve) -> None:
@@ -285,7 +285,7 @@ def test_the_queue_is_bounded_in_length_and_time(serve: Serve) -> None:
         wait_for(lambda: len(gw.started) == 1)
         t0 = time.monotonic()
         waited = pool.submit(httpx2.post, server.url + "/chat/completions", json={"messages": USER})
-        wait_for(lambda: len(server.scheduler.queued()) == 1)
+        wait_for(lambda: len(server.requests.queued()) == 1)
         full = httpx2.post(server.url + "/chat/completions", json={"messages": USER})
         assert full.status_code == 429 and int(full.headers["retry-after"]) >= 1
         late = waited.result(10)
@@ -373,7 +373,7 @@ def test_real_engine_unload_stop_and_burst(
             if chunk.choices and chunk.choices[0].delta.content:
                 got.append(chunk.choices[0].delta.content)
                 if len(got) == 3:
-                    server.scheduler.stop_running()
+                    server.requests.stop_running()
     assert stopped.value.code == "request_stopped" and 3 <= len(got) < 400
 
     # Twelve clients at once, tiny replies: none refused.

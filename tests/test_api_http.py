@@ -327,8 +327,8 @@ def test_stream_disconnect_stops_the_job(serve: Serve) -> None:
         closed = time.monotonic()
     took = wait_for(job.stop.is_set)
     assert time.monotonic() - closed < 1.0, took
-    wait_for(lambda: bool(server.scheduler.recent()))
-    outcome = server.scheduler.recent()[-1]
+    wait_for(lambda: bool(server.requests.recent()))
+    outcome = server.requests.recent()[-1]
     assert outcome.finish == "cancelled" and outcome.tokens < 50
 
 
@@ -347,17 +347,17 @@ def test_non_stream_and_queued_disconnects_stop_the_job(serve: Serve) -> None:
         first.sendall(request)
         wait_for(lambda: len(gw.started) == 1)
         second.sendall(request)
-        wait_for(lambda: len(server.scheduler.queued()) == 1)
+        wait_for(lambda: len(server.requests.queued()) == 1)
         second.close()  # gone while waiting in the queue: dropped, never run
-        wait_for(lambda: server.scheduler.queued() == [], 1.0)
+        wait_for(lambda: server.requests.queued() == [], 1.0)
         first.close()
         job = gw.started[0]
         wait_for(job.stop.is_set, 1.0)
     finally:
         first.close()
         second.close()
-    wait_for(lambda: len(server.scheduler.recent()) == 2)
-    assert [o.finish for o in server.scheduler.recent()] == ["cancelled", "cancelled"]
+    wait_for(lambda: len(server.requests.recent()) == 2)
+    assert [o.finish for o in server.requests.recent()] == ["cancelled", "cancelled"]
     assert len(gw.submitted) == 1
 
 

@@ -119,7 +119,7 @@ def test_the_window_and_serve_load_no_asgi_stack_until_a_server_starts() -> None
         "ui.api.api_status",
         "ui.api.api_dialog",
     ]
-    loaded = loaded_roots([*modules, "app.api.runner", "app.api.scheduler"], ASGI_ROOTS)
+    loaded = loaded_roots([*modules, "app.api.runner", "app.api.requests"], ASGI_ROOTS)
     assert loaded == [], f"imported at start-up: {loaded}"
 
 

@@ -15,7 +15,6 @@ import openai
 import pytest
 
 from app.api.errors import ApiError
-from app.api.gateway import ApiJob
 from app.api.host_gateway import HostGateway
 from app.api.runner import ApiConfig, ApiServer
 from app.api.schema import parse_chat
@@ -24,6 +23,7 @@ from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
 from app.engine.templates.override import TemplateOverride
 from app.host.host import EngineHost
+from app.host.jobs import ReplyJob
 from app.host.listener import QuietListener
 from tests.conftest import ONE_THREAD
 from tests.fakes import FakeGateway
@@ -122,18 +122,18 @@ def test_assistant_messages_carry_their_reasoning() -> None:
 class ThinkingGateway(FakeGateway):
     """Thinks in two tokens, then answers in two; usage counts the thinking."""
 
-    def _one(self, job: ApiJob) -> None:
+    def _one(self, job: ReplyJob) -> None:
         t0 = time.perf_counter()
         metrics = MessageMetrics(prompt_tokens=4, n_ctx=2048)
         pieces = [("Let me", True), (" see.", True), ("Hi", False), ("!", False)]
         for text, thought in pieces:
             metrics.generated_tokens += 1
             metrics.token_times_ms.append((time.perf_counter() - t0) * 1000)
-            job.emit(Token(text, thought))
+            job.relay.send(Token(text, thought))
         metrics.reasoning_tokens = 2
         metrics.first_answer_ms = metrics.token_times_ms[2]
         metrics.stop_reason = "eos"
-        job.emit(Finished("Hi!", metrics, "Let me see."))
+        job.relay.send(Finished("Hi!", metrics, "Let me see."))
 
 
 @pytest.fixture()

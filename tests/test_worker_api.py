@@ -387,7 +387,7 @@ def test_a_job_submitted_from_a_plain_thread_runs(
         for text in ("First question about lamps?", "Second question about ships?"):
             job, sink = make_job(info, text)
             sinks.append(sink)
-            gw.submit(job)
+            gw.join(job, 32)
 
     t = threading.Thread(target=server_thread, name="fake-api")
     t.start()
@@ -404,7 +404,7 @@ def test_no_model_is_503(qtbot: QtBot, client: EngineClient) -> None:
     gw = HostGateway(client.host)
     info = ModelInfo(Path("x.gguf"), "x", "gemma3", 0, 0, 0, 0, 1, 0, "", "CPU", 0.0)
     job, sink = make_job(info, "Hello")
-    gw.submit(job)
+    gw.join(job, 32)
     qtbot.waitUntil(lambda: sink.done, timeout=WAIT_MS)
     fail = sink.failure()
     assert (fail.status, fail.code) == (503, "model_not_loaded")

@@ -1,9 +1,10 @@
 """The seam between the HTTP server and the engine host: ``EngineGateway``.
 
-The server thread builds an ``ApiJob`` and submits it; the engine host runs it on
-its own thread (``host_gateway.HostGateway``), through the same ``Backend`` the GUI
-uses, and reports back through ``job.emit``: ``Token`` events, then exactly one
-terminal event (``Finished`` or ``ApiFailure``). ``job.halt(why)`` may be called from
+The server thread builds an ``ApiJob`` and joins it to the host's line (``join``:
+the engine host's own queue, one API reply on it at a time); the host runs it on its
+own thread (``host_gateway.HostGateway``), through the same ``Backend`` the GUI uses,
+and reports back through ``job.emit``: ``Token`` events, then exactly one terminal
+event (``Finished`` or ``ApiFailure``). ``job.halt(why)`` may be called from
 any thread (a client disconnect, the UI's Stop, shutdown): it sets ``job.stop``, which
 ends the job promptly, and keeps the first reason, so the server can tell the client
 why its reply was cut short.
@@ -22,15 +23,21 @@ from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.template_errors import ChatTemplateError
 from app.engine.tool_spec import ToolRequest
-from app.host.jobs import HostClosed, ModelGone, NoResult, TemplateUnavailable, model_id
+from app.host.jobs import (
+    HostClosed,
+    ModelGone,
+    NoResult,
+    StopCause,
+    TemplateUnavailable,
+    model_id,
+)
 from app.host.kv_pool import LOCAL_API
+from app.host.line import ReplyLine
 from app.util.errors import ContextOverflowError, ImageError, LamplightError, NoModelLoaded
 
 log = logging.getLogger(__name__)
 
 ApiKind = Literal["chat", "completion"]
-# Who stopped a job: its client went away, the window's Stop, the server stopping.
-StopCause = Literal["", "client", "operator", "shutdown"]
 
 # SamplingParams field -> the API request field a refusal names.
 _API_PARAM = {"json_schema": "response_format", "output_format": "response_format"}
@@ -86,8 +93,16 @@ class EngineGateway(Protocol):
     def loading(self) -> bool:
         """Whether a model load is under way."""
 
-    def submit(self, job: ApiJob) -> None:
-        """Queue ``job`` on the engine worker (FIFO with the GUI's requests)."""
+    @property
+    def line(self) -> ReplyLine:
+        """Where the API's replies wait their turn on the engine's queue."""
+
+    def join(self, job: ApiJob, limit: int) -> int:
+        """Queue ``job`` on ``line``; how many replies are ahead of it (0: it runs now).
+
+        Raises:
+            LineFull: ``limit`` replies are running or waiting.
+        """
 
 
 __all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for", "model_id"]

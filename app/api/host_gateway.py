@@ -1,7 +1,8 @@
 """``HostGateway``: the API server's ``EngineGateway`` over the engine host.
 
-An ``ApiJob`` becomes a ``ReplyJob`` on the host's one queue, behind the requests
-queued before it (the window's included). What the model is comes from the host's
+An ``ApiJob`` becomes a ``ReplyJob`` on the host's one queue, through its line of API
+replies (``ReplyLine``): behind the API replies before it, and behind at most one of
+them for a window reply. What the model is comes from the host's
 backend itself, the one owner of "what is loaded"; while a load or connect runs
 there is no model to serve. The host's events become the API's: tokens pass, prefill
 progress is dropped, ``ReplyFailed`` becomes the ``ApiFailure`` that ``failure_for``
@@ -15,6 +16,7 @@ from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates.override import AUTO, PLAIN
 from app.host.host import EngineHost
 from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
+from app.host.line import ReplyLine
 
 
 class HostGateway:
@@ -34,8 +36,12 @@ class HostGateway:
     def loading(self) -> bool:
         return self.host.loading
 
-    def submit(self, job: ApiJob) -> None:
-        self.host.submit(reply_job(job))
+    @property
+    def line(self) -> ReplyLine:
+        return self.host.line
+
+    def join(self, job: ApiJob, limit: int) -> int:
+        return self.host.line.join(reply_job(job), limit)
 
 
 def reply_job(job: ApiJob) -> ReplyJob:
@@ -61,4 +67,5 @@ def reply_job(job: ApiJob) -> ReplyJob:
         client=job.client,
         tools=job.tools,
         party=job.party,
+        on_halt=job.halt,
     )

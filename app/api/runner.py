@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from app.api.config import MAX_BODY_MB, MAX_WAIT_S, MIN_BODY, ApiConfig, ApiConfigError
 from app.api.gateway import EngineGateway
-from app.api.scheduler import ApiScheduler
+from app.api.requests import ApiRequests
 from app.config.params import LOCALHOST_NAMES
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class ApiServer:
         self.gateway = gateway
         self.config = config
         self.embedder = embedder  # answers /v1/embeddings; the caller owns (and closes) it
-        self.scheduler = ApiScheduler(gateway, config.max_queue)
+        self.requests = ApiRequests(gateway, config.max_queue)  # its requests on the line
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._socket: socket.socket | None = None
@@ -148,7 +148,7 @@ class ApiServer:
             parser = ThreadPoolExecutor(1, thread_name_prefix=PARSER_THREAD)
             parser.submit(int)  # its thread starts now: it lives exactly as long as the server
             app = build_app(
-                self.gateway, self.scheduler, self.config, self.url, parser, self.embedder
+                self.gateway, self.requests, self.config, self.url, parser, self.embedder
             )
             config = uvicorn.Config(
                 app,
@@ -191,7 +191,7 @@ class ApiServer:
 
     def stop(self) -> None:
         """Stop every job and the server; joins its thread (idempotent)."""
-        self.scheduler.cancel_all()
+        self.requests.cancel_all()
         with self._lock:
             server, thread, sock = self._server, self._thread, self._socket
             parser = self._parser

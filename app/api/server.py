@@ -1,11 +1,11 @@
-"""The HTTP surface: a Starlette app over an ``EngineGateway`` and an ``ApiScheduler``.
+"""The HTTP surface: a Starlette app over an ``EngineGateway`` and its ``ApiRequests``.
 
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``POST /v1/embeddings`` (``embeddings``: the embed worker,
-not the scheduler) and ``GET /lamplight/status``. Imported only when a server
+not the engine's queue) and ``GET /lamplight/status``. Imported only when a server
 starts (``runner.ApiServer.start``), so the GUI's start-up never loads Starlette.
 
-Tokens come back from the engine worker through ``job.emit``, which posts them to
+Tokens come back from the engine thread through ``job.emit``, which posts them to
 this request's ``asyncio.Queue`` with ``call_soon_threadsafe``. A streamed response
 starts (200) only with its first token: a job that fails before it (an overflowing
 prompt, a model that changed) gets its real status code; a failure after it, or a
@@ -52,7 +52,7 @@ from app.api.embeddings import (
 from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
 from app.api.image_parts import check_vision
-from app.api.scheduler import ApiScheduler, JobView, QueueFull
+from app.api.requests import ApiRequests, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
 from app.engine.backend import Finished, ModelInfo, Token
@@ -87,7 +87,7 @@ def make_emit(
     return emit
 
 
-def _terminal(event: ApiEvent) -> bool:
+def _terminal(event: ApiEvent) -> bool:  # the job's relay lets exactly one through
     return isinstance(event, Finished | ApiFailure)
 
 
@@ -100,7 +100,7 @@ def _ending(job: ApiJob, event: ApiEvent) -> ApiEvent:
 
 class JobStream(StreamingResponse):
     """A streamed reply whose end, however it comes (a disconnect included), runs
-    ``on_close``: the job is stopped and dropped unless it finished."""
+    ``on_close``: the job is stopped and dropped from the line (nothing, once it ended)."""
 
     def __init__(
         self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str]
@@ -119,14 +119,14 @@ class Handlers:
     def __init__(
         self,
         gateway: EngineGateway,
-        scheduler: ApiScheduler,
+        requests: ApiRequests,
         max_wait_s: float,
         parser: Executor,
         embedder: EmbedService | None = None,
         party: str = LOCAL_API,
     ) -> None:
         self.gateway = gateway
-        self.scheduler = scheduler
+        self.requests = requests
         self.max_wait_s = max_wait_s
         self.parser = parser  # one thread: bodies are parsed one at a time, off the loop
         self.embedder = embedder  # None: /v1/embeddings answers 503
@@ -218,8 +218,8 @@ class Handlers:
             {
                 "model": model_id(info) if info else None,
                 "loading": self.gateway.loading(),
-                "running": view(self.scheduler.running()),
-                "queued": [view(v) for v in self.scheduler.queued()],
+                "running": view(self.requests.running()),
+                "queued": [view(v) for v in self.requests.queued()],
                 "recent": [
                     {
                         "id": o.id,
@@ -230,7 +230,7 @@ class Handlers:
                         "cached_tokens": o.cached_tokens,
                         "ended": o.ended,
                     }
-                    for o in self.scheduler.recent()
+                    for o in self.requests.recent()
                 ],
             }
         )
@@ -284,9 +284,9 @@ class Handlers:
         queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
         job.emit = make_emit(asyncio.get_running_loop(), queue, job)
         try:
-            self.scheduler.enqueue(job)
+            self.requests.enqueue(job)
         except QueueFull as exc:
-            wait = str(self.scheduler.retry_after())
+            wait = str(self.requests.retry_after())
             raise ApiError(429, str(exc), headers={"Retry-After": wait}) from exc
         reply = Reply(req.kind, job.id, job.model_id, int(time.time()))
         events = await self.wait(request, job, queue, first_token=req.stream)
@@ -352,7 +352,7 @@ class Handlers:
                     _terminal(events[-1]) or (first_token and isinstance(events[-1], Token))
                 )
                 if not answered:  # the client left, or the server is stopping
-                    self.scheduler.abandon(job)
+                    self.requests.abandon(job)
             group.cancel_scope.cancel()
         if timed_out and not gone:
             raise self.queue_timeout()
@@ -367,12 +367,12 @@ class Handlers:
             return await queue.get()
         with anyio.move_on_after(self.max_wait_s):
             return await queue.get()
-        if self.scheduler.withdraw(job):
+        if self.requests.withdraw(job):
             return None
         return await queue.get()  # it runs (a long prompt, say): its answer comes
 
     def queue_timeout(self) -> ApiError:
-        wait = self.scheduler.retry_after()
+        wait = self.requests.retry_after()
         return ApiError(
             503,
             f"The request waited {self.max_wait_s:g} s in the queue without starting; "
@@ -388,33 +388,31 @@ class Handlers:
         first: list[ApiEvent],
         writer: ChunkWriter,
     ) -> Response:
-        ended = False
-
-        def write(events: list[ApiEvent]) -> bytes:
-            nonlocal ended
+        def write(events: list[ApiEvent]) -> tuple[bytes, bool]:
+            """The events' bytes, and whether the last was the reply's end."""
             out = bytearray()
             for event in map(lambda e: _ending(job, e), events):
                 if isinstance(event, Token):
                     out += writer.token(event.text, event.reasoning)
                 elif isinstance(event, Finished):
-                    out += writer.finish(event)
-                    ended = True
+                    return bytes(out + writer.finish(event)), True
                 elif isinstance(event, ApiFailure):
-                    out += failure_event(event)
-                    ended = True
-            return bytes(out)
+                    return bytes(out + failure_event(event)), True
+            return bytes(out), False
 
         async def body() -> AsyncIterator[bytes]:
-            yield writer.start() + write(first)
+            chunk, ended = write(first)
+            yield writer.start() + chunk
             while not ended:
                 events = [await queue.get()]
                 while not queue.empty():  # what arrived meanwhile goes out in one send
                     events.append(queue.get_nowait())
-                yield write(events)
+                chunk, ended = write(events)
+                yield chunk
 
         def on_close() -> None:
-            if not ended:
-                self.scheduler.abandon(job)
+            # A stream cut before its end stops its job; a job that ended is left as it is.
+            self.requests.abandon(job)
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return JobStream(body(), on_close, headers)
@@ -474,7 +472,7 @@ class H11(H11Protocol):
 
 def build_app(
     gateway: EngineGateway,
-    scheduler: ApiScheduler,
+    requests: ApiRequests,
     config: ApiConfig,
     url: str,
     parser: Executor,
@@ -484,7 +482,7 @@ def build_app(
     ``parser`` the one thread that parses request bodies, ``embedder`` the worker that
     answers ``/v1/embeddings`` (None: 503)."""
     party = api_party(config.api_key)
-    handlers = Handlers(gateway, scheduler, config.max_wait_s, parser, embedder, party)
+    handlers = Handlers(gateway, requests, config.max_wait_s, parser, embedder, party)
     routes = [
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),

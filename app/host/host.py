@@ -5,8 +5,10 @@ window, the API server, a signal handler), is one task on a FIFO queue; the engi
 thread runs them one at a time, so a window reply and an API request never touch
 the engine at once and each sees the other's effects in order. The thread is
 whatever calls ``run``: a plain ``threading.Thread`` (``start``) for ``lamplight
-serve``, a ``QThread`` for the window. ``close`` ends the loop after the tasks
-queued before it; the loop frees the model as it ends, on its own thread.
+serve``, a ``QThread`` for the window. API replies join the queue through ``line``
+(``ReplyLine``: at most one of them on it at a time, the others waiting their turn).
+``close`` ends the loop after the tasks queued before it; the loop frees the model as
+it ends, on its own thread.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from app.gguf.lora import LoraStack
 from app.host.core import EngineCore
 from app.host.jobs import HostClosed, ReplyFailed, ReplyJob
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
+from app.host.line import ReplyLine
 from app.host.listener import HostListener
-from app.host.replies import Relay, run_reply
+from app.host.replies import run_reply
 from app.models.default_model import default_model_if_present
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,7 @@ class EngineHost:
         self._finished = threading.Event()  # the loop ran and ended
         self._closed = False
         self._ident = 0  # the engine thread's id while ``run`` runs
+        self.line = ReplyLine(self.submit)  # API replies, one at a time onto the queue
 
     # -- what is in use (reads from any thread: single attribute reads) ----------------
 
@@ -106,10 +110,11 @@ class EngineHost:
             return True
 
     def submit(self, job: ReplyJob) -> None:
-        """Queue a reply (the window's or an API request); its sink gets one terminal event,
-        also when the host is already closed (then at once, on the caller's thread)."""
+        """Queue a reply (the window's, or an API request's turn from ``line``); its sink
+        gets one terminal event, also when the host is already closed (then at once, on
+        the caller's thread)."""
         if not self.post(lambda: run_reply(self._core, job)):
-            Relay(job).send(ReplyFailed(HostClosed()))
+            job.relay.send(ReplyFailed(HostClosed()))
 
     def load(self, path: str, config: LoadConfig, cancel: threading.Event) -> None:
         """Load ``path`` (``DEFAULT_MODEL``: the embedded one); ``cancel`` abandons it."""

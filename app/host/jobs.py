@@ -4,13 +4,16 @@ One job type for the window's replies and the API's requests (llama.cpp's
 ``server_task``): the fields say what a job asks for (a conversation's cache and
 snapshot, a template of its own, a model it was checked against). Its ``sink`` gets
 ``Token``, ``PrefillProgress`` and ``CallProgress`` events, then exactly one terminal event:
-``Finished`` or ``ReplyFailed``. A job refused by the host fails with one of the
-exceptions below; what a client is told (an HTTP status, a line in the window) is
-the caller's choice.
+``Finished`` or ``ReplyFailed``; ``Relay``, the job's own, is the one place that
+guarantees it, whoever ends the job (the engine thread, a closed host, a wait given
+up, the server stopping). A job refused by the host fails with one of the exceptions
+below; what a client is told (an HTTP status, a line in the window) is the caller's
+choice.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +27,11 @@ from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.util.errors import LamplightError
 
+log = logging.getLogger(__name__)
+
 Origin = Literal["gui", "api"]
+# Who stopped a job: its client went away, the window's Stop, the server stopping.
+StopCause = Literal["", "client", "operator", "shutdown"]
 
 
 class ModelGone(LamplightError):
@@ -68,6 +75,44 @@ class ReplyFailed:
 
 ReplyEvent = Token | PrefillProgress | CallProgress | Finished | ReplyFailed
 ReplySink = Callable[[ReplyEvent], None]
+Terminal = Finished | ReplyFailed
+# Called with a job's terminal event before its sink hears it; what it returns (if
+# anything) runs after the sink has (``ReplyLine`` moves on there).
+EndWatch = Callable[[Terminal], Callable[[], None] | None]
+
+
+class Relay:
+    """A job's events to its sink, from any thread: tokens until the first terminal
+    event, nothing after it; a sink that raises is logged and never reaches the sender.
+
+    The one terminal-event guard of a reply: every path that ends a job sends through
+    its relay. ``tokens`` counts the tokens passed (for the API's status).
+    """
+
+    def __init__(self, sink: ReplySink) -> None:
+        self._sink = sink
+        self._lock = threading.RLock()  # a sink may end another job; never this one twice
+        self.ended = False
+        self.tokens = 0
+        self.watch: EndWatch | None = None  # set once, before the job is queued
+
+    def send(self, event: ReplyEvent) -> None:
+        then: Callable[[], None] | None = None
+        with self._lock:
+            if self.ended:
+                return
+            if isinstance(event, Finished | ReplyFailed):
+                self.ended = True
+                if self.watch is not None:
+                    then = self.watch(event)
+            elif isinstance(event, Token):
+                self.tokens += 1
+            try:
+                self._sink(event)  # under the lock: nothing overtakes the terminal event
+            except Exception:
+                log.exception("a reply job's sink failed")
+        if then is not None:
+            then()
 
 
 @dataclass
@@ -98,6 +143,18 @@ class ReplyJob:
     client: str = ""  # who asked: "127.0.0.1:54321", an API request's `user`
     tools: ToolRequest | None = None  # what the model may call in this reply
     party: str = ""
+    # Told who stopped the job (``halt``): an API request's own record of it.
+    on_halt: Callable[[StopCause], None] | None = None
+    relay: Relay = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.relay = Relay(self.sink)
+
+    def halt(self, why: StopCause) -> None:
+        """Stop the job: ``why`` ("client", "operator", "shutdown") goes to ``on_halt``."""
+        if self.on_halt is not None:
+            self.on_halt(why)
+        self.stop.set()
 
 
 @dataclass(frozen=True)

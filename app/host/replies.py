@@ -1,10 +1,8 @@
-"""Running a ``ReplyJob`` on the engine thread: the one place that guarantees exactly
-one terminal event per job.
+"""Running a ``ReplyJob`` on the engine thread, to exactly one terminal event.
 
-``Relay`` passes a job's events to its sink: tokens until the first terminal event,
-nothing after it, and a sink that raises never reaches the engine. ``run_reply``
-ends every job with one, whatever happens: ``Finished``, or ``ReplyFailed`` with the
-exception (a refusal, an engine error, a stream that ended without a result).
+``run_reply`` ends every job with one, whatever happens: ``Finished``, or
+``ReplyFailed`` with the exception (a refusal, an engine error, a stream that ended
+without a result); the job's ``Relay`` drops whatever would come after it.
 
 A window reply hears its ``Finished`` as soon as the stream ends (the window shows
 it while the cache is saved); an API job hears it after the clean-up, so when the
@@ -25,7 +23,7 @@ from app.host.core import EngineCore, gui_key
 from app.host.jobs import (
     ModelGone,
     NoResult,
-    ReplyEvent,
+    Relay,
     ReplyFailed,
     ReplyJob,
     TemplateUnavailable,
@@ -38,27 +36,9 @@ from app.util.errors import LamplightError, NoModelLoaded
 log = logging.getLogger(__name__)
 
 
-class Relay:
-    """A job's events to its sink: at most one terminal event; sink errors are logged."""
-
-    def __init__(self, job: ReplyJob) -> None:
-        self._job = job
-        self.ended = False
-
-    def send(self, event: ReplyEvent) -> None:
-        if self.ended:
-            return
-        if isinstance(event, Finished | ReplyFailed):
-            self.ended = True
-        try:
-            self._job.sink(event)
-        except Exception:
-            log.exception("a reply job's sink failed")
-
-
 def run_reply(core: EngineCore, job: ReplyJob) -> None:
     """Run ``job`` to exactly one terminal event, between ``job_started`` and ``job_ended``."""
-    relay = Relay(job)
+    relay = job.relay
     try:
         core.listener.job_started(job)
         with core.steps.during():

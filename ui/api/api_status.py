@@ -25,8 +25,8 @@ from ui.api.serve import bind_problem
 from ui.engine.worker import EngineClient
 
 if TYPE_CHECKING:
+    from app.api.requests import JobView
     from app.api.runner import ApiConfig, ApiServer
-    from app.api.scheduler import JobView
     from app.engine.local.embed_worker import EmbedWorker
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class ApiControl(QObject):
     # -- what the window shows -----------------------------------------------------------
 
     def running_job(self) -> JobView | None:
-        return self.server.scheduler.running() if self.server is not None else None
+        return self.server.requests.running() if self.server is not None else None
 
     def poll(self) -> None:
         """Show the server's address, or the request it is answering."""
@@ -165,7 +165,7 @@ class ApiControl(QObject):
             self.label.setStyleSheet("")
             self.stop_button.hide()
             return
-        waiting = len(self.server.scheduler.queued())
+        waiting = len(self.server.requests.queued())
         more = f" (+{waiting} waiting)" if waiting else ""
         self.label.setText(
             f"API: replying to {client_host(job.client) or 'a client'} · {job.tokens} tokens{more}"
@@ -183,7 +183,7 @@ class ApiControl(QObject):
     def stop_running(self) -> None:
         """Stop the API request that is running; its client is told the reply was cut
         short (``request_stopped``), not handed half a reply as a whole one."""
-        if self.server is not None and self.server.scheduler.stop_running():
+        if self.server is not None and self.server.requests.stop_running():
             self._bar.showMessage("Stopping the API request…", 3000)
         self.poll()
 

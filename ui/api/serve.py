@@ -44,8 +44,8 @@ from app.util.instance_lock import AlreadyRunning, acquire
 from app.util.redact import secure_logging
 
 if TYPE_CHECKING:
+    from app.api.requests import Outcome
     from app.api.runner import ApiConfig, ApiServer
-    from app.api.scheduler import Outcome
     from app.config.params import LoadConfig
     from app.engine.backend import ModelInfo
     from app.engine.local.embed_worker import EmbedWorker
@@ -353,12 +353,12 @@ class OutcomeLog:
         self.seen: set[str] = set()
 
     def log_new(self, server: ApiServer) -> None:
-        for out in server.scheduler.recent():
+        for out in server.requests.recent():
             if out.id not in self.seen:
                 self.seen.add(out.id)
                 log.info("%s", outcome_line(out))
         if len(self.seen) > 1000:  # recent() holds 16; forget ids long gone
-            self.seen = {o.id for o in server.scheduler.recent()}
+            self.seen = {o.id for o in server.requests.recent()}
 
 
 def _until_stopped(
