@@ -15,4 +15,6 @@ CI_EXAMPLES = 100  # the ``ci`` profile's max_examples: the scale budgets are wr
 
 def examples(at_ci: int) -> int:
     """``at_ci`` scaled to the loaded profile (never below 3, so each test still runs)."""
-    return max(3, round(at_ci * settings.default.max_examples / CI_EXAMPLES))
+    loaded = settings.default
+    scale = (loaded.max_examples if loaded is not None else CI_EXAMPLES) / CI_EXAMPLES
+    return max(3, round(at_ci * scale))
