@@ -44,7 +44,9 @@ class Side:
     def __init__(self, model: Path, n_ctx: int, threads: int, can_shift: bool) -> None:
         self.engine = Engine()
         self.engine.load(model, LoadConfig(n_ctx=n_ctx, n_threads=threads))
-        self.engine._can_shift = can_shift and self.engine._can_shift
+        loaded = self.engine._loaded
+        assert loaded is not None
+        loaded.can_shift = can_shift and loaded.can_shift
         self.kept = [SYSTEM]
         self.evaluated: list[int] = []
         self.added: list[int] = []

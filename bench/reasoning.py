@@ -56,7 +56,7 @@ def reply(engine: Engine, messages: list[ChatMessage], params: SamplingParams) -
 
 def new_tokens(engine: Engine, history: list[ChatMessage], message: ChatMessage) -> int:
     """Tokens the new message adds to what the template renders for the history."""
-    template = engine._rendering()
+    template = engine._chat.rendering
     before = template.render([*history, ChatMessage("user", "\ue000")], False)
     head = before[: before.find("\ue000")]
     full = template.render([*history, message], True)

@@ -66,8 +66,8 @@ def follow_up(
     reply = ChatMessage("assistant", done.text, done.reasoning, done.tool_calls)
     result = ChatMessage("tool", RESULT, tool_call_id=first.id, name=first.name)
     history = [*messages, reply, result]
-    held = len(engine._map.tokens)  # the prompt and the call as generated
-    result_tokens = len(engine.tokenize(engine._rendering().render(history, True))) - held
+    held = len(engine.cached_tokens)  # the prompt and the call as generated
+    result_tokens = len(engine.tokenize(engine._chat.rendering.render(history, True))) - held
     t0 = time.perf_counter()
     if reread:
         engine.reset()
@@ -86,11 +86,11 @@ def follow_up(
 
 
 def definition_tokens(engine: Engine) -> int:
-    template = engine._rendering()
+    template = engine._chat.rendering
     bare = template.render([ChatMessage("user", "Hi")], True)
-    engine._tools = TOOLS
-    with_tools = engine._bind(template, PARAMS).render([ChatMessage("user", "Hi")], True)
-    engine._tools = None
+    engine._chat.tools = TOOLS
+    with_tools = engine._chat.bind(template, PARAMS).render([ChatMessage("user", "Hi")], True)
+    engine._chat.tools = None
     return len(engine.tokenize(with_tools)) - len(engine.tokenize(bare))
 
 

@@ -266,7 +266,7 @@ def test_snapshot_of_a_shifted_chat_resumes_and_regenerate_works(
 def test_a_cache_that_cannot_shift_reads_the_kept_text_again(
     small: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(small, "_can_shift", False)
+    monkeypatch.setattr(small._loaded, "can_shift", False)
     reread = []
     for _turn, _kept, m in past_overflow(small, params("rolling"), False):
         if m.dropped_count:

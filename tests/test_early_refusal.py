@@ -68,7 +68,7 @@ def test_a_25_mb_message_is_refused_without_being_tokenized(
     with pytest.raises(ContextOverflowError) as refused:
         list(engine.generate(messages, params))
     assert max(spied, default=0) < EARLY_CHARS  # none of the message was tokenized
-    longest = engine._vocab.longest_token() if engine._vocab else 0
+    longest = engine._loaded.vocab.longest_token() if engine._loaded else 0
     assert 0 < longest < 100  # gemma 3: 48 bytes
     assert refused.value.prompt_tokens > BIG // longest > 20 * TEST_CTX
     message = str(refused.value)
@@ -105,8 +105,8 @@ def test_a_long_message_the_policy_can_drop_is_not_refused_early(
 def vocabulary_text(engine: Engine) -> st.SearchStrategy[str]:
     """Texts the model's tokenizer reads in few tokens: runs of its own tokens' text
     (the longest one often), spaces and newlines, special tokens, odd characters."""
-    vocab = engine._vocab
-    assert vocab is not None
+    assert engine._loaded is not None
+    vocab = engine._loaded.vocab
     n_vocab = engine.llama.n_vocab()
     longest = max(range(n_vocab), key=lambda t: len(vocab.piece(t, special=True)))
     piece = st.integers(0, n_vocab - 1) | st.just(longest)
@@ -116,13 +116,13 @@ def vocabulary_text(engine: Engine) -> st.SearchStrategy[str]:
 
 
 def test_the_bound_is_never_more_than_the_real_tokens(engine: Engine) -> None:
-    longest = engine._vocab.longest_token() if engine._vocab else 0
+    longest = engine._loaded.vocab.longest_token() if engine._loaded else 0
 
     @settings(max_examples=examples(150), deadline=None, suppress_health_check=list(HealthCheck))
     @given(text=vocabulary_text(engine), repeat=st.integers(1, 40))
     def check(text: str, repeat: int) -> None:
         text *= repeat
-        tokens = engine._tokenize(text, False)
+        tokens = engine._loaded.tokenizer.tokenize(text, False)
         assert least_tokens(text, longest) <= len(tokens)
 
     check()

@@ -557,8 +557,8 @@ def test_a_new_turn_token_ends_the_reply(engine: Engine, speculative: bool) -> N
 
 
 def test_a_user_stop_string_that_is_a_control_token_stops_too(engine: Engine) -> None:
-    vocab = engine._vocab
-    assert vocab is not None
+    assert engine._loaded is not None
+    vocab = engine._loaded.vocab
     bos = vocab.control_token("<bos>")
     assert bos is not None and vocab.control_token("hello") is None
     assert vocab.stop_tokens(["<start_of_turn>", "<end_of_turn>", "x", ""]) == frozenset({105, 106})
@@ -569,7 +569,7 @@ def test_a_template_failing_at_reply_time_is_one_typed_error(
 ) -> None:
     src = "{% for m in messages %}{% if 'boom' in m.content %}{{ raise_exception('boom') }}"
     src += "{% endif %}<start_of_turn>{{ m.role }}\n{{ m.content }}<end_of_turn>\n{% endfor %}"
-    monkeypatch.setattr(engine, "_template", jinja_template(src, "<bos>", "<eos>"))
+    monkeypatch.setattr(engine._chat, "template", jinja_template(src, "<bos>", "<eos>"))
     events = []
     with pytest.raises(ChatTemplateError, match="boom"):
         for event in engine.generate([ChatMessage("user", "boom")], SamplingParams.greedy(4)):
@@ -577,7 +577,7 @@ def test_a_template_failing_at_reply_time_is_one_typed_error(
     assert events == []
     # An empty render never reaches llama.cpp (an empty batch aborts the process).
     empty = ChatTemplate("empty", "test", (), lambda _m, _g, _x: "")
-    monkeypatch.setattr(engine, "_template", empty)
+    monkeypatch.setattr(engine._chat, "template", empty)
     with pytest.raises(ChatTemplateError, match="empty prompt"):
         list(engine.generate([ChatMessage("user", "hi")], SamplingParams.greedy(4)))
     monkeypatch.undo()
@@ -603,7 +603,7 @@ def test_hostile_templates_in_the_model_file_fall_back_at_load(
             if own:
                 assert loaded.template == "model's own (from the GGUF)"
                 assert own_notes(engine.load_notes) == ()
-                assert engine._stop_ids == {1, 105, 106}
+                assert engine._chat.stop_ids == {1, 105, 106}
             else:
                 assert elapsed < 10 + LOAD_BUDGET_S + GRACE_S
                 assert engine.template.name == "gemma"
@@ -622,7 +622,7 @@ def test_worker_reports_one_terminal_signal_for_a_template_failure(
 
     src = "{% for m in messages %}{% if 'zz' in m.content %}{{ raise_exception('x') }}"
     src += "{% endif %}{{ m.content }}{% endfor %}"
-    monkeypatch.setattr(engine, "_template", jinja_template(src, "", ""))
+    monkeypatch.setattr(engine._chat, "template", jinja_template(src, "", ""))
     worker = EngineWorker(engine, Path("."), None)
     seen: list[str] = []
     worker.finished.connect(lambda *a: seen.append("finished"))

@@ -19,7 +19,7 @@ from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.adapters import MAX_IDLE_ADAPTERS
 from app.engine.local.engine import Engine
-from app.engine.local.engine_cache import LORA_CHANGED_NOTE
+from app.engine.local.kv_sequence import LORA_CHANGED_NOTE
 from app.gguf.lora import (
     LoraError,
     LoraStack,

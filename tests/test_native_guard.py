@@ -232,7 +232,7 @@ def test_the_engine_loads_without_the_path_whose_child_crashed(
     try:
         info = engine.load(model_path, ONE_THREAD)
         assert any("is off on this computer" in n and "SIGSEGV" in n for n in info.notes)
-        assert engine._extra_bufts is False
+        assert engine._loaded is not None and engine._loaded.extra_bufts is False
         events = engine.generate([ChatMessage("user", "Hello")], SamplingParams.greedy(8))
         assert any(isinstance(e, Token) for e in events)
     finally:

@@ -21,7 +21,7 @@ from app.engine.backend import KvState
 from app.engine.chat_message import ChatMessage
 from app.engine.context_map import ContextMap
 from app.engine.local.engine import Engine
-from app.engine.local.engine_cache import HEAD_LOST_NOTE
+from app.engine.local.kv_sequence import HEAD_LOST_NOTE
 from app.engine.metrics import MessageMetrics
 from tests.near_tie import reply_nll, same_up_to_near_tie
 from tests.test_context_overflow import ask, params
@@ -72,7 +72,7 @@ def filled(engine: Engine, system: bool, reply: bool) -> int:
         last = STORY if reply else None
         n = fitting(engine, system, N_CTX // 4 if reply else 2, last)
         ask(engine, chat(n, system, last), params("stop", 1))
-        engine._rewind(len(engine.prompt_tokens(chat(n, system, last))))  # the prompt alone
+        engine._kv.rewind(len(engine.prompt_tokens(chat(n, system, last))))  # the prompt alone
         _STATES[key] = n, engine.export_state()
     n, state = _STATES[key]
     engine.import_state(state)
@@ -95,7 +95,7 @@ def assert_fresh_read(engine: Engine, messages: list[ChatMessage]) -> None:
     mem = engine.native.memory
     pos = llama_cpp.llama_memory_seq_pos_min(mem, 0), llama_cpp.llama_memory_seq_pos_max(mem, 0)
     assert pos == (0, len(cache) - 1)
-    marks = engine._map.marks
+    marks = engine._kv.map.marks
     assert marks == sorted(set(marks)), marks
 
 
@@ -116,7 +116,7 @@ def test_a_drop_keeps_bos_and_leaves_a_fresh_reads_tokens(
     with a fresh read's: the same up to near-ties where the kept text was read again, about
     as likely where it was shifted (see test_context_overflow's shift test)."""
     if path == "reread":
-        monkeypatch.setattr(small, "_can_shift", False)
+        monkeypatch.setattr(small._loaded, "can_shift", False)
     if path == "during_reply":
         n = filled(small, system, reply=True)
         messages = chat(n, system, STORY)
@@ -162,9 +162,9 @@ def test_a_cache_that_lost_bos_is_read_again(small: Engine) -> None:
     messages = [ChatMessage("user", "Hello there.")]
     assert small.template is not None
     text = small.template.render(messages, True)
-    for _event in small._prefill(small.tokenize(text)[1:], threading.Event()):
+    for _event in small._kv.prefill(small.tokenize(text)[1:], threading.Event()):
         pass
-    small._map.mark(text)
+    small._kv.map.mark(text)
     _, m = ask(small, messages, params("rolling", 2))
     assert m.cache_note == HEAD_LOST_NOTE and m.cached_tokens == 0
     assert small.cached_tokens[0] == small.llama.token_bos()

@@ -59,7 +59,7 @@ def test_next_turn_evaluates_only_the_new_message_with_past_thinking_dropped(
     reworked = reasoning.prewarm(first, reply)
     assert reworked > 0  # the reply's thinking left the cache
     history = [*first, reply, ChatMessage("user", "And now say bye.")]
-    template = reasoning._rendering()
+    template = reasoning._chat.rendering
     expected = template.render(history, True)
     assert "<think>" not in expected  # the template drops past thinking...
     _tokens, second = run(reasoning, history, GREEDY)
@@ -68,7 +68,7 @@ def test_next_turn_evaluates_only_the_new_message_with_past_thinking_dropped(
     new = len(reasoning.tokenize("And now say bye.<|im_end|>\n<|im_start|>assistant\n")) - 1
     assert m.evaluated_tokens <= new + 1, (m.evaluated_tokens, new)
     assert reasoning.native is not None
-    assert reasoning._map.text.startswith(expected)
+    assert reasoning._kv.map.text.startswith(expected)
 
 
 def test_budget_closes_the_block_and_the_model_answers(reasoning: Engine) -> None:
@@ -80,7 +80,7 @@ def test_budget_closes_the_block_and_the_model_answers(reasoning: Engine) -> Non
     assert m.thinking_cut == "budget"
     assert done.reasoning.endswith("Answer now.")
     assert done.text.strip() and m.generated_tokens == 40
-    assert "</think>" in reasoning._map.text  # the block was closed in the cache
+    assert "</think>" in reasoning._kv.map.text  # the block was closed in the cache
     assert any(not t.reasoning for t in tokens)
 
 
@@ -100,11 +100,11 @@ def test_switch_off_and_on(reasoning: Engine) -> None:
     use(reasoning, QWEN3)
     msgs = [ChatMessage("user", "Hi.")]
     _t, off = run(reasoning, msgs, replace(GREEDY, thinking="off", max_tokens=8))
-    assert reasoning._map.text.count("<think>\n\n</think>\n\n") == 1  # the template's own off
+    assert reasoning._kv.map.text.count("<think>\n\n</think>\n\n") == 1  # the template's own off
     assert off.reasoning == "" and off.metrics.reasoning_tokens == 0
     use(reasoning, R1)  # no switch: "off" writes the empty block itself
     _t, off = run(reasoning, msgs, replace(GREEDY, thinking="off", max_tokens=8))
-    assert "<think>\n</think>\n\n" in reasoning._map.text
+    assert "<think>\n</think>\n\n" in reasoning._kv.map.text
     assert off.reasoning == "" and off.text.strip()
     # "on" with no switch, where the model would not think: the block is opened for it.
     use(reasoning, QWEN3.replace("enable_thinking", "no_such_switch"))
@@ -123,7 +123,7 @@ def test_channels_and_effort(reasoning: Engine) -> None:
     )
     params = replace(GRAMMAR, grammar=grammar, reasoning_effort="high")
     _tokens, done = run(reasoning, [ChatMessage("user", "Hi.")], params)
-    assert "Reasoning: high" in reasoning._map.text
+    assert "Reasoning: high" in reasoning._kv.map.text
     assert done.reasoning and done.text.strip()
     assert "<|" not in done.text and "<|" not in done.reasoning
     budget = replace(GREEDY, thinking="on", thinking_budget=6, max_tokens=20)

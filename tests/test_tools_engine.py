@@ -80,7 +80,7 @@ def test_a_named_choice_makes_the_base_model_call_that_tool(tools_engine: Engine
     assert "<tool_call>" not in done.text
     assert tools_engine.model is not None and tools_engine.model.tool_format == "generic"
     # The generic form described the tools in the prompt.
-    assert '"get_weather"' in tools_engine._map.text
+    assert '"get_weather"' in tools_engine._kv.map.text
 
 
 def test_a_call_being_written_reports_its_progress(tools_engine: Engine) -> None:
@@ -114,7 +114,7 @@ def test_required_with_the_template_s_own_format_then_the_follow_up_reads_only_t
     assert len(done.tool_calls) == 1
     call = done.tool_calls[0]
     assert call.name in ("get_weather", "get_time")
-    assert "<tools>" in tools_engine._map.text  # the template's own tool listing
+    assert "<tools>" in tools_engine._kv.map.text  # the template's own tool listing
     reply = ChatMessage("assistant", done.text, done.reasoning, done.tool_calls)
     tools_engine.prewarm(ASK, reply)
     result = ChatMessage("tool", '{"temperature": 21, "sky": "clear"}', "", (), call.id, call.name)

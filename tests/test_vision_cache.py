@@ -118,7 +118,7 @@ def eng(vision_a: Engine) -> Engine:
 
 @pytest.mark.slow
 def test_a_chat_with_more_pictures_than_kept_replies_read_from_the_start(eng: Engine) -> None:
-    projector = eng._projector
+    projector = eng._loaded.projector if eng._loaded is not None else None
     assert projector is not None
     chat = picture_chat(pictures(N_PICTURES))
     assert eng.image_tokens(chat[0].images[0]) == PICTURE_TOKENS

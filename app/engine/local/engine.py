@@ -9,13 +9,10 @@ generation loop itself calls llama.cpp directly (``llama_decode`` on a
 one-token batch, the native sampler chain) so no per-token copy of the
 262k-entry logits row is made in Python.
 
-``Engine`` is the only entry point. The modules beside it hold its parts:
-``loader`` (opening a model), ``native`` (the binding's native handles),
-``engine_cache`` (the KV cache side, Engine's base), ``prompt_pipeline`` (the
-prompt's steps, shared with llama-server), ``draft_slot`` (the draft model),
-``vocab`` (token text), ``adapters`` (LoRA handles), ``kv_state`` (KV
-serialization), ``sampler`` (the native sampler chain), ``decode`` (the decode
-loops) and ``llama_log`` (llama.cpp's log).
+``Engine`` is the only entry point, a facade over members made for each loaded model:
+``LoadedModel`` (the model, its vocabulary, adapters, projector and tokenizer),
+``TemplateState`` (the chat template and the request's binding), ``KvSequence`` (KV
+sequence 0 and what it holds) and ``LocalPrompt`` (rendering and fitting the prompt).
 """
 
 from __future__ import annotations
@@ -29,25 +26,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import (
     Capabilities,
     DraftInfo,
     EngineEvent,
     Finished,
+    KvState,
     ModelInfo,
     ProgressFn,
 )
-from app.engine.chat_message import ChatMessage
-from app.engine.context_map import common_prefix
-from app.engine.local.adapters import AdapterSet
+from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.local.decode import DecodeJob, decode
 from app.engine.local.draft.slot import DraftSlot, open_draft
-from app.engine.local.engine_cache import EngineCache
+from app.engine.local.kv_sequence import KvSequence
+from app.engine.local.loaded_model import LoadedModel, prepare
 from app.engine.local.loader import open_llama
-from app.engine.local.model_template import auto_template, head_tokens
+from app.engine.local.model_template import auto_template
+from app.engine.local.prompt import LocalPrompt
+from app.engine.local.prompt_tokenizer import NO_PROJECTOR, NOT_SEEN
 from app.engine.local.sampler import build_sampler
-from app.engine.local.vision import check_projector, open_projector
+from app.engine.local.template_state import TemplateState
+from app.engine.local.vision import ImageSeq, check_projector, open_projector
 from app.engine.local.vocab import Vocab
 from app.engine.metrics import MessageMetrics
 from app.engine.native.guard import NativeGuard, default_guard
@@ -56,34 +56,19 @@ from app.engine.native.hardware import HardwareInfo, detect_hardware
 from app.engine.native.libs import load_backends
 from app.engine.native.llama_log import install_log_route
 from app.engine.prompt.overflow import Overflow
-from app.engine.prompt.pipeline import (
-    Prompt,
-    PromptPipeline,
-    PromptRequest,
-    record_drops,
-    render,
-)
+from app.engine.prompt.pipeline import PromptRequest, record_drops
 from app.engine.templates.chat_template import ChatTemplate
-from app.engine.templates.override import AUTO as AUTO_TEMPLATE
-from app.engine.templates.override import (
-    TemplateInputs,
-    TemplateOverride,
-    build_template,
-    looks_like_base_model,
-)
-from app.engine.templates.thinking import (
-    ThinkingControl,
-    marker_ids,
-    request_template,
-    thinking_control,
-)
+from app.engine.templates.override import TemplateOverride
+from app.engine.templates.thinking import ThinkingControl, thinking_control
 from app.engine.tool_spec import ToolRequest
-from app.engine.tools.binding import ToolDecoding, bind_tools, tool_decoding
-from app.engine.tools.format import ToolFormat, detect_tool_format
-from app.gguf.info import GgufInfo, read_gguf_info
+from app.engine.tools.binding import ToolDecoding
+from app.gguf.info import read_gguf_info
+from app.gguf.lora import AdapterInfo, LoraStack
+from app.util.errors import ImageError, NoModelLoaded
 
 log = logging.getLogger(__name__)
 
+NO_MODEL = "No model is loaded. Open a model first."
 
 _CAPABILITIES = Capabilities(
     snapshots=True,
@@ -103,40 +88,43 @@ _CAPABILITIES = Capabilities(
 _CAPABILITIES_GPU = replace(_CAPABILITIES, gpu_offload=True, why_not={})
 
 
-class Engine(EngineCache):
+class Engine:
     """Owns one model and its KV cache; streams replies as events."""
 
     def __init__(self, guard: NativeGuard | None = None) -> None:
-        super().__init__()
         install_log_route()
         load_backends()  # the CPU variant for this processor, GPU modules: before any model
         # Switches off native paths that crash on this machine (the window's and the
         # server's engines get one on their data folder; see native_guard.default_guard).
         self._guard = guard if guard is not None else default_guard()
-        self._info: ModelInfo | None = None
-        self._template: ChatTemplate | None = None
-        self._inputs = TemplateInputs()  # what the loaded model's templates are made from
         self._backend: HardwareInfo | None = None
-        self._vocab: Vocab | None = None
-        self._stop_ids: frozenset[int] = frozenset()  # the template's stop tokens with no text
-        self._notes: tuple[str, ...] = ()
-        self._guard_notes: tuple[str, ...] = ()  # native paths off on this machine
-        self._extra_bufts = True  # the loaded model's; its draft loads the same way
-        self._can_shift = False  # llama_memory_can_shift: drops need no re-reading
+        self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
+        # The loaded model and its parts (all None, or all set, together).
+        self._loaded: LoadedModel | None = None
+        self._chat: TemplateState | None = None
+        self._kv: KvSequence | None = None
+        self._prompt: LocalPrompt | None = None
+        self._info: ModelInfo | None = None
         # The last request's messages, and its overflow (what the model still sees).
         self._sent: tuple[list[ChatMessage], Overflow] | None = None
-        # The template with the last request's thinking switches bound (``request_template``):
-        # every render for that request, and the next turn's prewarm, use it.
-        self._bound: ChatTemplate | None = None
-        self._markers: frozenset[int] = frozenset()
-        self._tools: ToolRequest | None = None  # the last request's tools (bound in ``_bound``)
-        self.load_count = 0  # successful loads, so tests can tell a hot swap from a reload
-        # Templates built for the loaded model, by choice: the API server swaps between
-        # the window's choice and its own per request, so each is built once per load.
-        self._built: dict[TemplateOverride, tuple[ChatTemplate, frozenset[int]]] = {}
         # Speculative decoding: the draft model (dropped with the target model), and
         # the measured costs the adaptive draft length weighs, per kind of drafter.
         self._draft = DraftSlot()
+
+    def _require(self) -> LoadedModel:
+        if self._loaded is None:
+            raise NoModelLoaded(NO_MODEL)
+        return self._loaded
+
+    def _parts(self) -> tuple[LoadedModel, TemplateState, KvSequence, LocalPrompt]:
+        """The loaded model and its members.
+
+        Raises:
+            NoModelLoaded.
+        """
+        model = self._require()
+        assert self._chat is not None and self._kv is not None and self._prompt is not None
+        return model, self._chat, self._kv, self._prompt
 
     # -- model -----------------------------------------------------------------
 
@@ -146,22 +134,32 @@ class Engine(EngineCache):
 
     @property
     def template(self) -> ChatTemplate | None:
-        return self._template
+        return self._chat.template if self._chat is not None else None
 
     @property
     def load_notes(self) -> tuple[str, ...]:
         """What the user should know about the last load (a chat template not used)."""
-        return self._notes
+        return self._chat.notes if self._chat is not None else ()
 
     @property
     def llama(self) -> Any:
         """The ``llama_cpp.Llama`` object, for benchmarks and tests on the owner thread."""
-        return self._llm
+        return self._loaded.llm if self._loaded is not None else None
+
+    @property
+    def native(self) -> Native:
+        """The loaded model's native handles (``app.engine.native.handles``), on the owner thread.
+
+        Raises:
+            NoModelLoaded.
+        """
+        return self._require().native
 
     @property
     def capabilities(self) -> Capabilities:
         caps = _CAPABILITIES_GPU if self.hardware().gpu_offload else _CAPABILITIES
-        return replace(caps, vision=True) if self._projector is not None else caps
+        loaded = self._loaded
+        return replace(caps, vision=True) if loaded and loaded.projector is not None else caps
 
     def ping(self) -> str:
         return ""
@@ -185,9 +183,7 @@ class Engine(EngineCache):
             LoadCancelled: ``progress`` returned False.
         """
         gguf = read_gguf_info(path)  # a bad file is refused before llama.cpp sees it
-        config, extra_bufts, guarded = self._prepare(gguf, config)
-        import llama_cpp
-
+        config, extra_bufts, guarded = prepare(gguf, config, self._guard, self.hardware)
         fits = check_projector(config, gguf)  # before llama.cpp reads either file
         t0 = time.perf_counter()
         llm = open_llama(gguf, config, progress, extra_bufts)
@@ -200,91 +196,28 @@ class Engine(EngineCache):
             llm.close()
             raise
         self.unload()  # the old model, its adapters and its cache: only now
-        self._projector = projector
         self.load_count += 1
-        self._built = {AUTO_TEMPLATE: (template, stop_ids)}
-        self._llm = llm
-        self._vocab = vocab
-        self._adapters = AdapterSet(gguf.path)
-        self._config = config
-        self._template = template
-        self._inputs = inputs
-        self._stop_ids = stop_ids
-        self._guard_notes = guarded
-        self._extra_bufts = extra_bufts
-        self._notes = (*guarded, *((template.note,) if template.note else ()))
-        for note in self._notes:
-            log.warning("%s", note)
-        native = self._native = Native(llm)
-        self._n_swa = native.n_swa()
-        self._can_shift = native.can_shift()
-        self._head = head_tokens(llm)
-        self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
-        self._info = ModelInfo(
-            path=gguf.path,
-            name=gguf.display_name,
-            architecture=gguf.architecture,
-            n_params=gguf.n_params,
-            file_size=gguf.file_size,
-            n_ctx=llm.n_ctx(),
-            n_ctx_train=native.n_ctx_train(),
-            n_threads=config.threads(),
-            n_gpu_layers=config.n_gpu_layers,
-            template=self._template.label,
-            backend=self.hardware().label if config.n_gpu_layers != 0 else "CPU",
-            load_ms=load_ms,
-            notes=self._notes,
-            capabilities=self.capabilities,
-            template_inputs=inputs,
-            base_model=looks_like_base_model(
-                (gguf.name, gguf.path.name), has_template=bool(gguf.chat_template)
-            ),
-            reasoning=template.reasoning,
-            tool_format=self._tool_format(template).family,
-            projector=projector.path.name if projector is not None else "",
+        model = self._loaded = LoadedModel(llm, vocab, gguf.path, config, extra_bufts, projector)
+        tokenize = model.tokenizer.tokenize
+        chat = self._chat = TemplateState(
+            inputs, (template, stop_ids), vocab, lambda t: tokenize(t, False), guarded
         )
-        self._bound = None
-        self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
-        log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, self._template.label)
+        self._kv = KvSequence(model)
+        self._prompt = LocalPrompt(model, chat, self._kv, self._use_template)
+        backend = self.hardware().label if config.n_gpu_layers != 0 else "CPU"
+        self._info = model.describe(gguf, chat, load_ms, backend, self.capabilities)
+        log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, template.label)
         return self._info
-
-    def _prepare(
-        self, gguf: GgufInfo, config: LoadConfig
-    ) -> tuple[LoadConfig, bool, tuple[str, ...]]:
-        """``config`` with auto offload resolved and the native guard's changes; whether
-        extra buffer types are safe; the guard's notes."""
-        from app.engine.local.offload import AUTO, resolve
-
-        if config.n_gpu_layers == AUTO:
-            config = resolve(config, gguf, self.hardware())
-        if self._guard is None:
-            return config, True, ()
-        prepared = self._guard.prepare(gguf.path, config, self.hardware().gpu_offload)
-        return prepared.config, prepared.extra_bufts, prepared.notes
 
     def unload(self) -> None:
         """Free the model, its context and its LoRA adapters."""
-        # llama.cpp frees every adapter with its model (llama_model::~llama_model), so the
-        # handles are only dropped here: freeing one after the model would be a double free.
-        self._adapters = AdapterSet()
-        self._kv_lora_sig = []
-        self._draft.drop()
+        self._draft.drop()  # its thread pool is detached before either context is freed
         self._draft.costs = {}
-        if self._projector is not None:  # before its model
-            self._projector.close()
-            self._projector = None
-        if self._llm is not None:
-            self._llm.close()
-        self._llm = None
-        self._native = None
-        self._vocab = None
+        loaded, self._loaded = self._loaded, None
+        self._chat = self._kv = self._prompt = None
         self._info = None
-        self._template = None
-        self._inputs = TemplateInputs()
-        self._stop_ids = frozenset()
-        self._notes = ()
-        self._built = {}
-        self._map.clear()
+        if loaded is not None:
+            loaded.close()
 
     # -- draft model -----------------------------------------------------------------------
 
@@ -315,17 +248,14 @@ class Engine(EngineCache):
             DraftError: the draft cannot draft for this model, cannot be loaded, or its
                 load was cancelled.
         """
-        llm = self._require()
+        model = self._require()
         if path is None:
             self._draft.drop()
             return None
-        assert self._info is not None and self._config is not None
-        size = n_ctx if n_ctx > 0 else min(llm.n_ctx(), 4096)
-        config = replace(self._config, n_ctx=size)
-        draft_llm, info = open_draft(
-            self._info.path, Path(path), config, progress, self._extra_bufts
-        )
-        self._draft.attach(draft_llm, info.path, info, self.native, config.threads())
+        size = n_ctx if n_ctx > 0 else min(model.llm.n_ctx(), 4096)
+        config = replace(model.config, n_ctx=size)
+        draft_llm, info = open_draft(model.path, Path(path), config, progress, model.extra_bufts)
+        self._draft.attach(draft_llm, info.path, info, model.native, config.threads())
         return info
 
     # -- chat template -------------------------------------------------------------------
@@ -340,46 +270,155 @@ class Engine(EngineCache):
         Raises:
             NoModelLoaded.
         """
-        self._require()
-        assert self._vocab is not None
-        built = self._built.get(override)
-        if built is None:
-            template = build_template(override, self._inputs, self._vocab.is_special)
-            built = (template, self._vocab.stop_tokens(template.stop_strings))
-            if len(self._built) >= 16:  # a custom template edited many times: start over
-                self._built = {k: v for k, v in self._built.items() if k == AUTO_TEMPLATE}
-            self._built[override] = built
-        self._use_template(*built)
-        log.info("chat template set: %s", self._template.label if self._template else "")
+        _model, chat, _kv, _prompt = self._parts()
+        self._use_template(*chat.build(override))
+        log.info("chat template set: %s", chat.template.label)
         assert self._info is not None
         return self._info
 
     def _use_template(self, template: ChatTemplate, stop_ids: frozenset[int] | None = None) -> None:
-        assert self._vocab is not None and self._info is not None
-        self._template = template
-        self._bound = None
-        self._markers = marker_ids(template.reasoning, lambda t: self._tokenize(t, bos=False))
-        self._stop_ids = (
-            stop_ids if stop_ids is not None else self._vocab.stop_tokens(template.stop_strings)
-        )
-        self._notes = (*self._guard_notes, *((template.note,) if template.note else ()))
-        for note in self._notes:
-            log.warning("%s", note)
+        """Render with ``template`` from now on, and say so in ``model``."""
+        _model, chat, _kv, _prompt = self._parts()
+        assert self._info is not None
+        chat.use(template, stop_ids)
         self._info = replace(
             self._info,
             template=template.label,
-            notes=self._notes,
+            notes=chat.notes,
             reasoning=template.reasoning,
-            tool_format=self._tool_format(template).family,
+            tool_format=chat.tool_format(template).family,
         )
+
+    # -- LoRA ------------------------------------------------------------------------------
+
+    @property
+    def lora_stack(self) -> LoraStack:
+        """A copy of the adapter stack applied to the context (empty after every load)."""
+        return self._loaded.adapters.stack.copy() if self._loaded is not None else LoraStack()
+
+    def lora_signature(self) -> list[dict[str, Any]]:
+        """The applied stack's ``LoraStack.signature()``."""
+        signature = self._loaded.adapters.signature if self._loaded is not None else []
+        return [dict(s) for s in signature]
+
+    @property
+    def lora_stale(self) -> bool:
+        """The KV cache holds tokens evaluated under a stack that changes the output differently."""
+        return self._kv is not None and self._kv.lora_stale
+
+    def set_lora_stack(self, stack: LoraStack) -> bool:
+        """Apply ``stack`` from the next message on; the model stays loaded.
+
+        Loaded adapters are reused, new ones checked first (``AdapterSet.apply``).
+        On any error nothing changes.
+
+        Returns True when the cached conversation is now stale: the next ``generate``
+        evaluates it again and says so in ``metrics.cache_note``. Changes that leave the
+        output alone (order, a disabled or scale-0 entry) keep the cache.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+        model, _chat, kv, _prompt = self._parts()
+        model.adapters.apply(model.llm, stack)
+        stale = kv.lora_stale
+        log.info(
+            "LoRA stack applied: %s%s",
+            model.adapters.stack.summary() or "none",
+            " (cache stale)" * stale,
+        )
+        return stale
+
+    def adapter_info(self, path: str | Path) -> AdapterInfo:
+        """Read ``path`` and check it against the loaded model, without loading it.
+
+        Raises:
+            NoModelLoaded, LoraError.
+        """
+        return self._require().adapters.check(path)
+
+    @property
+    def loaded_adapters(self) -> int:
+        """How many adapters llama.cpp holds for this model (applied or idle)."""
+        return len(self._loaded.adapters) if self._loaded is not None else 0
+
+    # -- KV cache --------------------------------------------------------------------------
+
+    @property
+    def cached_tokens(self) -> list[int]:
+        """A copy of the token ids currently held in the KV cache."""
+        return list(self._kv.map.tokens) if self._kv is not None else []
+
+    @property
+    def context_text(self) -> str:
+        """The text the KV cache holds (the last prompt as rendered, and its reply)."""
+        return self._kv.map.text if self._kv is not None else ""
+
+    def reset(self) -> None:
+        """Forget the conversation held in the KV cache (for a new chat)."""
+        self._parts()[2].clear()
+
+    def last_logits(self) -> Any:
+        """A numpy copy of the logits of the last evaluated token (for tests and benches)."""
+        return self._require().last_logits()
+
+    def cache_config(self) -> dict[str, Any]:
+        """Context settings a saved KV state depends on."""
+        return self._parts()[2].cache_config()
+
+    def state_size(self) -> int:
+        """Bytes llama.cpp needs to serialize KV sequence 0."""
+        return self._require().native.state_size()
+
+    def export_state(self, key: str = "") -> KvState:
+        """Copy KV sequence 0 out of llama.cpp (no logits: it scales with the cache)."""
+        return self._parts()[2].export_state()
+
+    def import_state(self, kv: KvState) -> None:
+        """Replace the cache with ``kv``; on failure the cache is left empty.
+
+        Raises:
+            LamplightError: llama.cpp rejected the state, or it does not cover ``kv.tokens``.
+        """
+        self._parts()[2].import_state(kv)
 
     # -- tokens ------------------------------------------------------------------
 
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids for prompt text: special tokens parsed, BOS added if the model wants it."""
+        llm = self._require().llm
+        return list(llm.tokenize(text.encode("utf-8", "replace"), add_bos=True, special=True))
+
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The conversation rendered by the chat template and tokenized."""
-        assert self._template is not None
-        self.use_images(messages)
-        return self._tokenize(self._template.render(messages, True), bos=True)
+        model, chat, _kv, _prompt = self._parts()
+        model.tokenizer.use_images(messages)
+        return model.tokenizer.tokenize(chat.template.render(messages, True), bos=True)
+
+    def use_images(self, messages: Sequence[ChatMessage]) -> None:
+        """The images the next renders of ``messages`` may show (by digest).
+
+        Raises:
+            ImageError: there are images and this model sees none.
+        """
+        if self._loaded is not None:
+            self._loaded.tokenizer.use_images(messages)
+        elif any(m.images for m in messages):
+            raise ImageError(NOT_SEEN)
+
+    def image_seq(self, image: ImagePart) -> ImageSeq:
+        """``image`` tokenized by the projector (cached).
+
+        Raises:
+            ImageError.
+        """
+        if self._loaded is None:
+            raise ImageError(NO_PROJECTOR)
+        return self._loaded.tokenizer.image_seq(image)
+
+    def image_tokens(self, image: ImagePart) -> int:
+        """Context tokens ``image`` takes (its embeddings and the tokens around them)."""
+        return len(self._require().tokenizer.image_seq(image).tokens)
 
     # -- generation ----------------------------------------------------------------
 
@@ -405,22 +444,18 @@ class Engine(EngineCache):
             NoModelLoaded, ContextOverflowError, DecodeError, ChatTemplateError (the
             model's own template failed on ``messages``, or rendered nothing).
         """
-        llm, stop, t0 = self._require(), stop or threading.Event(), time.perf_counter()
-        self.use_images(messages)
+        model, chat, kv, prompter = self._parts()
+        stop, t0 = stop or threading.Event(), time.perf_counter()
+        model.tokenizer.use_images(messages)
         # A bad grammar fails before any work.
-        build_sampler(llm, params, 0, self._map.tokens, check_only=True)
-        self.native.perf_reset()
-        lora_note = self._sync_lora() or self._check_head()
-        assert self._template is not None
-        self._tools = tools
-        self._bound = self._bind(self._template, params)
-        request = PromptRequest(messages, params, llm.n_ctx())
-        prompt, overflow, template_note = self._fit(request, stop)
-        keep = common_prefix(self._map.tokens, prompt.tokens)
-        if keep == len(prompt.tokens):
-            keep -= 1  # the last prompt token must be evaluated to get its logits
-        note = self._rewind(keep)
-        keep = len(self._map.tokens)
+        build_sampler(model.llm, params, 0, kv.map.tokens, check_only=True)
+        model.native.perf_reset()
+        lora_note = kv.sync_lora() or kv.check_head()
+        chat.start(params, tools)
+        request = PromptRequest(messages, params, model.llm.n_ctx())
+        prompt, overflow, template_note = prompter.fit(request, stop)
+        self._sent = (list(request.messages), overflow)
+        keep, note = kv.reuse(prompt.tokens)
         seed = params.seed if params.seed >= 0 else secrets.randbits(31)
         metrics = MessageMetrics(
             prompt_tokens=len(prompt.tokens),
@@ -434,126 +469,21 @@ class Engine(EngineCache):
             metrics.notes.append(template_note)
 
         t_prefill = time.perf_counter()
-        yield from self._prefill(prompt.tokens[keep:], stop)
-        metrics.evaluated_tokens = len(self._map.tokens) - keep
+        yield from kv.prefill(prompt.tokens[keep:], stop)
+        metrics.evaluated_tokens = len(kv.map.tokens) - keep
         metrics.prefill_ms = (time.perf_counter() - t_prefill) * 1000
         record_drops(overflow, metrics)
-        if len(self._map.tokens) < len(prompt.tokens):
+        if len(kv.map.tokens) < len(prompt.tokens):
             metrics.stop_reason = "cancelled"
             yield Finished("", metrics)
             return
-        for n_tokens, n_chars in prompt.bounds:
-            self._map.mark_at(n_tokens, n_chars)
-        self._map.mark(prompt.text)
+        kv.mark_prompt(prompt)
 
-        def make_room() -> bool:
-            if params.overflow == "stop":
-                return False
-            before = len(self._map.tokens)
-            if not overflow.drop(request.budget, keep_last=1):
-                return False
-            # No boundaries to cut at (a template that folds the system prompt into the
-            # first user turn): the kept text is read again, then the reply so far.
-            if len(self._map.tokens) >= before and not self._reread_reply(overflow, stop):
-                return False
-            record_drops(overflow, metrics)
-            return True
-
-        reasoning = self._rendering().reasoning
-        think = thinking_control(reasoning, prompt.text, params, end_thinking, self._markers)
-        calls = self._calls(tools, prompt.text)
+        make_room = prompter.room_maker(request, overflow, metrics, stop)
+        reasoning = chat.rendering.reasoning
+        think = thinking_control(reasoning, prompt.text, params, end_thinking, chat.markers)
+        calls = chat.calls(tools, prompt.text)
         yield from self._decode(params, seed, metrics, t0, stop, make_room, think, calls)
-
-    def _calls(self, tools: ToolRequest | None, prompt: str) -> ToolDecoding | None:
-        """The reply's tool parser and grammar (none when continuing text: no tools shown)."""
-        template = self._rendering()
-        if template.completion:
-            return None
-        return tool_decoding(self._tool_format(template), tools, template.reasoning, prompt)
-
-    def _bind(self, template: ChatTemplate, params: SamplingParams) -> ChatTemplate:
-        """``template`` with the request's thinking switches and tools bound."""
-        return bind_tools(request_template(template, params), self._tools, self._tool_format)
-
-    def _tool_format(self, template: ChatTemplate) -> ToolFormat:
-        """How ``template``'s model writes tool calls (the generic form when it knows none)."""
-        has = self._vocab.is_special if self._vocab is not None else (lambda _t: False)
-        return detect_tool_format(template.source, has)
-
-    def _rendering(self) -> ChatTemplate:
-        """The template renders use: the last request's, switches bound."""
-        assert self._template is not None
-        return self._bound or self._template
-
-    def _pipeline(self) -> PromptPipeline:
-        """The prompt pipeline over this model's template, tokenizer and cache map."""
-        return PromptPipeline(self._rendering(), self._tokenize, self._map, self._least_tokens)
-
-    def _fit(self, request: PromptRequest, stop: threading.Event) -> tuple[Prompt, Overflow, str]:
-        """The request's prompt, fitted to the context (older turns dropped, if the policy
-        drops), its overflow, and a note when the template's fallback took over.
-
-        Raises:
-            ContextOverflowError, ChatTemplateError.
-        """
-        rendered = render(self._rendering(), request.messages)
-        if rendered.fallback is not None:
-            self._use_template(rendered.fallback)
-            self._bound = self._bind(rendered.fallback, request.params)
-        overflow = self._overflow(request.messages, request.params.overflow, stop)
-        prompt = self._pipeline().fitted(request, rendered.text, overflow)
-        self._sent = (list(request.messages), overflow)
-        return prompt, overflow, rendered.note
-
-    def _reread_reply(self, overflow: Overflow, stop: threading.Event) -> bool:
-        """Read ``overflow.messages`` again from the last mark they share with the cache,
-        then the reply so far (its marks kept); False when there is no room or it stopped."""
-        cmap = self._map
-        old = cmap.text  # the prompt's text: the reply's is added when it ends
-        n_end = cmap.char_mark(len(old))
-        if n_end is None:
-            return False
-        reply = cmap.tokens[n_end:]
-        reply_marks = [(n - n_end, c - len(old)) for n, c in cmap.marks if n > n_end]
-        prompt = self._pipeline().build(overflow.messages)
-        if len(prompt.tokens) + len(reply) >= self._llm.n_ctx():
-            return False
-        self._rewind(prompt.n_mark)  # may empty the cache: then all of the prompt is read
-        start = len(cmap.tokens)
-        for _event in self._prefill(prompt.tokens[start:], stop):
-            pass
-        if len(cmap.tokens) < len(prompt.tokens):
-            return False
-        for n_tokens, n_chars in prompt.bounds:
-            cmap.mark_at(n_tokens, n_chars)
-        cmap.mark(prompt.text)
-        for _event in self._prefill(reply, stop):
-            pass
-        if len(cmap.tokens) < len(prompt.tokens) + len(reply):
-            return False
-        cmap.marks += [(n + len(prompt.tokens), c + len(prompt.text)) for n, c in reply_marks]
-        overflow.reread_tokens += len(prompt.tokens) - start + len(reply)
-        return True
-
-    def _overflow(
-        self, messages: Sequence[ChatMessage], policy: str, stop: threading.Event
-    ) -> Overflow:
-        def refill(tokens: list[int]) -> bool:
-            for _event in self._prefill(tokens, stop):
-                pass
-            return not stop.is_set()
-
-        return Overflow(
-            render=self._rendering().render,
-            tokenize=lambda t: self._tokenize(t, bos=False),
-            cmap=self._map,
-            mem=self.native.memory,
-            can_shift=self._can_shift,
-            refill=refill,
-            policy=policy,
-            messages=list(messages),
-            head=self._head,
-        )
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         """Make the cache hold the history as the template will render it, and the
@@ -566,34 +496,11 @@ class Engine(EngineCache):
         the last text they share and the rest evaluated again. Returns the number of
         tokens evaluated (0 when there was nothing to do, or it could not be done).
         """
-        llm = self._require()
-        template = self._rendering()
-        if self.lora_stale or template.completion:
-            # Continue-the-text mode opens no turn: the next text may follow with no space.
-            return 0  # the cache belongs to the previous stack; generate will rebuild it
-        self.use_images(messages)
-        if self._sent is not None and self._sent[0] == list(messages):
-            messages = self._sent[1].messages  # what the model still sees after an overflow
-        turn = self._pipeline().next_turn(messages, reply)
-        if turn is None:
-            return 0
-        head, (n_keep, c_keep), split = turn.head, turn.keep, turn.split
-        first = self._tokenize(head[c_keep:split], bos=False)
-        tokens = first + self._tokenize(head[split:], bos=False)
-        if not tokens or n_keep + len(tokens) + 1 >= llm.n_ctx():
-            return 0
-        if self._rewind(n_keep):
-            return 0  # the cache was emptied: the next message reads it all anyway
-        stop = threading.Event()
-        done = 0
-        for event in self._prefill(tokens, stop):
-            done = event.done
-        if done != len(tokens):
-            return 0
-        if first and split > c_keep:
-            self._map.mark_at(len(self._map.tokens) - len(tokens) + len(first), split)
-        self._map.mark(head)
-        return done
+        prompter = self._parts()[3]
+        sent = self._sent
+        # After an overflow the model still sees fewer messages than were sent.
+        seen = sent[1].messages if sent is not None and sent[0] == list(messages) else None
+        return prompter.prewarm(messages, reply, seen)
 
     def _decode(
         self,
@@ -607,33 +514,30 @@ class Engine(EngineCache):
         tools: ToolDecoding | None = None,
     ) -> Generator[EngineEvent, None, None]:
         """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
-        assert self._template is not None and self._vocab is not None
-        flash = self._config is not None and (
-            self._config.flash_attn or self._config.kv_type != "f16"
-        )
-        drafter, length = self._draft.choose(params, flash, metrics)
+        model, chat, kv, _prompt = self._parts()
+        drafter, length = self._draft.choose(params, model.flash, metrics)
         # A draft model reads no images; drafts at explicit positions miss M-RoPE's.
-        mrope = self._projector is not None and self._projector.mrope
-        if drafter is not None and self._images and (drafter.kind == "model" or mrope):
+        images = model.tokenizer.has_images
+        if drafter is not None and images and (drafter.kind == "model" or model.mrope):
             metrics.notes.append("drafting is off in a conversation with images")
             drafter = length = None
         job = DecodeJob(
-            native=self.native,
-            cmap=self._map,
+            native=model.native,
+            cmap=kv.map,
             params=params,
             seed=seed,
             metrics=metrics,
             t0=t0,
             stop=stop,
-            token_bytes=self._vocab.piece,
-            rewind=self._rewind,
-            template_stops=self._template.stop_strings,
-            stop_ids=self._stop_ids | self._vocab.stop_tokens(params.stop),
+            token_bytes=model.vocab.piece,
+            rewind=kv.rewind,
+            template_stops=chat.template.stop_strings,
+            stop_ids=chat.stop_ids | model.vocab.stop_tokens(params.stop),
             drafter=drafter,
             length=length,
             make_room=make_room,
             thinking=thinking,
             tools=tools,
-            tokenize=lambda text: self._tokenize(text, bos=False),
+            tokenize=lambda text: model.tokenizer.tokenize(text, bos=False),
         )
         return decode(job)
