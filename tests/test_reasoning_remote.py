@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
@@ -209,7 +209,7 @@ def test_llama_server_keeps_to_the_thinking_budget(
     assert m.reasoning_tokens == budget  # never more than the budget
     assert m.thinking_cut == "budget" and done.reasoning.endswith("Answer now.")
     assert done.text.strip() and any(not t.reasoning for t in tokens)
-    assert "</think>" in server_backend._map.text  # the block was closed in the slot
+    assert "</think>" in server_backend._slot.map.text  # the block was closed in the slot
     assert m.first_answer_ms > 0
 
 
@@ -236,4 +236,4 @@ def test_llama_server_thinking_off(server_backend: LlamaServerBackend) -> None:
     params = replace(GREEDY, thinking="off", max_tokens=8)
     _tokens, done = run_server(server_backend, [ChatMessage("user", "Hi.")], params)
     assert done.reasoning == "" and done.metrics.reasoning_tokens == 0
-    assert "<think>\n</think>\n\n" in server_backend._map.text
+    assert "<think>\n</think>\n\n" in server_backend._slot.map.text

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pytestqt.qtbot import QtBot
 
 from app.api.host_gateway import HostGateway
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Backend, Finished, ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.context_map import common_prefix
@@ -29,8 +29,10 @@ from app.engine.metrics import MessageMetrics
 from app.host.kv_pool import GUI, STASH
 from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
+from app.remote.llama_server.slot import Slot
 from app.remote.openai.backend import OpenAIBackend
 from app.remote.openai.reply import OwnPrefix
+from app.remote.server_link import ServerLink
 from app.util.errors import LamplightError
 from tests.hypothesis_budget import examples
 from tests.server_fixture import RunningServer
@@ -74,10 +76,11 @@ def server_restores(
     return False
 
 
-def backend_holding(tokens: list[int]) -> LlamaServerBackend:
-    backend = LlamaServerBackend(Connection("c", "c", "llama-server", "http://127.0.0.1:9"))
-    backend._map.tokens = list(tokens)
-    return backend
+def slot_holding(tokens: list[int]) -> Slot:
+    """The slot of a backend that believes it holds ``tokens``."""
+    slot = Slot(ServerLink(Connection("c", "c", "llama-server", "http://127.0.0.1:9")))
+    slot.map.tokens = list(tokens)
+    return slot
 
 
 TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=12)
@@ -90,7 +93,7 @@ def test_a_request_that_reuses_the_slot_is_never_given_a_saved_prompt(
 ) -> None:
     """Whenever a request goes with ``cache_prompt``, the server keeps the slot as it is
     (the slot holds all the client tracks but the last sampled token, or all of it)."""
-    own = backend_holding(held).reuses(prompt)
+    own = slot_holding(held).reuses(prompt)
     assert own in (0, common_prefix(held, prompt))
     if own:
         assert not server_restores(held, prompt, saved)
@@ -99,11 +102,11 @@ def test_a_request_that_reuses_the_slot_is_never_given_a_saved_prompt(
 
 def test_what_a_request_reuses() -> None:
     chat = list(range(100))
-    assert backend_holding(chat).reuses([*chat, 7, 7]) == 100  # a follow-up
-    assert backend_holding(chat).reuses(chat[:40]) == 40  # the same request again
-    assert backend_holding(chat).reuses([*chat[:40], 5]) == 0  # most of the slot discarded
-    assert backend_holding(chat[:10]).reuses([*chat[:10], *[5] * 30]) == 0  # mostly new
-    assert backend_holding([]).reuses(chat) == 0
+    assert slot_holding(chat).reuses([*chat, 7, 7]) == 100  # a follow-up
+    assert slot_holding(chat).reuses(chat[:40]) == 40  # the same request again
+    assert slot_holding(chat).reuses([*chat[:40], 5]) == 0  # most of the slot discarded
+    assert slot_holding(chat[:10]).reuses([*chat[:10], *[5] * 30]) == 0  # mostly new
+    assert slot_holding([]).reuses(chat) == 0
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -115,9 +118,9 @@ def test_what_a_request_reuses() -> None:
 def test_the_cached_count_is_never_more_than_the_clients_own(
     cache_n: Any, prompt_n: Any, own: int
 ) -> None:
-    backend = backend_holding([])
+    slot = slot_holding([])
     metrics = MessageMetrics()
-    backend._timings({"timings": {"cache_n": cache_n, "prompt_n": prompt_n}}, metrics, True, own)
+    slot.timings({"timings": {"cache_n": cache_n, "prompt_n": prompt_n}}, metrics, True, own)
     assert 0 <= metrics.cached_tokens <= own
     assert metrics.evaluated_tokens >= 0
     sane = isinstance(cache_n, int) and 0 <= cache_n < 2**31
@@ -266,7 +269,7 @@ def test_a_stash_saved_over_is_refused(llama_server: RunningServer) -> None:
             backend.import_state(older)
         backend.import_state(other)
         backend.import_state(later)
-        assert backend._map.tokens == later.tokens
+        assert backend._slot.map.tokens == later.tokens
     finally:
         backend.unload()
 

@@ -72,7 +72,7 @@ def test_a_server_that_cannot_save_images_in_a_slot_says_so() -> None:
     other = ServerError(400, "Invalid slot ID")
     assert save_refused(other, with_image) is other
     # Through the backend: the snapshot is refused with the reason, the slot untouched.
-    from app.config.params import LoadConfig, SamplingParams
+    from app.config.setting_records import LoadConfig, SamplingParams
     from app.remote.connection import Connection
     from app.remote.llama_server.backend import LlamaServerBackend
     from app.util.errors import LamplightError
@@ -83,14 +83,14 @@ def test_a_server_that_cannot_save_images_in_a_slot_says_so() -> None:
         backend.load("", LoadConfig())
         try:
             list(backend.generate([ChatMessage("user", "hi")], SamplingParams(max_tokens=2)))
-            real_call = backend._call
+            real_call = backend._link.call
 
             def call(method: str, path: str, body: object = None) -> object:
                 if "action=save" in path:
                     raise refusal
                 return real_call(method, path, body)
 
-            backend._call = call  # type: ignore[method-assign]
+            backend._link.call = call  # type: ignore[method-assign]
             with pytest.raises(LamplightError, match="vision projector"):
                 backend.export_state("chat")
         finally:

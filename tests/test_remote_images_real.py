@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Backend, Finished
 from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
@@ -81,7 +81,7 @@ def test_llama_server_follow_up_reads_only_the_new_message(native: LlamaServerBa
     assert m.cached_tokens >= done.metrics.prompt_tokens
     assert 0 < m.evaluated_tokens < IMAGE_TOKENS, (m.evaluated_tokens, m.cached_tokens)
     # Another image in the same place is read whole; so is the opening before it, a few
-    # tokens of the slot (``SlotState.reuses``: the server would restore a saved prompt).
+    # tokens of the slot (``Slot.reuses``: the server would restore a saved prompt).
     other = finish(native, [ChatMessage("user", QUESTION, images=(BLUE,))])
     assert other.metrics.evaluated_tokens >= IMAGE_RUN
     assert other.metrics.cached_tokens == 0

@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.config.params import LoadConfig, SamplingParams, SettingError
+from app.config.field_spec import SettingError
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import (
     SERVER_ERROR,
     SIZE_LIMIT,
@@ -43,9 +44,9 @@ from app.remote.openai.backend import (
     WHY_NOT,
     ApiKeyRefused,
     OpenAIBackend,
-    api_prefix,
-    list_models,
 )
+from app.remote.openai.estimate import DEFAULT_CHARS_PER_TOKEN
+from app.remote.openai.models import api_prefix, list_models
 from app.remote.openai.wire import ReplyStream
 from app.util.errors import (
     ContextOverflowError,
@@ -262,7 +263,7 @@ def count_messages_sent(backend: OpenAIBackend, monkeypatch: pytest.MonkeyPatch)
         return real(client, path, body, stop, *args)
 
     monkeypatch.setattr(openai_compat, "EventStream", counting)
-    monkeypatch.setattr(backend, "_chars_per_token", openai_compat.DEFAULT_CHARS_PER_TOKEN)
+    monkeypatch.setattr(backend._estimate, "chars_per_token", DEFAULT_CHARS_PER_TOKEN)
     return sent
 
 
@@ -304,7 +305,7 @@ def test_older_turns_dropped_after_the_server_counts(
     m = done.metrics
     assert (m.dropped_from, m.dropped_count) == (3, 2)
     assert m.stop_reason == "max_tokens"
-    assert backend._chars_per_token < 1.5  # corrected from the server's count
+    assert backend._estimate.chars_per_token < 1.5  # corrected from the server's count
 
 
 def test_capabilities_all_off_with_reasons(backend: OpenAIBackend) -> None:
@@ -356,7 +357,7 @@ def test_api_key(keyed_server: RunningServer) -> None:
         assert b.ping() == ""
         _, done = run(b, [ChatMessage("user", "hi")], SamplingParams.greedy(2))
         assert done.metrics.generated_tokens == 2
-        for client in (b._client, b._streams):  # the key changed on the server
+        for client in (b._link.client, b._link.streams):  # the key changed on the server
             client.headers["Authorization"] = "Bearer revoked"
         with pytest.raises(ApiKeyRefused, match="Check the API key"):
             list(b.generate([ChatMessage("user", "hi")], SamplingParams.greedy(2)))

@@ -25,8 +25,8 @@ from app.config.model_prefs import (
     model_key,
     prefs_from_dict,
 )
-from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
@@ -405,11 +405,11 @@ def test_llama_server_backend_renders_the_override(llama_server: RunningServer) 
         info = backend.set_template(TemplateOverride("custom", source=MARKED))
         assert info.template == "your own (set for this model)"
         list(backend.generate([ChatMessage("user", "Hi")], GREEDY))
-        assert backend._map.text.startswith("[[user]]Hi[[/]]\n[[assistant]]")
+        assert backend._slot.map.text.startswith("[[user]]Hi[[/]]\n[[assistant]]")
         backend.set_template(PLAIN)
         story = "Once upon a time, in a small village"
         done = list(backend.generate([ChatMessage("user", story)], GREEDY))[-1]
-        assert isinstance(done, Finished) and backend._map.text == story + done.text
+        assert isinstance(done, Finished) and backend._slot.map.text == story + done.text
         assert (
             backend.prewarm([ChatMessage("user", story)], ChatMessage("assistant", done.text)) == 0
         )

@@ -443,7 +443,7 @@ def _probe_openai(client: Any, connection: Connection) -> Probe:
     # The OpenAI-compatible backend's reading of the list (``/v1`` already in the address,
     # the context fields of each server), on this probe's client so that closing the
     # dialog cuts it short (``list_models`` makes a client of its own).
-    from app.remote.openai.backend import api_prefix
+    from app.remote.openai.models import api_prefix
     from app.remote.openai.wire import parse_models
 
     path = api_prefix(connection.url) + "/models"

@@ -29,25 +29,22 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.engine.backend import STASH, KvState
-from app.engine.chat_message import ImagePart
 from app.engine.context_map import ContextMap, common_prefix
-from app.engine.image_part import has_markers, is_image_token
+from app.engine.image_part import is_image_token
 from app.engine.metrics import MessageMetrics
 from app.engine.prompt.pipeline import Prompt
 from app.gguf.lora import LoraError, LoraStack, stack_key
-from app.remote.connection import Connection
-from app.remote.http import DEFAULT_LIMITS, Limits, ServerError
+from app.remote.http import ServerError
 from app.remote.image_wire import vision_of_props
-from app.remote.llama_server.images import ServerImages, save_refused
+from app.remote.llama_server.images import save_refused
 from app.remote.llama_server.wire import (
     float_or,
     int_or,
     settings_of,
     signature,
     text_of,
-    tokens_error,
 )
-from app.remote.server_backend import ServerBackend
+from app.remote.server_link import ServerLink
 from app.util.datafiles import DataFileError, parse_json
 from app.util.errors import LamplightError
 
@@ -59,70 +56,46 @@ _STATE_FORMAT = "lamplight-llama-server-slot"
 LORA_CHANGED_NOTE = "the LoRA stack changed"
 
 
-class SlotState(ServerBackend):
-    """What the slot holds, its LoRA and its snapshots: part of ``LlamaServerBackend``."""
+class Slot:
+    """The server's slot this client uses (``Connection.slot``): what it holds (its
+    ``ContextMap``), its LoRA scales and its snapshots. Owned by ``LlamaServerBackend``."""
 
-    # Set by LlamaServerBackend: the server's /props and adapters, the images sent.
-    _props: dict[str, Any]
-    _adapters: list[dict[str, Any]]  # the server's: id, path, name
-    _media: ServerImages  # the images sent, their counts, the server's media marker
-
-    def __init__(
-        self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
-    ) -> None:
-        super().__init__(connection, api_key, limits)
+    def __init__(self, link: ServerLink) -> None:
+        self._link = link
         self._map = ContextMap()  # what this client believes the slot holds
         self._files: dict[str, str] = {}  # conversation key -> slot file, most recent last
         self._restored = ""  # the slot file last restored (its key is not known yet)
         # Each file this client wrote, with the id of its last save: an older save's
         # reference names the file but no longer its content.
         self._written: dict[str, str] = {}
+        self._props: dict[str, Any] = {}  # the server's /props, to check a restore against
+        self._adapters: list[dict[str, Any]] = []  # the server's: id, path, name
         self._stack = LoraStack()
         self._kv_lora: tuple[tuple[str, float], ...] = ()  # the stack the slot's cache used
-        self._special: dict[str, bool] = {}  # which texts are one token of the vocabulary
 
-    # -- the server's tokenizer --------------------------------------------------------
+    @property
+    def map(self) -> ContextMap:
+        """What this client believes the slot holds (the prompt driver marks it)."""
+        return self._map
 
-    def _tokenize(self, text: str, bos: bool = False) -> list[int]:
-        """Token ids of prompt text; an image marker is a run of its pseudo-token."""
-        if has_markers(text):
-            return self._media.tokenize(text, bos, self._text_tokens)
-        return self._text_tokens(text, bos)
+    def connect(self, props: dict[str, Any], adapters: list[dict[str, Any]]) -> None:
+        """A (new) connection: the server's ``/props`` and adapters; nothing held yet."""
+        self._props = props
+        self._adapters = adapters
+        self._stack = LoraStack()
+        self._kv_lora = ()
+        self._map.clear()
+        self._files.clear()
+        self._restored = ""
 
-    def _text_tokens(self, text: str, bos: bool = False) -> list[int]:
-        if not text:
-            return []
-        try:
-            answer = self._call(
-                "POST", "/tokenize", {"content": text, "add_special": bos, "parse_special": True}
-            )
-        except ServerError as exc:
-            raise tokens_error(exc, self._info.n_ctx if self._info else 0) from None
-        ids = answer.get("tokens") if isinstance(answer, dict) else None
-        if not isinstance(ids, list) or not all(int_or(i, -1) >= 0 for i in ids):
-            raise ServerError(0, "The server's /tokenize answer has no token list.")
-        return [int(i) for i in ids]
-
-    def image_tokens(self, image: ImagePart) -> int:
-        """The server's count of ``image``'s tokens (0 when it cannot say).
-
-        Raises:
-            ImageError: the server takes no images.
-        """
-        return self._media.count(image)
-
-    def _has_token(self, text: str) -> bool:
-        if text not in self._special:
-            try:
-                ids = self._tokenize(text)
-            except LamplightError:
-                ids = []
-            self._special[text] = len(ids) == 1
-        return self._special[text]
+    def disconnect(self) -> None:
+        self._files.clear()
+        self._restored = ""
+        self._map.clear()
 
     # -- what the slot holds after a request ---------------------------------------
 
-    def _prefilled(self, prompt: Prompt) -> None:
+    def prefilled(self, prompt: Prompt) -> None:
         """The server read the prompt: the slot now holds it (marks at message starts)."""
         self._map.tokens = list(prompt.tokens)
         self._map.text = self._map.text[: self._map.marks[-1][1]]
@@ -130,7 +103,7 @@ class SlotState(ServerBackend):
             self._map.mark_at(n, c)
         self._map.mark(prompt.text)
 
-    def _after_reply(
+    def after_reply(
         self,
         prompt: Prompt,
         generated: list[int],
@@ -153,13 +126,13 @@ class SlotState(ServerBackend):
         self._map.tokens = [*prompt.tokens, *generated]
         self._map.keep_marks(len(prompt.tokens))
         try:
-            answer = self._call("POST", "/detokenize", {"tokens": generated})
+            answer = self._link.call("POST", "/detokenize", {"tokens": generated})
         except LamplightError:
             return
         if isinstance(answer, dict) and answer.get("content") == reply:
             self._map.mark(prompt.text + reply)
 
-    def _timings(
+    def timings(
         self, final: dict[str, Any], metrics: MessageMetrics, first: bool, own: int
     ) -> None:
         """The server's figures; ``own``: the tokens of the slot this request could
@@ -198,14 +171,12 @@ class SlotState(ServerBackend):
         inside = 0 < keep == len(tokens) < len(held)  # nothing can share more of it
         return keep if inside or 2 * keep > max(len(held), len(tokens)) else 0
 
-    def _erase(self) -> None:
+    def erase(self) -> None:
         """Empty the slot on the server, so that nothing of it is reused or counted as
         cached for whoever asks next; without ``--slot-save-path`` the server refuses,
         and ``reuses`` alone keeps the next request from its tokens."""
-        if self._info is None:
-            return
         try:
-            self._call("POST", f"/slots/{self.connection.slot}?action=erase", {})
+            self._link.call("POST", f"/slots/{self._link.connection.slot}?action=erase", {})
         except LamplightError as exc:
             log.info("the server's slot was not erased: %s", exc)
 
@@ -225,11 +196,11 @@ class SlotState(ServerBackend):
 
     def set_lora_stack(self, stack: LoraStack) -> bool:
         """Use ``stack`` from the next request on; every entry must be a server adapter.
+        True when the slot's cache was computed with another stack.
 
         Raises:
-            NoModelLoaded, LoraError.
+            LoraError.
         """
-        self._require()
         known = {a["path"] for a in self._adapters}
         for entry in stack:
             if str(entry.path) not in known:
@@ -240,12 +211,14 @@ class SlotState(ServerBackend):
         self._stack = stack.copy()
         return bool(self._map.tokens) and stack_key(signature(stack)) != self._kv_lora
 
-    def _lora_body(self) -> list[dict[str, Any]]:
+    def lora_body(self) -> list[dict[str, Any]]:
         scales = {str(e.path): e.scale for e in self._stack if e.active}
         # Every adapter with an explicit scale: one left out would keep its last one.
         return [{"id": a["id"], "scale": scales.get(a["path"], 0.0)} for a in self._adapters]
 
-    def _sync_lora(self) -> str:
+    def sync_lora(self) -> str:
+        """Before a request: forget the slot's cache if another stack computed it; the
+        cache note ("" when nothing was forgotten)."""
         key = stack_key(signature(self._stack))
         if key == self._kv_lora:
             return ""
@@ -257,12 +230,11 @@ class SlotState(ServerBackend):
 
     # -- snapshots ---------------------------------------------------------------
 
-    def cache_config(self) -> dict[str, Any]:
-        info = self._require()
+    def cache_config(self, n_ctx: int) -> dict[str, Any]:
         return {
-            "n_ctx": info.n_ctx,
-            "server": self.connection.url,
-            "slot": self.connection.slot,
+            "n_ctx": n_ctx,
+            "server": self._link.connection.url,
+            "slot": self._link.connection.slot,
             "lora": signature(self._stack),
         }
 
@@ -275,13 +247,12 @@ class SlotState(ServerBackend):
         Raises:
             LamplightError: the server could not save it, or holds other tokens.
         """
-        self._require()
         if not self._map.tokens:
             return KvState(b"", [], "", [])
         name = self._file_name(key)
         try:
-            answer = self._call(
-                "POST", f"/slots/{self.connection.slot}?action=save", {"filename": name}
+            answer = self._link.call(
+                "POST", f"/slots/{self._link.connection.slot}?action=save", {"filename": name}
             )
         except ServerError as exc:
             raise save_refused(exc, self._map.tokens) from None
@@ -296,7 +267,7 @@ class SlotState(ServerBackend):
         ref = {"format": _STATE_FORMAT, "file": name, "n_saved": n_saved, "save": save}
         return KvState(json.dumps(ref).encode(), tokens, self._map.text, list(self._map.marks))
 
-    def import_state(self, kv: KvState) -> None:
+    def import_state(self, kv: KvState, n_ctx: int) -> None:
         """Restore the conversation's file into the slot, after checking the server is the same.
 
         A file another conversation has since overwritten restores another token count
@@ -304,9 +275,9 @@ class SlotState(ServerBackend):
         prompt with the tokens its slot holds, so the reply is still right (it re-reads).
 
         Raises:
-            LamplightError: a different server, model or context now; a missing file.
+            LamplightError: a different server, model or context (``n_ctx`` then) now; a
+                missing file.
         """
-        info = self._require()
         self._map.clear()
         if not kv.tokens:
             return
@@ -323,23 +294,10 @@ class SlotState(ServerBackend):
             # Another save took the file since (a stash of another conversation): the
             # count alone may not tell, and the slot would hold what this one never had.
             raise LamplightError("its file on the server has since been saved over")
-        props = self._call("GET", "/props")
-        now = text_of(props.get("model_path"), 1000) if isinstance(props, dict) else ""
-        if now != text_of(self._props.get("model_path"), 1000):
-            raise LamplightError(f"the server now runs another model ({now or 'unknown'})")
-        if not isinstance(props, dict) or props.get("build_info") != self._props.get("build_info"):
-            raise LamplightError("the server now runs another llama.cpp build")
-        n_ctx = int_or(settings_of(props).get("n_ctx"), 0)
-        if n_ctx != info.n_ctx:
-            raise LamplightError(f"the server's context size changed ({info.n_ctx} → {n_ctx})")
-        if vision_of_props(props) is not True and any(is_image_token(t) for t in kv.tokens):
-            raise LamplightError(
-                "the server now runs without a vision projector (--mmproj), and this "
-                "chat's cache holds images"
-            )
+        self._check_server(self._link.call("GET", "/props"), n_ctx, kv.tokens)
         try:
-            answer = self._call(
-                "POST", f"/slots/{self.connection.slot}?action=restore", {"filename": name}
+            answer = self._link.call(
+                "POST", f"/slots/{self._link.connection.slot}?action=restore", {"filename": name}
             )
         except ServerError as exc:
             raise LamplightError(f"the server could not restore its copy ({exc})") from None
@@ -349,6 +307,27 @@ class SlotState(ServerBackend):
         self._map = ContextMap(list(kv.tokens), kv.text, list(kv.marks) or [(0, 0)])
         self._kv_lora = stack_key(signature(self._stack))
         self._restored = name
+
+    def _check_server(self, props: Any, n_ctx: int, tokens: Sequence[int]) -> None:
+        """Refuse a restore unless the server (``props``, now) runs what it ran when
+        connected: the same model, build and context, and images if ``tokens`` hold any.
+
+        Raises:
+            LamplightError.
+        """
+        now = text_of(props.get("model_path"), 1000) if isinstance(props, dict) else ""
+        if now != text_of(self._props.get("model_path"), 1000):
+            raise LamplightError(f"the server now runs another model ({now or 'unknown'})")
+        if not isinstance(props, dict) or props.get("build_info") != self._props.get("build_info"):
+            raise LamplightError("the server now runs another llama.cpp build")
+        now_ctx = int_or(settings_of(props).get("n_ctx"), 0)
+        if now_ctx != n_ctx:
+            raise LamplightError(f"the server's context size changed ({n_ctx} → {now_ctx})")
+        if vision_of_props(props) is not True and any(is_image_token(t) for t in tokens):
+            raise LamplightError(
+                "the server now runs without a vision projector (--mmproj), and this "
+                "chat's cache holds images"
+            )
 
     def _file_name(self, key: str) -> str:
         """The slot file for conversation ``key``: one of a ring of ``SLOT_FILES`` names.
@@ -360,7 +339,8 @@ class SlotState(ServerBackend):
         stashes have a name per party (``STASH + party``; "" one of its own), so one
         party's stash never takes another's file.
         """
-        base = hashlib.sha256(f"{self.connection.id}\n{self.connection.slot}".encode())
+        conn = self._link.connection
+        base = hashlib.sha256(f"{conn.id}\n{conn.slot}".encode())
         prefix = f"lamplight-{base.hexdigest()[:24]}"
         if not key:
             return f"{prefix}-pool.bin"

@@ -18,15 +18,9 @@ llama-server, vLLM and LM Studio read and Ollama ignores. A server that refuses
 unknown fields (OpenAI's own API) gets the request again without them, and the
 reply's note says so.
 
-Context overflow: the server counts the tokens, and this client cannot
-tokenize for it. When the server says its context size, each message is
-estimated at ``len(content) / chars_per_token`` plus ``MESSAGE_OVERHEAD``
-tokens; the ratio starts conservative (``DEFAULT_CHARS_PER_TOKEN``) and is
-corrected from the server's own count (``usage.prompt_tokens`` of each reply,
-or the count in a context-overflow error). With the ``truncate_middle`` and
-``rolling`` policies, whole older turns are dropped (``plan_drop``) before
-sending; if the server still says the prompt is too long, the ratio is
-corrected from its count and the drop planned again, once per attempt.
+Context overflow: the server counts the tokens, and this client cannot tokenize for
+it; when the server says its context size, older turns are dropped by an estimate that
+the server's counts correct (``app.remote.openai.estimate``).
 """
 
 from __future__ import annotations
@@ -35,17 +29,17 @@ import threading
 import time
 from collections.abc import Generator, Sequence
 from dataclasses import replace
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import (
     SERVER_ERROR,
     SIZE_LIMIT,
     TIME_LIMIT,
     Backend,
     Capabilities,
+    DraftInfo,
     EngineEvent,
     Finished,
     KvState,
@@ -54,8 +48,8 @@ from app.engine.backend import (
     ProgressFn,
 )
 from app.engine.chat_message import ChatMessage, ImagePart
-from app.engine.metrics import MessageMetrics
-from app.engine.prompt.overflow import plan_drop, reply_budget
+from app.engine.native.hardware import HardwareInfo
+from app.engine.prompt.overflow import reply_budget
 from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraError, LoraStack
@@ -69,21 +63,21 @@ from app.remote.http import (
     ServerError,
     ServerSilent,
     ServerUnreachable,
-    call,
     cannot_connect,
     end_early,
     end_lost,
-    make_client,
     sentence,
     unfinished,
     where,
 )
 from app.remote.image_wire import has_images, images_refused, refuses_images
+from app.remote.openai.estimate import TokenEstimate
+from app.remote.openai.models import api_prefix, fetch_models, list_models, model_info, pick_model
 from app.remote.openai.reply import (
     OwnPrefix,
     Request,
-    drop_note,
     finish_metrics,
+    new_metrics,
     size_note,
     stop_reason,
     tokens,
@@ -91,41 +85,30 @@ from app.remote.openai.reply import (
 )
 from app.remote.openai.tool_wire import (
     TOOL_FIELDS,
-    message_chars,
     refuses_tools,
     tool_fields,
-    tools_chars,
     tools_refused,
     wire_message,
 )
 from app.remote.openai.wire import (
     EXTRA_FIELDS,
     ReplyStream,
-    ServerModel,
     event_error,
     first_int,
     generation_error,
     key_message,
     overflow_numbers,
-    parse_models,
     reasoning_fields,
     refused_field,
     refuses_extras,
     response_format_for,
     unsent_notes,
 )
-from app.remote.server_backend import ServerBackend
-from app.util.errors import (
-    ApiKeyRefused,
-    ImageError,
-    LamplightError,
-    ModelLoadError,
-)
+from app.remote.server_link import ON_SERVER, ServerLink, refuse_draft, require
+from app.util.errors import ApiKeyRefused, ImageError, LamplightError, ModelLoadError
 
 PING_S = 5.0
 MAX_ATTEMPTS = 4  # requests for one reply: fewer fields, a shorter max_tokens, more turns dropped
-DEFAULT_CHARS_PER_TOKEN = 3.0  # below English's ~4: an estimate errs towards dropping early
-MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message
 
 WHY_NOT = {
     "snapshots": "an OpenAI-compatible server keeps no cache this app can save; "
@@ -149,64 +132,36 @@ CAPABILITIES = Capabilities(tools=True, why_not=dict(WHY_NOT))
 NO_VISION = "the server says this model takes no images"
 
 
-def api_prefix(url: str) -> str:
-    """The path to put before ``/models`` and ``/chat/completions``: ``/v1`` unless the
-    connection URL already ends with it."""
-    path = urlsplit(url.strip()).path.rstrip("/")
-    return "" if path.endswith("/v1") else "/v1"
-
-
-def list_models(connection: Connection, api_key: str = "") -> list[str]:
-    """The ids of the models the server offers (for the connection dialog).
-
-    Raises:
-        ApiKeyRefused, ServerUnreachable, ServerError, LamplightError (a bad URL).
-    """
-    client = make_client(connection.url, api_key, connection.verify_tls)
-    try:
-        return [m.id for m in _fetch_models(client, connection.url)]
-    finally:
-        client.close()
-
-
-def _fetch_models(client: Any, url: str, timeout: float = 30.0) -> list[ServerModel]:
-    try:
-        data = call(client, "GET", api_prefix(url) + "/models", timeout=timeout)
-    except ServerError as exc:
-        if exc.status in (401, 403):
-            raise ApiKeyRefused(key_message(exc)) from None
-        if exc.status == 404:
-            raise ServerError(
-                404,
-                f"The server at {where(url)} has no {api_prefix(url)}/models: it does not "
-                "look like an OpenAI-compatible server (check the address).",
-            ) from None
-        raise
-    models = parse_models(data)
-    if not models:
-        raise ServerError(0, f"The server at {where(url)} lists no models.")
-    return models
-
-
-class OpenAIBackend(ServerBackend):
-    """A ``Backend`` that streams ``/v1/chat/completions`` from one model of a server."""
-
-    draft_why_not = WHY_NOT["draft_model"]
+class OpenAIBackend:
+    """A ``Backend`` that streams ``/v1/chat/completions`` from one model of a server,
+    over its ``ServerLink``; its ``TokenEstimate`` stands in for the server's tokenizer."""
 
     def __init__(
         self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
     ) -> None:
-        super().__init__(connection, api_key, limits)
+        self._link = ServerLink(connection, api_key, limits)
+        self._info: ModelInfo | None = None
         self._prefix = api_prefix(connection.url)
         self._model_id = ""
         self._extras_ok = True  # the server takes EXTRA_FIELDS
         self._refused: set[str] = set()  # reasoning fields the server refused
-        self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        self._estimate = TokenEstimate()
         self._tools: ToolRequest | None = None  # the reply's, while it is asked for
         self._vision = True  # the model takes images (as far as the server says)
         self._own = OwnPrefix()  # the last request, for the cached count (``reset``)
 
+    @property
+    def connection(self) -> Connection:
+        return self._link.connection
+
+    def _require(self) -> ModelInfo:
+        return require(self._info, self._link)
+
     # -- connection and model ----------------------------------------------------
+
+    @property
+    def model(self) -> ModelInfo | None:
+        return self._info
 
     @property
     def capabilities(self) -> Capabilities:
@@ -222,10 +177,10 @@ class OpenAIBackend(ServerBackend):
 
     def ping(self) -> str:
         def probe(client: Any) -> str:
-            _fetch_models(client, self.connection.url, timeout=PING_S)
+            fetch_models(client, self.connection.url, timeout=PING_S)
             return ""
 
-        return self._ping(probe)
+        return self._link.ping(probe)
 
     def list_models(self) -> list[str]:
         """The ids of the server's models.
@@ -233,7 +188,7 @@ class OpenAIBackend(ServerBackend):
         Raises:
             ApiKeyRefused, ServerUnreachable, ServerError.
         """
-        return list_models(self.connection, self._api_key)
+        return list_models(self.connection, self._link.api_key)
 
     def load(
         self, path: str | Path, config: LoadConfig, progress: ProgressFn | None = None
@@ -250,71 +205,36 @@ class OpenAIBackend(ServerBackend):
         if progress is not None and not progress(0.0):
             raise LoadCancelled("cancelled")
         conn = self.connection
-        client, streams = self._open_clients()
+        client, streams = self._link.open()
         try:
-            models = _fetch_models(client, conn.url, self._limits.call_s)
+            models = fetch_models(client, conn.url, self._link.limits.call_s)
         except BaseException as exc:
             client.close()
             streams.close()
             if isinstance(exc, LamplightError):
                 raise ModelLoadError(cannot_connect(conn, exc)) from None
             raise
-        wanted = str(path) if str(path) not in ("", ".") else self.connection.model
-        chosen = next((m for m in models if m.id == wanted), None) if wanted else models[0]
-        if chosen is None:
+        wanted = str(path) if str(path) not in ("", ".") else conn.model
+        try:
+            chosen = pick_model(models, wanted, conn)
+            if progress is not None and not progress(1.0):
+                raise LoadCancelled("cancelled")
+        except BaseException:
             client.close()
             streams.close()
-            have = ", ".join(m.id for m in models[:20])
-            more = f" and {len(models) - 20} more" if len(models) > 20 else ""
-            raise ModelLoadError(
-                f"Could not connect to {self.connection.name}: the server has no model "
-                f"{wanted!r}. It has: {have}{more}."
-            )
-        if progress is not None and not progress(1.0):
-            client.close()
-            streams.close()
-            raise LoadCancelled("cancelled")
-        self._use_clients(client, streams)
+            raise
+        self._link.use(client, streams)
         self._model_id = chosen.id
         self._vision = chosen.vision is not False  # unknown: the server decides
         self._extras_ok = True
         self._refused = set()
-        self._chars_per_token = DEFAULT_CHARS_PER_TOKEN
+        self._estimate.reset()
         self._own = OwnPrefix()
-        name = chosen.id
-        if name.startswith("/") or name.lower().endswith(".gguf"):
-            name = PurePosixPath(name.replace("\\", "/")).name or name
-        notes: tuple[str, ...] = ()
-        if chosen.n_ctx <= 0:
-            notes = (
-                "The server does not say this model's context size: a conversation that "
-                "outgrows it ends with the server's error instead of dropping older messages.",
-            )
-        self._info = ModelInfo(
-            path=Path(chosen.id),
-            name=name,
-            architecture="",
-            n_params=chosen.n_params,
-            file_size=chosen.size,
-            n_ctx=chosen.n_ctx,
-            n_ctx_train=chosen.n_ctx_train or chosen.n_ctx,
-            n_threads=0,
-            n_gpu_layers=0,
-            template="the server's",
-            backend=f"OpenAI-compatible server at {where(self.connection.url)}",
-            load_ms=(time.perf_counter() - t0) * 1000,
-            notes=notes,
-            capabilities=self.capabilities,
-            server=self.connection.url,
-            fingerprint=self._fingerprint(
-                name, chosen.size, [self.connection.url, chosen.id, chosen.size, chosen.n_params]
-            ),
-            runtime={"openai": chosen.owned_by},
-        )
+        self._info = model_info(chosen, conn, self.capabilities, t0)
         return self._info
 
     def unload(self) -> None:
-        self._close_clients()
+        self._link.close()
         self._info = None
         self._model_id = ""
 
@@ -324,6 +244,21 @@ class OpenAIBackend(ServerBackend):
         self._own = OwnPrefix()
 
     # -- what such a server cannot do --------------------------------------------
+
+    def hardware(self) -> HardwareInfo:
+        return ON_SERVER
+
+    @property
+    def draft_info(self) -> DraftInfo | None:
+        return None  # speculative decoding is the server's business
+
+    def set_draft(self, path: str | Path | None, n_ctx: int = 0) -> DraftInfo | None:
+        """Only "no draft" is accepted.
+
+        Raises:
+            DraftError.
+        """
+        return refuse_draft(path, WHY_NOT["draft_model"])
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0
@@ -406,11 +341,11 @@ class OpenAIBackend(ServerBackend):
         t0 = time.perf_counter()
         req = Request(list(messages), params.max_tokens)
         self._tools = tools
-        n_ctx = info.n_ctx - int(tools_chars(tools) / self._chars_per_token)
+        n_ctx = info.n_ctx - self._estimate.of_tools(tools)
         if info.n_ctx > 0 and params.overflow != "stop":
-            self._fit(req, params, max(1, n_ctx))
+            self._estimate.fit(req, params, max(1, n_ctx))
         notes = unsent_notes(params)
-        bounds = self._limits.budget(params.max_tokens)
+        bounds = self._link.limits.budget(params.max_tokens)
         last: ServerError | None = None
         for _ in range(MAX_ATTEMPTS):
             body = self._body(req, params, response_format)
@@ -481,11 +416,12 @@ class OpenAIBackend(ServerBackend):
         The stream is cut on this side when the server sends more than ``max_tokens``
         (+ ``TOKEN_SLACK``) deltas or ``bounds.max_bytes`` of text, or runs out of time.
         """
-        assert self._streams is not None
-        metrics = self._new_metrics(req, params)
+        streams = self._link.streams
+        assert streams is not None
+        metrics = new_metrics(req, params, self._require().n_ctx)
         reply = ReplyStream(max_bytes=bounds.max_bytes)
         t_request = time.perf_counter()
-        stream = EventStream(self._streams, self._prefix + "/chat/completions", body, stop, bounds)
+        stream = EventStream(streams, self._prefix + "/chat/completions", body, stop, bounds)
         cut_off = False
         lost = ""  # why the connection dropped
         failed = ""  # why the server failed after the reply began
@@ -517,7 +453,7 @@ class OpenAIBackend(ServerBackend):
         yield from tokens(reply.finish(), metrics, (time.perf_counter() - t0) * 1000)
         if stream.timed_out and not reply.deltas and not stream.stopped:
             raise ServerSilent(stream.timed_out)  # nothing to keep: the reply failed
-        finish_metrics(metrics, reply, req, self._estimate(req.messages), self._own)
+        finish_metrics(metrics, reply, req, self._estimate.of(req.messages), self._own)
         if lost and not reply.finish_reason:  # a drop after the last chunk loses nothing
             end_lost(metrics, str(lost))
         elif failed:
@@ -541,53 +477,12 @@ class OpenAIBackend(ServerBackend):
             if reply.finish_reason == "content_filter":
                 metrics.notes.append("the server's content filter ended the reply")
         if reply.usage.get("prompt_tokens"):
-            self._calibrate(req.messages, first_int(reply.usage.get("prompt_tokens")))
+            n_prompt = first_int(reply.usage.get("prompt_tokens"))
+            self._estimate.calibrate(req.messages, n_prompt, self._tools)
         calls = tool_calls_of(reply, metrics, self._tools)
         return Finished(reply.text, metrics, reply.reasoning.strip(), calls)
 
-    def _new_metrics(self, req: Request, params: SamplingParams) -> MessageMetrics:
-        """A reply's metrics before any text: the context, the seed, what was dropped."""
-        metrics = MessageMetrics(
-            n_ctx=self._require().n_ctx,
-            seed=params.seed if params.seed >= 0 else None,
-            dropped_from=req.dropped_from,
-            dropped_count=req.dropped_count,
-            dropped_tokens=req.dropped_tokens,
-        )
-        if req.dropped_count:
-            metrics.notes.append(drop_note(req))
-        return metrics
-
     # -- context overflow --------------------------------------------------------
-
-    def _estimate_one(self, message: ChatMessage) -> int:
-        return int(message_chars(message) / self._chars_per_token) + MESSAGE_OVERHEAD
-
-    def _estimate(self, messages: Sequence[ChatMessage]) -> int:
-        return sum(self._estimate_one(m) for m in messages)
-
-    def _calibrate(self, messages: Sequence[ChatMessage], n_tokens: int) -> None:
-        """Correct the characters-per-token ratio from the server's count of ``messages``."""
-        chars = sum(message_chars(m) for m in messages) + tools_chars(self._tools)
-        text_tokens = n_tokens - MESSAGE_OVERHEAD * len(messages)
-        if chars > 0 and text_tokens > 0:
-            self._chars_per_token = min(8.0, max(0.5, chars / text_tokens))
-
-    def _fit(self, req: Request, params: SamplingParams, n_ctx: int) -> bool:
-        """Drop whole older turns until the estimate plus a reply budget fits ``n_ctx``;
-        True when something was dropped."""
-        sizes = [self._estimate_one(m) for m in req.messages]
-        need = sum(sizes) + reply_budget(params.max_tokens, n_ctx) - n_ctx
-        plan = plan_drop(sizes, [m.role for m in req.messages], params.overflow, need, 1)
-        if plan is None:
-            return False
-        a, b = plan
-        if not req.dropped_count:
-            req.dropped_from = a
-        req.dropped_count += b - a
-        req.dropped_tokens += sum(sizes[a:b])
-        req.messages = [*req.messages[:a], *req.messages[b:]]
-        return True
 
     def _recover(self, exc: ServerError, req: Request, params: SamplingParams, n_ctx: int) -> bool:
         """Change the request so that the server may take it; False when nothing helps.
@@ -612,12 +507,12 @@ class OpenAIBackend(ServerBackend):
         n_ctx = server_ctx or n_ctx
         if n_prompt <= 0 or n_ctx <= 0:
             return False
-        self._calibrate(req.messages, n_prompt)
+        self._estimate.calibrate(req.messages, n_prompt, self._tools)
         room = n_ctx - n_prompt
         if (
             room < reply_budget(params.max_tokens, n_ctx)
             and params.overflow != "stop"
-            and self._fit(req, params, n_ctx)
+            and self._estimate.fit(req, params, n_ctx)
         ):
             return True
         if 0 < room < req.max_tokens:  # the prompt fits; the reply's length limit did not

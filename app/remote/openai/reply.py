@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Token
 from app.engine.chat_message import ChatMessage, ToolCall, is_prefix
 from app.engine.metrics import MessageMetrics
@@ -162,3 +163,17 @@ def drop_note(req: Request) -> str:
         f"{req.dropped_tokens} tokens) left the model's memory; the server reads the "
         "kept text again. They stay in the transcript"
     )
+
+
+def new_metrics(req: Request, params: SamplingParams, n_ctx: int) -> MessageMetrics:
+    """A reply's metrics before any text: the context, the seed, what was dropped."""
+    metrics = MessageMetrics(
+        n_ctx=n_ctx,
+        seed=params.seed if params.seed >= 0 else None,
+        dropped_from=req.dropped_from,
+        dropped_count=req.dropped_count,
+        dropped_tokens=req.dropped_tokens,
+    )
+    if req.dropped_count:
+        metrics.notes.append(drop_note(req))
+    return metrics
