@@ -13,8 +13,8 @@ from typing import Any
 
 from app.chat.store import ConversationStore
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
-from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.config.settings import AppSettings
 from app.engine.local.engine import Engine
 

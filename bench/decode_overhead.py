@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import EngineEvent
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

@@ -61,7 +61,7 @@ SAMPLED = {"varied"}  # temperature 1, seed 7: the same draws in every mode
 
 
 def _params(mode: str, tokens: int) -> Any:
-    from app.config.params import SamplingParams
+    from app.config.setting_records import SamplingParams
 
     greedy = replace(SamplingParams.greedy(tokens), speculative=False, draft_model=False)
     if mode == "plain":
@@ -80,7 +80,7 @@ def _draft_path(mode: str) -> Path | None:
 
 
 def run_mode(mode: str, tokens: int, threads: int) -> dict[str, Any]:
-    from app.config.params import LoadConfig
+    from app.config.setting_records import LoadConfig
     from app.engine.backend import Finished
     from app.engine.chat_message import ChatMessage
     from app.engine.local.engine import Engine

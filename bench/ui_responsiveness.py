@@ -44,7 +44,7 @@ def main() -> None:
     from PySide6.QtCore import QEventLoop, QObject, Qt, QTimer, Slot
     from PySide6.QtWidgets import QApplication
 
-    from app.config.params import LoadConfig, SamplingParams
+    from app.config.setting_records import LoadConfig, SamplingParams
     from app.models.default_model import ensure_default_model
     from bench.app_window import open_app_window
 

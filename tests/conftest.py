@@ -25,7 +25,7 @@ os.environ.setdefault(
 
 from app.api.runner import THREAD_NAME, ApiConfig, ApiServer
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model  # after the env var
 from tests.fakes import FakeGateway

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.native.guard import STORE_ENV, NativeGuard
 from app.engine.native.libs import load_backends
 

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.local.engine import Engine
 
 NEAR_TIE = 0.75

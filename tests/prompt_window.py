@@ -8,8 +8,8 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.local.engine import Engine
 from tests.conftest import ONE_THREAD

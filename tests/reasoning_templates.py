@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Backend, Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.templates.override import TemplateOverride

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pytestqt.qtbot import QtBot
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.metrics import MessageMetrics
 from tests.test_gui_lifecycle_real import open_window
 from ui.window.main_window import MainWindow

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QPushButton
 from pytestqt.qtbot import QtBot
 
 from app.api.runner import MAX_BODY_MB
-from app.config.params import ApiSettings
+from app.config.setting_records import ApiSettings
 from app.remote import keys
 from tests.fakes import FakeEngine
 from tests.test_connections import MemoryKeyring

@@ -18,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from app.config.params import ApiSettings, LoadConfig, SamplingParams
+from app.config.setting_records import ApiSettings, LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection

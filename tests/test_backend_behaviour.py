@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Backend, Finished, KvState, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage
 from app.gguf.lora import LoraError, LoraStack

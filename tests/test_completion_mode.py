@@ -15,7 +15,7 @@ from pytestqt.qtbot import QtBot
 
 import app.engine.local.engine as llama_module
 from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.config.settings import AppSettings
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage

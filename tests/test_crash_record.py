@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from app.chat.conversation import Conversation, Message
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps, active_paths
 from app.engine.metrics import MessageMetrics

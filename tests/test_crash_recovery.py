@@ -25,8 +25,8 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Conversation, Message
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.native.guard import STORE_ENV
 from app.engine.native.paths import PathVerdicts, RiskyPath

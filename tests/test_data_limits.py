@@ -21,14 +21,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from app.config import model_prefs
+from app.config.api_settings import API_SPEC_BY_NAME
 from app.config.model_prefs import FILE_NAME, MAX_MODELS, ModelPrefs, ModelPrefsStore
-from app.config.params import (
-    API_SPEC_BY_NAME,
-    SPEC_BY_NAME,
-    ApiSettings,
-    LoadConfig,
-    SamplingParams,
-)
+from app.config.setting_records import ApiSettings, LoadConfig, SamplingParams
+from app.config.setting_specs import SPEC_BY_NAME
 from app.config.settings import AppSettings
 from tests.hypothesis_budget import examples
 

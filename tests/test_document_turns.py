@@ -18,7 +18,7 @@ from app.chat.doc_refs import given_whole
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.chat.user_turn import merge_sources
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.documents.sources import MAX_SOURCES, Source, sources_from_list
 from app.engine.metrics import MessageMetrics
 from tests.hypothesis_budget import examples

@@ -14,7 +14,7 @@ import pytest
 from app.chat.conversation import Conversation, Message
 from app.chat.doc_refs import given_whole
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.documents.library import DocumentLibrary, Progress
 from app.documents.sources import Source, sources_from_list
 from app.engine.backend import Finished

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.draft import length as draft_length

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, LoadCancelled, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

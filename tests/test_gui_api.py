@@ -18,7 +18,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QPushButton
 from pytestqt.qtbot import QtBot
 
-from app.config.params import ApiSettings
+from app.config.setting_records import ApiSettings
 from app.remote import keys
 from tests.fakes import FakeEngine
 from tests.test_connections import MemoryKeyring

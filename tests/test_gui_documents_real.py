@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pytestqt.qtbot import QtBot
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.documents.sources import sources_from_list
 from tests.document_files import write_pdf
 from tests.embed_model import embedder_path

@@ -21,8 +21,8 @@ from pytestqt.qtbot import QtBot
 from app.chat.session_cache import RestoreResult
 from app.chat.snapshot import read_header
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests.fake_window import fake_window
 from tests.fakes import FAKE_CAPABILITIES, FakeEngine

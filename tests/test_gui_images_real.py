@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from pytestqt.qtbot import QtBot
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from tests.test_gui_real import real_window, reopen_and_send, send
 from tests.vision_model import IMAGE_TOKENS, image_bytes, projector_path
 

@@ -23,8 +23,8 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import TITLE_MAX, Conversation, Message
 from app.chat.store import ConversationSummary
-from app.config.params import SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import SamplingParams
 from tests.fake_window import fake_window, loaded_fake_window
 from tests.fakes import FakeEngine
 from tests.hypothesis_budget import examples

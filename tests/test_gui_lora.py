@@ -11,7 +11,7 @@ from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QDockWidget, QFileDialog
 from pytestqt.qtbot import QtBot
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.backend import Capabilities
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError

@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.templates.override import TemplateOverride
 from tests.reasoning_templates import R1
 from tests.test_gui_real import real_window

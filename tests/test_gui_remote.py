@@ -14,8 +14,8 @@ from PySide6.QtWidgets import QWidget
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.remote.connection import Connection
 from app.remote.connection_store import ConnectionStore

@@ -26,8 +26,9 @@ from PySide6.QtWidgets import (
 )
 from pytestqt.qtbot import QtBot
 
-from app.config.params import SPECS, LoadConfig, SamplingParams
 from app.config.presets import BUILTIN, PresetStore
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_specs import SPECS
 from ui.settings.sampling_panel import SamplingPanel, nice_stops
 
 LOADED = LoadConfig(n_ctx=2048, n_threads=2)

@@ -12,8 +12,8 @@ from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD, chat_turns
 from tests.fakes import FakeEngine

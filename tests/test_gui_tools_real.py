@@ -14,7 +14,7 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.mcp.host import McpHost
 from tests.test_gui_real import real_window, reopen_and_send, send
 

@@ -20,8 +20,8 @@ from PySide6.QtWidgets import (
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message
-from app.config.params import SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import SamplingParams
 from app.models.downloader import FileFetcher
 from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient

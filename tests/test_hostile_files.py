@@ -45,18 +45,12 @@ from app.chat.metrics_csv import metrics_csv
 from app.chat.session_cache import SessionCache
 from app.chat.snapshot import MAGIC, SnapshotError, SnapshotHeader, read_snapshot, write_snapshot
 from app.chat.store import ConversationStore
-from app.config.params import (
-    SPEC_BY_NAME,
-    LoadConfig,
-    SamplingParams,
-    SettingError,
-    check,
-    check_structured,
-    sampling_to_dict,
-    validate_sampling,
-)
+from app.config.field_spec import SettingError, check
+from app.config.params import check_structured, sampling_to_dict, validate_sampling
 from app.config.paths import data_dirs
 from app.config.presets import PresetStore
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_specs import SPEC_BY_NAME
 from app.config.settings import AppSettings
 from app.engine.backend import KvState
 from app.engine.metrics import MessageMetrics
@@ -1170,7 +1164,7 @@ resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a runaway allocati
 from app.chat.session_cache import SessionCache
 from app.chat.snapshot import write_snapshot
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, KvState
 from app.engine.local.engine import Engine
 from app.engine.chat_message import ChatMessage

@@ -594,7 +594,7 @@ _CHILD = textwrap.dedent(
     """
     import resource, sys
     resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
-    from app.config.params import LoadConfig, SamplingParams
+    from app.config.setting_records import LoadConfig, SamplingParams
     from app.engine.local.engine import Engine
     from app.engine.chat_message import ChatMessage
     from app.util.errors import LamplightError
@@ -693,7 +693,7 @@ def test_llama_cpp_still_aborts_without_the_check(header: Header, model_copy: Pa
 def test_settings_llama_cpp_would_abort_on_are_refused_before_it(
     config: dict[str, Any], model_path: Path
 ) -> None:
-    from app.config.params import LoadConfig
+    from app.config.setting_records import LoadConfig
     from app.engine.local.loader import open_llama
     from app.util.errors import ModelLoadError
 

@@ -301,7 +301,7 @@ def test_library_lists_valid_and_invalid_files(tmp_path: Path, model_path: Path)
 def test_download_and_load_the_default_model_through_the_hub(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_path: Path
 ) -> None:
-    from app.config.params import SamplingParams
+    from app.config.setting_records import SamplingParams
     from app.engine.backend import Finished
     from app.engine.chat_message import ChatMessage
     from app.engine.local.engine import Engine

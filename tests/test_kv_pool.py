@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Backend, Capabilities, Finished, KvState
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

@@ -14,7 +14,7 @@ import pytest
 from app.chat.session_cache import SessionCache
 from app.chat.snapshot import read_header
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.adapters import MAX_IDLE_ADAPTERS

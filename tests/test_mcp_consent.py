@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from app.chat.conversation import Message
 from app.chat.tool_round import ToolLoop
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ToolCall
 from app.mcp.approvals import ANY_TOOL, ApprovalStore, Decision
 from app.mcp.config import KEYRING, ServerConfig

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.native.guard import NativeGuard, Prepared, wanted_paths
 from app.engine.native.libs import VARIANT_ENV, cpu_variants, load_backends, machine_key
 from app.engine.native.path_probe import ProbeResult, crash_name, run_probe
@@ -218,7 +218,7 @@ def test_the_engine_loads_without_the_path_whose_child_crashed(
 ) -> None:
     """End to end: a real child crashes (injected segfault) for the repacked weights, the
     real control child survives, and the real engine loads and answers without them."""
-    from app.config.params import SamplingParams
+    from app.config.setting_records import SamplingParams
     from app.engine.backend import Token
     from app.engine.chat_message import ChatMessage
     from app.engine.local.engine import Engine

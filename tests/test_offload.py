@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.local.engine import Engine
 from app.engine.local.offload import (
     ALL,
@@ -123,9 +123,9 @@ def test_ram_estimate_is_within_25_percent_of_the_measured_increase(model_path: 
     script = f"""
 import json
 from app.engine.local.engine import Engine
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.chat_message import ChatMessage
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.util.sysinfo import rss_bytes
 engine = Engine()
 engine.hardware()  # llama.cpp's own libraries are loaded before the baseline

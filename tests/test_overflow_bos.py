@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.backend import KvState
 from app.engine.chat_message import ChatMessage
 from app.engine.context_map import ContextMap

@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytestqt.qtbot import QtBot
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.local.engine import Engine
 from app.engine.local.vision import PROJECTOR_KEY, check_projector, open_projector
 from app.engine.native.guard import STORE_ENV, NativeGuard

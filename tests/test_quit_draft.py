@@ -19,7 +19,7 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.local import loader as loader_module
 from app.engine.local.engine import Engine
 from ui.engine.worker import EngineClient

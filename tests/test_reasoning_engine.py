@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.templates.override import AUTO

@@ -13,8 +13,9 @@ import pytest
 from PySide6.QtWidgets import QComboBox, QPlainTextEdit, QSpinBox, QToolButton, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.config.params import SPECS, LoadConfig, SamplingParams
 from app.config.presets import PresetStore
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_specs import SPECS
 from app.engine.backend import Capabilities, ModelInfo
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning.format import ReasoningFormat

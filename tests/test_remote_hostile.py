@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from app.chat.conversation import Conversation, Message
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import (
     MAX_REPLY_BYTES,
     SERVER_ERROR,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import SIZE_LIMIT, Finished, Token
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.templates.override import TemplateOverride

@@ -7,15 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from app.config.params import (
-    SPECS,
-    SamplingParams,
-    SettingError,
-    check,
-    validate_load,
-    validate_sampling,
-)
+from app.config.field_spec import SettingError, check
+from app.config.params import validate_load, validate_sampling
 from app.config.presets import BUILTIN, PresetStore
+from app.config.setting_records import SamplingParams
+from app.config.setting_specs import SPECS
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

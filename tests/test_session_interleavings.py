@@ -60,8 +60,8 @@ from app.chat.conversation import Conversation, Message
 from app.chat.import_review import restore
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.documents.sources import MAX_SOURCES, Source, sources_from_list
 from app.engine.backend import Backend, ModelInfo
 from app.engine.chat_message import ChatMessage, ImagePart, ToolCall

@@ -13,7 +13,7 @@ import pytest
 from app.chat.session_cache import SessionCache
 from app.chat.snapshot import SnapshotHeader, read_header, write_snapshot
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
@@ -64,7 +64,7 @@ from app.engine.backend import Finished
 from app.engine.local.engine import Engine
 from app.util.hashing import FingerprintCache
 from app.chat.session_cache import SessionCache
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.chat.store import ConversationStore
 from app.engine.chat_message import ChatMessage
 engine = Engine()

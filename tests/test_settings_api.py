@@ -13,16 +13,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.config import settings as settings_module
-from app.config.params import (
+from app.config.api_settings import (
     API_SPEC_BY_NAME,
-    ApiSettings,
-    SettingError,
     check_api,
     is_host,
     is_loopback,
     is_origin,
     validate_api,
 )
+from app.config.field_spec import SettingError
+from app.config.setting_records import ApiSettings
 from app.config.settings import SETTINGS_VERSION, AppSettings
 from tests.test_hostile_files import (
     FUZZ,

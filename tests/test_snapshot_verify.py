@@ -22,7 +22,7 @@ import pytest
 from app.chat.session_cache import SessionCache
 from app.chat.snapshot import write_snapshot
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, KvState
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

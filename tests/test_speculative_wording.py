@@ -24,7 +24,7 @@ from app.chat.snapshot import (
     read_snapshot,
     write_snapshot,
 )
-from app.config.params import SPEC_BY_NAME
+from app.config.setting_specs import SPEC_BY_NAME
 from app.engine.backend import DraftInfo, KvState
 from app.engine.metrics import MessageMetrics
 from app.remote.connection import Connection

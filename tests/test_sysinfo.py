@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.local.offload import fit_report
 from app.engine.native.hardware import detect_hardware
 from app.util import sysinfo

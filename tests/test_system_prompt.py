@@ -10,8 +10,8 @@ from pytestqt.qtbot import QtBot
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
 from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
-from app.config.params import SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests.fakes import FakeEngine
 from tests.prompt_window import ONE_THREAD, close, evaluated, send

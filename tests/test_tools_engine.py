@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import CallProgress, Finished, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.local.engine import Engine

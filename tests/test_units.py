@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.config.settings import AppSettings
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics, percentile

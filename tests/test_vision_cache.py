@@ -28,7 +28,7 @@ from app.chat.snapshot import (
     write_snapshot,
 )
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, KvState
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.image_part import image_marker, image_token_id, is_image_token

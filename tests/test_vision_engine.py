@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.image_part import image_marker, is_image_token

@@ -17,7 +17,7 @@ from pytestqt.qtbot import QtBot
 from app.api.config import api_party
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
 from app.api.host_gateway import HostGateway, reply_job
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine

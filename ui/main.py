@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app import __version__
-from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.util import crash_record, desktop_libs
 from ui.startup import choose_model, setup_logging

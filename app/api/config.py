@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from app.config.params import is_host, is_loopback, is_origin
+from app.config.api_settings import is_host, is_loopback, is_origin
 from app.host.kv_pool import LOCAL_API
 from app.util.errors import LamplightError
 

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from app.api.errors import ApiError, send_error
-from app.config.params import is_loopback
+from app.config.api_settings import is_loopback
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -34,7 +34,9 @@ from app.api.errors import ApiError, bad, unsupported
 from app.api.gateway import ApiKind
 from app.api.image_parts import IMAGE_KINDS, ImageBudget, image_part
 from app.api.tool_schema import link_results, parse_tools, tool_calls, tool_result
-from app.config.params import SamplingParams, SettingError, short_repr, validate_sampling
+from app.config.field_spec import SettingError, short_repr
+from app.config.params import validate_sampling
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage, ImagePart, Role
 from app.engine.tool_spec import ToolRequest
 from app.util.datafiles import DataFileError, parse_json, reason

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from app.api.errors import bad, unsupported
-from app.config.params import short_repr
+from app.config.field_spec import short_repr
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.tool_spec import AUTO, CHOICES, NONE, ToolRequest, ToolSpec
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from app.chat.conversation import Conversation, Message
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES, cut_to_bytes
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from app.config.params import short_repr
+from app.config.field_spec import short_repr
 from app.engine.backend import DraftInfo, KvState
 from app.engine.image_part import IMAGE_ID_MIN, image_token_id, split_markers
 from app.util.atomic import atomic_write_bytes

@@ -48,7 +48,7 @@ from app.chat.conversation import (
 from app.chat.image_store import ImageStore
 from app.chat.import_review import HeldBack, hold_back
 from app.chat.search_index import SearchHit, SearchIndex
-from app.config.params import short_repr
+from app.config.field_spec import short_repr
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import (
     DataFileError,

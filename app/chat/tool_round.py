@@ -30,7 +30,7 @@ from app.chat.tool_records import (
     TOOL_NAME_CHARS,
     is_call_id,
 )
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ToolCall
 from app.engine.tool_spec import AUTO, NONE, REQUIRED, ToolRequest
 from app.mcp.tool_host import McpTool, ToolHost, ToolResult

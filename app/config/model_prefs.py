@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePath
 from typing import Any, Literal
 
-from app.config.params import short_repr
+from app.config.field_spec import short_repr
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import (
     DataFileError,

@@ -6,14 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app.config.params import (
-    SamplingParams,
-    SettingError,
-    repair_sampling,
-    sampling_to_dict,
-    short_repr,
-    validate_sampling,
-)
+from app.config.field_spec import SettingError, short_repr
+from app.config.params import repair_sampling, sampling_to_dict, validate_sampling
+from app.config.setting_records import SamplingParams
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import (
     DataFileError,

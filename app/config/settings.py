@@ -4,7 +4,7 @@ A settings file that cannot be used as a whole (not UTF-8, not JSON, nested too
 deeply, not an object, a directory or a pipe in its place, too large,
 unreadable) is set aside as ``settings.json.bad`` and the defaults are used. A
 file whose values are only partly wrong (out of range, of the wrong type) is
-repaired value by value (``app.config.params.repair``): the original is kept
+repaired value by value (``app.config.field_spec.repair``): the original is kept
 as ``settings.json.bad`` and the repaired settings are written in its place.
 Either way the caller gets one line per change, to show the user: no value is
 used other than as written without one (a wrong type, ``null`` where a value
@@ -30,15 +30,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from app.config.params import (
-    ApiSettings,
-    LoadConfig,
-    SamplingParams,
-    repair_api,
-    repair_load,
-    repair_sampling,
-    short_repr,
-)
+from app.config.api_settings import repair_api
+from app.config.field_spec import short_repr
+from app.config.params import repair_load, repair_sampling
+from app.config.setting_records import ApiSettings, LoadConfig, SamplingParams
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, read_json, repair_on_disk, set_aside_note
 

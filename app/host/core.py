@@ -15,7 +15,7 @@ from pathlib import Path
 
 from app.chat.session_cache import RestoreResult, SessionCache
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.backend import Backend, DraftInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps, marked

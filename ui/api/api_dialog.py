@@ -29,7 +29,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.api.runner import MAX_BODY_MB
-from app.config.params import API_SPEC_BY_NAME, ApiSettings, SettingError, validate_api
+from app.config.api_settings import API_SPEC_BY_NAME, validate_api
+from app.config.field_spec import SettingError
+from app.config.setting_records import ApiSettings
 from app.remote import keys
 from ui.api.api_status import KEY_ID, ApiControl, api_config
 

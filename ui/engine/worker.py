@@ -18,7 +18,7 @@ from PySide6.QtCore import QObject, QThread, Signal
 
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import (
     Backend,
     CallProgress,

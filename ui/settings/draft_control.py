@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.conversation import Conversation
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import DraftInfo, ModelInfo
 from app.util.sysinfo import size_text
 from ui.common.context import Context

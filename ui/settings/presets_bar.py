@@ -25,8 +25,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.config.params import SamplingParams, SettingError
+from app.config.field_spec import SettingError
 from app.config.presets import PresetStore
+from app.config.setting_records import SamplingParams
 from app.util.atomic import atomic_write_text
 from ui.common.qt_util import blocked
 

@@ -1,4 +1,4 @@
-"""The sampling dock: a settings form over ``app.config.params.SPECS``, presets, validation.
+"""The sampling dock: a settings form over ``app.config.setting_specs.SPECS``, presets, validation.
 
 ``settings_form`` builds the controls and shows errors, ``presets_bar`` handles
 presets; the panel holds the settings in force and the edited model config, validates
@@ -12,14 +12,10 @@ from collections.abc import Mapping
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QDockWidget, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from app.config.params import (
-    SPEC_BY_NAME,
-    LoadConfig,
-    SamplingParams,
-    validate_load,
-    validate_sampling,
-)
+from app.config.params import validate_load, validate_sampling
 from app.config.presets import PresetStore
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_specs import SPEC_BY_NAME
 from app.engine.backend import ModelInfo
 from ui.settings.presets_bar import PresetsBar
 from ui.settings.settings_fields import RELOAD_STYLE, nice_stops

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.config.params import FieldSpec
+from app.config.field_spec import FieldSpec
 from ui.common.qt_util import blocked
 
 LOG_SLIDER_SPAN = 4096  # int ranges wider than this get a slider over nice stops

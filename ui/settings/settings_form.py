@@ -1,4 +1,4 @@
-"""The settings form: every ``FieldSpec`` in ``app.config.params.SPECS`` as a row of controls.
+"""The settings form: each ``FieldSpec`` of ``app.config.setting_specs.SPECS`` as a row of controls.
 
 The form holds no list of settings of its own: each ``FieldSpec`` becomes a row of
 controls chosen by its ``kind`` (see ``ui.settings.settings_fields``), in a collapsible section
@@ -23,14 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.config.params import (
-    GROUPS,
-    SPEC_BY_NAME,
-    SPECS,
-    LoadConfig,
-    SamplingParams,
-    SettingError,
-)
+from app.config.field_spec import GROUPS, SettingError
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_specs import SPEC_BY_NAME, SPECS
 from ui.settings.settings_fields import FieldRow, WheelGuard
 
 GROUP_TITLES = {

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMainWindow
 
-from app.config.params import LoadConfig, SamplingParams
 from app.config.presets import PresetStore
+from app.config.setting_records import LoadConfig, SamplingParams
 from ui.chat import conversation_files
 from ui.common.context import Context
 from ui.perf.perf_panel import PerfPanel

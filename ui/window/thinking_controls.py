@@ -19,7 +19,7 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QLabel, QMainWindow
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import ModelInfo
 from ui.chat.chat_pane import ChatPane
 from ui.chat.think_button import ThinkButton

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.conversation import Conversation
-from app.config.params import ApiSettings
+from app.config.setting_records import ApiSettings
 from app.engine.native.hardware import detect_hardware
 from app.models.library import LibraryEntry
 from ui.api.api_status import ApiControl

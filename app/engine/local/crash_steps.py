@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar, cast
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import ModelInfo
 from app.engine.native.guard import wanted_paths
 from app.engine.native.paths import RiskyPath

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import CallProgress, EngineEvent, Finished, Token
 from app.engine.context_map import ContextMap
 from app.engine.local.draft.drafters import Drafter

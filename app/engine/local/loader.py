@@ -17,7 +17,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from app.config.params import LoadConfig, SettingError, validate_load
+from app.config.field_spec import SettingError
+from app.config.params import validate_load
+from app.config.setting_records import LoadConfig
 from app.engine.backend import LoadCancelled, ProgressFn
 from app.gguf.info import GgufInfo
 from app.util.errors import ModelLoadError

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.native.hardware import Device, HardwareInfo
 from app.gguf.info import GgufInfo, read_gguf_info
 from app.gguf.memory import estimate_ram

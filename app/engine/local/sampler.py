@@ -6,7 +6,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from app.config.params import SamplingParams, SettingError, grammar_for
+from app.config.field_spec import SettingError
+from app.config.params import grammar_for
+from app.config.setting_records import SamplingParams
 from app.engine.native.handles import Native
 from app.engine.native.llama_log import RECENT_PROBLEMS
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.chat_message import ImagePart
 from app.engine.image_part import image_token_id
 from app.gguf.info import GgufInfo

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.native.path_probe import ProbeResult, run_probe
 from app.engine.native.paths import FILE_NAME, PathVerdicts, RiskyPath
 from app.engine.native.projector_guard import ProjectorGuard

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.native.projector_probe import ProjectorProbe, run_projector_probe
 from app.gguf.header import shown
 from app.gguf.projector import ProjectorInfo, read_projector

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.config.params import SamplingParams, template_variables
+from app.config.params import template_variables
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.reasoning.splitter import ReasoningSplitter

@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator
 from dataclasses import replace
 from typing import Any
 
-from app.config.params import SettingError
+from app.config.field_spec import SettingError
 from app.engine.backend import (
     SERVER_ERROR,
     SIZE_LIMIT,

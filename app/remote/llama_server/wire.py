@@ -13,7 +13,8 @@ from collections.abc import Callable, Generator
 from pathlib import PurePosixPath
 from typing import Any
 
-from app.config.params import SamplingParams, SettingError
+from app.config.field_spec import SettingError
+from app.config.setting_records import SamplingParams
 from app.engine.backend import (
     SIZE_LIMIT,
     TIME_LIMIT,

@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.config.params import SamplingParams, SettingError, template_variables
+from app.config.field_spec import SettingError
+from app.config.params import template_variables
+from app.config.setting_records import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES, fit_bytes
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.reasoning.splitter import Part, ReasoningSplitter

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import DraftInfo, LoadCancelled, ProgressFn
 from app.engine.local.draft.drafters import Drafter, ModelDrafter, NgramDrafter
 from app.engine.local.draft.length import DraftCosts, DraftLength
