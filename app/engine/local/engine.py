@@ -212,7 +212,7 @@ class Engine:
     def unload(self) -> None:
         """Free the model, its context and its LoRA adapters."""
         self._draft.drop()  # its thread pool is detached before either context is freed
-        self._draft.costs = {}
+        self._draft.costs.clear()  # what was measured held for that model only
         loaded, self._loaded = self._loaded, None
         self._chat = self._kv = self._prompt = None
         self._info = None
@@ -388,6 +388,11 @@ class Engine:
         """Token ids for prompt text: special tokens parsed, BOS added if the model wants it."""
         llm = self._require().llm
         return list(llm.tokenize(text.encode("utf-8", "replace"), add_bos=True, special=True))
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes in a prompt (special tokens parsed, no BOS)."""
+        llm = self._require().llm
+        return len(llm.tokenize(text.encode("utf-8", "replace"), add_bos=False, special=True))
 
     def prompt_tokens(self, messages: Sequence[ChatMessage]) -> list[int]:
         """The conversation rendered by the chat template and tokenized."""
