@@ -12,7 +12,8 @@ from typing import Any
 
 from app.api.gateway import ApiFailure, ApiJob, EngineGateway
 from app.api.host_gateway import reply_job
-from app.config.params import LoadConfig, SamplingParams, SettingError
+from app.config.field_spec import SettingError
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import (
     Backend,
     CallProgress,

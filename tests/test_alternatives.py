@@ -20,8 +20,8 @@ from app.chat.conversation import (
 )
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import data_dirs
+from app.config.setting_records import SamplingParams
 from app.engine.metrics import MessageMetrics
 from tests.fakes import FakeEngine
 from tests.hypothesis_budget import examples

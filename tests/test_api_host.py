@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from app.api.gateway import ApiFailure, ApiJob, failure_for
 from app.api.host_gateway import HostGateway
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.host.host import EngineHost

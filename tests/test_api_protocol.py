@@ -15,7 +15,7 @@ from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiFailure, ApiJob
 from app.api.schema import BASE, MAX_JSON_ITEMS, load_body, parse_chat, parse_completion
 from app.api.sse import ChunkWriter, Reply, timings, usage
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics

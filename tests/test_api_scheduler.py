@@ -14,7 +14,7 @@ import app.host.line as line_module
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob
 from app.api.host_gateway import reply_job
 from app.api.requests import ApiRequests, QueueFull
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics

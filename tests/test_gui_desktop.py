@@ -18,8 +18,8 @@ from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import DataDirs, data_dirs
+from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD

@@ -15,7 +15,7 @@ from app.chat.conversation import Conversation, Message, export_images, to_markd
 from app.chat.image_store import MAX_IMAGES, image_ref
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
 from tests.hypothesis_budget import examples

@@ -23,7 +23,7 @@ from app.chat.metrics_csv import metrics_csv, read_metrics_csv
 from app.chat.search_index import SearchIndex
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics

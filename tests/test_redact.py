@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from app.chat.conversation import Conversation, to_markdown
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
-from app.config.params import SamplingParams
 from app.config.paths import DataDirs
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ToolCall
 from app.engine.metrics import MessageMetrics
 from app.mcp.connection import describe

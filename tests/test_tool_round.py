@@ -21,7 +21,7 @@ from app.chat.conversation import Conversation, Message
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
 from app.chat.tool_round import DENIED_TEXT, chain_start, forget_together
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.metrics import MessageMetrics
 from app.engine.tool_spec import AUTO, NONE, ToolRequest

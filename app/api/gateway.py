@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from app.config.params import SamplingParams, SettingError
+from app.config.field_spec import SettingError
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.template_errors import ChatTemplateError

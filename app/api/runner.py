@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from app.api.config import MAX_BODY_MB, MAX_WAIT_S, MIN_BODY, ApiConfig, ApiConfigError
 from app.api.gateway import EngineGateway
 from app.api.requests import ApiRequests
-from app.config.params import LOCALHOST_NAMES
+from app.config.api_settings import LOCALHOST_NAMES
 
 if TYPE_CHECKING:
     import uvicorn

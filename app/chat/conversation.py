@@ -21,7 +21,7 @@ from app.chat.tool_records import (
     read_result_fields,
     result_markdown,
 )
-from app.config.params import short_repr
+from app.config.field_spec import short_repr
 from app.documents.sources import sources_from_list, with_sources
 from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics

@@ -61,7 +61,8 @@ from app.chat.tool_round import (
 )
 from app.chat.tool_session import REPLY_ROOM, ToolRounds
 from app.chat.user_turn import edited_turn, merged_turn
-from app.config.params import SamplingParams, sampling_to_dict
+from app.config.params import sampling_to_dict
+from app.config.setting_records import SamplingParams
 from app.documents.sources import Source
 from app.engine.backend import ModelInfo
 from app.engine.chat_message import ImagePart, ToolCall

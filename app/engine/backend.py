@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from app.config.params import LoadConfig, SamplingParams
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
 from app.engine.native.hardware import HardwareInfo

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.chat.store import ConversationStore
-from app.config.params import LoadConfig
+from app.config.setting_records import LoadConfig
 from app.engine.backend import Backend
 from app.engine.local.crash_steps import EngineSteps
 from app.engine.local.engine import Engine

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from app.config.params import SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import CallProgress, Finished, ModelInfo, PrefillProgress, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.templates.override import TemplateOverride

@@ -19,7 +19,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QStatusBar, QToolButton, QWidget
 
 from app.api.host_gateway import HostGateway
-from app.config.params import ApiSettings
+from app.config.setting_records import ApiSettings
 from app.remote import keys
 from ui.api.serve import bind_problem
 from ui.engine.worker import EngineClient

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app import __version__
-from app.config.params import SettingError, validate_api, validate_load
+from app.config.api_settings import validate_api
+from app.config.field_spec import SettingError
+from app.config.params import validate_load
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
 from app.host.listener import QuietListener
@@ -46,7 +48,7 @@ from app.util.redact import secure_logging
 if TYPE_CHECKING:
     from app.api.requests import Outcome
     from app.api.runner import ApiConfig, ApiServer
-    from app.config.params import LoadConfig
+    from app.config.setting_records import LoadConfig
     from app.engine.backend import ModelInfo
     from app.engine.local.embed_worker import EmbedWorker
     from app.host.host import EngineHost

@@ -24,9 +24,9 @@ from app.chat.conversation import Conversation
 from app.chat.session import ChatSession
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
-from app.config.params import ApiSettings, LoadConfig, SamplingParams
 from app.config.paths import DataDirs
 from app.config.presets import PresetStore
+from app.config.setting_records import ApiSettings, LoadConfig, SamplingParams
 from app.config.settings import AppSettings
 from app.engine.backend import ModelInfo
 from app.engine.chat_message import ChatMessage

@@ -14,7 +14,8 @@ from app.chat.conversation import Conversation, Message
 from app.chat.session import ChatSession
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
-from app.config.params import SettingError, validate_sampling
+from app.config.field_spec import SettingError
+from app.config.params import validate_sampling
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from app.util.errors import ContextOverflowError
