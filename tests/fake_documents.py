@@ -49,6 +49,7 @@ class FakeLibrary:
         self.indexed: dict[str, DocumentStatus] = {}
         self.add_calls: list[list[str]] = []
         self.context_calls: list[tuple[list[str], str, int, set[str]]] = []
+        self.count: Callable[[str], int] | None = None  # the last search's token counter
         self.context_error: Exception | None = None
         self.cancelled = threading.Event()
         self.closed = False
@@ -107,8 +108,10 @@ class FakeLibrary:
         room_tokens: int,
         given_whole: set[str],
         cancel: threading.Event | None = None,
+        count: Callable[[str], int] | None = None,
     ) -> list[Source]:
         self.context_calls.append((list(paths), query, room_tokens, set(given_whole)))
+        self.count = count
         self._wait(cancel)
         if self.context_error is not None:
             raise self.context_error

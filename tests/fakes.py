@@ -331,6 +331,9 @@ class FakeEngine:
             raise ImageError("This model sees no images: it has no vision projector.")
         return IMAGE_TOKENS
 
+    def count_tokens(self, text: str) -> int:
+        return len(_words(text))
+
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0
 

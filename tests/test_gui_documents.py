@@ -16,6 +16,7 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import QApplication, QFileDialog, QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
+from app.chat.composer import MIN_ROOM
 from app.util.errors import DocumentError
 from tests.fake_documents import FakeLibrary
 from tests.fake_window import loaded_fake_window
@@ -224,6 +225,12 @@ def test_send_with_documents_passes_sources(
     assert whole == set()
     user = window.conversation.messages[-2]
     assert user.role == "user" and user.sources[0]["path"] == str(paths[0])
+    # Counted with the model's tokenizer on the engine thread (the fake's: words), not
+    # estimated at 3 characters a token.
+    assert library.count is not None and library.count("one two three") == 3
+    info, settings = window.ctx.model.info, window.ctx.settings.value
+    assert info is not None
+    assert room == max(MIN_ROOM, info.n_ctx - 4 - settings.sampling.max_tokens)
     assert window.chat_input.toPlainText() == ""
 
 

@@ -16,10 +16,11 @@ from PySide6.QtGui import QDragEnterEvent, QDropEvent, QImage
 from PySide6.QtWidgets import QApplication, QFileDialog
 from pytestqt.qtbot import QtBot
 
+from app.chat.composer import NO_VISION
 from tests.fake_window import loaded_fake_window
 from tests.fakes import IMAGE_TOKENS, VISION_CAPABILITIES, FakeEngine
 from tests.hypothesis_budget import examples
-from ui.chat.image_attach import MAX_ATTACHMENTS, NO_VISION, tokens_text
+from ui.chat.image_attach import MAX_ATTACHMENTS, tokens_text
 from ui.chat.image_viewer import MISSING, ImageViewer, read_image
 from ui.window.main_window import MainWindow
 

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from app.api.errors import ApiError, bad
+from app.chat.composer import unseen_image
 from app.engine.backend import Capabilities
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.util.errors import ImageError
@@ -122,15 +123,9 @@ def check_vision(messages: Sequence[ChatMessage], caps: Capabilities) -> None:
     Raises:
         ApiError: 400 naming the first message with an image.
     """
-    if caps.vision:
+    i = unseen_image(messages, caps)  # the window's decision too
+    if i is None:
         return
-    for i, m in enumerate(messages):
-        if m.images:
-            why = caps.why_not.get("vision")
-            message = f"{NO_VISION[0].upper()}{NO_VISION[1:]}" + (f": {why}." if why else ".")
-            raise ApiError(
-                400,
-                message,
-                code="unsupported_parameter",
-                param=f"messages[{i}].content",
-            )
+    why = caps.why_not.get("vision")
+    message = f"{NO_VISION[0].upper()}{NO_VISION[1:]}" + (f": {why}." if why else ".")
+    raise ApiError(400, message, code="unsupported_parameter", param=f"messages[{i}].content")

@@ -55,6 +55,7 @@ from app.api.image_parts import check_vision
 from app.api.requests import ApiRequests, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
+from app.chat.composer import tool_offer
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.tool_spec import ToolRequest
 from app.host.kv_pool import LOCAL_API
@@ -305,18 +306,10 @@ class Handlers:
         """The request's tools, if the model can take them: tools it may call are
         refused (400) where the backend has no tool calling; ``tool_choice: "none"``
         tools are then dropped, as they could not be called anyway."""
-        caps = info.capabilities
-        if req.tools is None or caps.tools:
-            return req.tools
-        if not req.tools.active:
-            return None
-        why = caps.why_not.get("tools") or "this backend has no tool calling"
-        raise ApiError(
-            400,
-            f"Tool calling is not available with this model: {why}.",
-            code="unsupported_parameter",
-            param="tools",
-        )
+        offer = tool_offer(info.capabilities, req.tools)  # ``app.chat.composer``'s decision
+        if offer.refusal:
+            raise ApiError(400, offer.refusal, code="unsupported_parameter", param="tools")
+        return offer.tools
 
     async def wait(
         self,

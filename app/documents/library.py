@@ -256,11 +256,13 @@ class DocumentLibrary:
         given_whole: set[str],
         cancel: threading.Event | None = None,
         progress: Callable[[Progress], None] | None = None,
+        count: Callable[[str], int] | None = None,
     ) -> list[Source]:
         """The passages to give with the message ``query``: whole documents that fit in
         half of ``room_tokens`` and are not in ``given_whole``, then retrieved passages
         from the rest. Changed files are indexed again first (``progress``); missing and
-        unreadable ones are left out.
+        unreadable ones are left out. A document's size is estimated from its characters
+        (``CHARS_PER_TOKEN``); once read, ``count`` (the model's tokenizer) counts it.
 
         Raises:
             DocumentCancelled: ``cancel`` was set.
@@ -271,20 +273,20 @@ class DocumentLibrary:
         ready = [s.path for s in fresh if s.state == "ready"]
         records = [r for r in (self.index.record(p) for p in ready) if r is not None]
         rest = [r for r in records if r.path not in given_whole]
-        whole: list[DocRecord] = []
+        out: list[Source] = []
         budget = room_tokens // 2
         for rec in sorted(rest, key=lambda r: r.n_chars):
             cost = int(rec.n_chars / CHARS_PER_TOKEN) + 16
-            if cost <= budget and len(whole) < MAX_SOURCES // 2:
-                whole.append(rec)
-                budget -= cost
-        out: list[Source] = []
-        for rec in whole:
+            if cost > budget or len(out) >= MAX_SOURCES // 2:
+                continue
             if cancel is not None and cancel.is_set():
                 raise DocumentCancelled("Searching the documents was cancelled.")
             source = self._whole(rec, len(out) + 1, cancel)
-            if source is not None:
+            if source is not None and count is not None:
+                cost = count(source.text) + 16
+            if source is not None and cost <= budget:
                 out.append(source)
+                budget -= cost
         taken = {s.path for s in out}
         search = [r.path for r in rest if r.path not in taken]
         # One passage even when the chat is nearly full: the overflow policy makes room

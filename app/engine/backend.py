@@ -270,6 +270,14 @@ class Backend(Protocol):
             ImageError: the model sees no images, or the image cannot be read.
         """
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes in a prompt, by the model's tokenizer (no BOS); 0 when
+        the backend cannot count (the caller estimates).
+
+        Raises:
+            NoModelLoaded; LamplightError: the server could not be asked.
+        """
+
     def set_template(self, override: TemplateOverride) -> ModelInfo:
         """Use ``override`` as the chat template from the next message on (no reload).
 

@@ -9,7 +9,8 @@ host's queue like every other engine call (``Backend.image_tokens``), never here
 
 A model without a vision projector takes no pictures: the Attach menu's Image… entry is
 disabled and says why, and a dropped or pasted picture is refused with the same reason,
-the typed text left as it was.
+the typed text left as it was. Those decisions (and the warning when the pictures pass the
+context) are ``app.chat.composer``'s, which the API shares.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.composer import estimate_tokens, fit_warning, vision_refusal
 from app.chat.image_store import ImageStore
 from app.engine.backend import Backend, ModelInfo
 from app.engine.chat_message import ImagePart
@@ -59,8 +61,6 @@ log = logging.getLogger(__name__)
 MAX_ATTACHMENTS = 8
 IMAGE_TYPES = ("image/png", "image/jpeg", "image/webp", "image/gif", "image/bmp")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp")
-NO_VISION = "This model has no vision projector: open a vision model with its mmproj file."
-NO_MODEL = "No model is loaded: open a vision model with its mmproj file to attach images."
 FILE_FILTER = "Images (*.png *.jpg *.jpeg *.webp *.gif *.bmp);;All files (*)"
 STATUS_MS = 8000
 
@@ -312,7 +312,7 @@ class ImageAttach(QObject):
             self._ctx.status("The images are still being read; send again in a moment.", STATUS_MS)
             return None
         if not self.vision:
-            self._say(NO_VISION if self._info is not None else NO_MODEL)
+            self._say(vision_refusal(self._info))
             return None
         return self.parts()
 
@@ -341,7 +341,7 @@ class ImageAttach(QObject):
 
     def _add(self, source: Path | bytes | QImage, name: str) -> None:
         if not self.vision:
-            self._say(NO_VISION if self._info is not None else NO_MODEL)
+            self._say(vision_refusal(self._info))
             return
         if len(self.chips) + len(self._pending) >= MAX_ATTACHMENTS:
             self._say(
@@ -393,7 +393,7 @@ class ImageAttach(QObject):
         encoded = [k for k in IMAGE_TYPES if mime.hasFormat(k)]
         if mime.hasImage() or encoded:
             if not self.vision:
-                self._say(NO_VISION if self._info is not None else NO_MODEL)
+                self._say(vision_refusal(self._info))
                 return not mime.hasText()  # the text still pastes: never lose words
             if encoded:  # the file's own bytes: no re-encoding
                 self.add_image(bytes(mime.data(encoded[0]).data()))
@@ -430,7 +430,7 @@ class ImageAttach(QObject):
         if self.vision:
             self.image_action.setToolTip("Attach images (or paste or drop them on the message box)")
         else:
-            self.image_action.setToolTip(NO_VISION if info is not None else NO_MODEL)
+            self.image_action.setToolTip(vision_refusal(info))
         self._update()
 
     def _update(self) -> None:
@@ -489,25 +489,11 @@ class ImageAttach(QObject):
         label.setStyleSheet("color: #b35900;" if warning else "color: #888888;")
 
     def _fit_warning(self, image_tokens: int) -> str:
-        info = self._info
-        if info is None or not image_tokens or info.n_ctx <= 0:
-            return ""
-        if image_tokens >= info.n_ctx:
-            return f"more than the whole context ({info.n_ctx:,} tokens): it cannot be sent"
-        used = 0
-        for m in reversed(self._ctx.session.conversation.messages):
-            metrics = m.message_metrics() if m.role == "assistant" else None
-            if metrics is not None:
-                used = metrics.prompt_tokens + metrics.generated_tokens
-                break
-        text_tokens = len(self._chat.text()) // 3
-        needed = used + image_tokens + text_tokens
-        if needed > info.n_ctx:
-            return (
-                f"with the chat so far that is about {needed:,} of {info.n_ctx:,} tokens: "
-                "older messages will be forgotten"
-            )
-        return ""
+        """The composer's warning; the typed text estimated (redrawn as the user types,
+        it cannot wait for the engine thread)."""
+        messages = self._ctx.session.conversation.messages
+        text_tokens = estimate_tokens(self._chat.text())
+        return fit_warning(self._info, messages, image_tokens, text_tokens)
 
 
 def count_tokens(engine: Backend, parts: Sequence[ImagePart]) -> list[int] | str:

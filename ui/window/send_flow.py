@@ -2,6 +2,10 @@
 documents, their passages found on the thread pool ("Searching your documents…",
 Stop cancels it and keeps the typed text), then ``ChatSession.send``.
 
+What the message takes (the room for passages) is ``app.chat.composer``'s decision; the
+typed text and the whole documents are counted with the model's tokenizer, asked on the
+engine thread from the search's background job (``engine_counter``).
+
 Also makes the window's one embedder worker and document library (``make_documents``;
 closed at quit after the engine stopped).
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
@@ -18,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QLabel
 
-from app.chat.conversation import Conversation
+from app.chat.composer import TokenCounter, compose, estimate_tokens
 from app.chat.doc_refs import given_whole
-from app.engine.backend import ModelInfo
 from app.engine.chat_message import ImagePart
-from app.util.errors import DocumentCancelled, DocumentError, EmbedderError
+from app.host.host import EngineHost
+from app.util.errors import DocumentCancelled, DocumentError, EmbedderError, LamplightError
 from ui.api.api_status import ApiControl
 from ui.chat.chat_pane import ChatPane
 from ui.chat.document_attach import DocumentAttach
@@ -38,8 +43,7 @@ log = logging.getLogger(__name__)
 
 STATUS_MS = 8000
 SEARCHING = "Searching your documents…"
-DEFAULT_CTX = 4096  # a server that does not say its context size
-MIN_ROOM = 256  # fewer tokens than this for passages: still a few lines
+COUNT_WAIT_S = 2.0  # the engine busy longer (an API reply): the estimate stands in
 
 
 def make_documents(data_dir: Path) -> tuple[EmbedWorker, DocumentLibrary]:
@@ -53,17 +57,34 @@ def make_documents(data_dir: Path) -> tuple[EmbedWorker, DocumentLibrary]:
     return worker, DocumentLibrary(data_dir, worker)
 
 
-def room_tokens(info: ModelInfo | None, conv: Conversation, text: str, max_tokens: int) -> int:
-    """Tokens left for passages: the context less what the chat already uses (its last
-    reply's prompt and answer), the typed text (about 3 characters a token) and the reply."""
-    n_ctx = info.n_ctx if info is not None and info.n_ctx > 0 else DEFAULT_CTX
-    used = 0
-    for m in reversed(conv.messages):
-        metrics = m.message_metrics() if m.role == "assistant" else None
-        if metrics is not None:
-            used = metrics.prompt_tokens + metrics.generated_tokens
-            break
-    return max(MIN_ROOM, n_ctx - used - len(text) // 3 - max_tokens)
+def engine_counter(host: EngineHost, cancel: threading.Event) -> TokenCounter:
+    """Counts text with the loaded model's tokenizer (``Backend.count_tokens``) on the
+    engine thread, behind the host's queue; called off the GUI thread, it waits for the
+    answer. The estimate stands in where the backend cannot count, or the engine does
+    not answer within ``COUNT_WAIT_S`` (or ``cancel`` is set)."""
+
+    def count(text: str) -> int:
+        answer: list[int] = []
+        done = threading.Event()
+
+        def task() -> None:
+            try:
+                answer.append(host.engine.count_tokens(text))
+            except LamplightError as exc:  # no model, a server gone: the estimate stands in
+                log.debug("count_tokens: %s", exc)
+            except Exception:  # a bug, shown in the log; the estimate stands in
+                log.exception("count_tokens")
+            finally:
+                done.set()
+
+        if host.post(task):
+            until = time.monotonic() + COUNT_WAIT_S
+            while not done.wait(0.05) and not cancel.is_set() and time.monotonic() < until:
+                pass
+        n = answer[0] if answer else 0
+        return n if n > 0 else estimate_tokens(text)
+
+    return count
 
 
 class Closeable(Protocol):
@@ -109,29 +130,34 @@ class SendFlow(QObject):
         has_message = images is not None and (w.chat.has_text() or bool(images))
         if not has_message or ctx.session.busy or not ctx.model.ready or self.searching:
             return
-        images = images or []
-        text = w.chat.text()
+        conv = ctx.session.conversation
+        max_tokens = ctx.settings.value.sampling.max_tokens
+        message = compose(w.chat.text(), images or [], ctx.model.info, conv.messages, max_tokens)
+        if isinstance(message, str):  # the pictures' note said so already
+            ctx.status(message, STATUS_MS)
+            return
+        text, parts = message.text, list(message.images)
         docs = w.documents
         paths = docs.paths()  # its documents and its collections' files
         if not paths:
-            self._send(text, images, ())
+            self._send(text, parts, ())
             return
         if docs.busy:
             ctx.status(
                 "The documents are still being read; send again when they are ready.", STATUS_MS
             )
             return
-        conv = ctx.session.conversation
-        room = room_tokens(ctx.model.info, conv, text, ctx.settings.value.sampling.max_tokens)
         whole = given_whole(conv.messages, ctx.session.edit_index)
         self._ticket += 1
-        cancel, library = threading.Event(), docs.library
-        self._cancel, self._pending, self._conv_id = cancel, (text, images), conv.id
+        cancel, library, host = threading.Event(), docs.library, ctx.client.host
+        self._cancel, self._pending, self._conv_id = cancel, (text, parts), conv.id
 
         def work() -> object:
             """list[Source], or a reason (str), or None (cancelled)."""
             try:
-                return library.context_for(paths, text, room, whole, cancel)
+                count = engine_counter(host, cancel)  # the model's tokenizer
+                room = message.room(count)
+                return library.context_for(paths, text, room, whole, cancel, count=count)
             except DocumentCancelled:
                 return None
             except (DocumentError, EmbedderError) as exc:

@@ -243,6 +243,10 @@ class LlamaServerBackend:
         when it takes no images)."""
         return self._tokenizer.image_tokens(image)
 
+    def count_tokens(self, text: str) -> int:
+        """The server's count of ``text``'s tokens (``/tokenize``)."""
+        return len(self._tokenizer.tokenize(text))
+
     @property
     def adapters(self) -> list[dict[str, Any]]:
         """The adapters the server loaded: ``id``, ``path``, ``name``."""

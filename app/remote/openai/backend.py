@@ -175,6 +175,10 @@ class OpenAIBackend:
             raise ImageError(f"{NO_VISION.capitalize()}.")
         return 0
 
+    def count_tokens(self, text: str) -> int:
+        """0: this client cannot tokenize for the server (``TokenEstimate`` stands in)."""
+        return 0
+
     def ping(self) -> str:
         def probe(client: Any) -> str:
             fetch_models(client, self.connection.url, timeout=PING_S)
