@@ -5,6 +5,7 @@ sending with passages (Stop during the search keeps the text)."""
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,37 @@ def test_search_for_a_chat_left_meanwhile_sends_nothing(
     qtbot.waitUntil(lambda: not window.send_flow.searching, timeout=5000)
     assert window.conversation.messages == []
     assert window.chat_input.toPlainText() == "question"
+
+
+class _Host:
+    """An engine host whose queue runs a task at once, or never (an engine busy)."""
+
+    def __init__(self, engine: Any, runs: bool = True) -> None:
+        self.engine, self.runs, self.posted = engine, runs, 0
+
+    def post(self, task: Any) -> bool:
+        self.posted += 1
+        if self.runs:
+            task()
+        return True
+
+
+def test_the_engine_counts_where_it_can_and_the_estimate_stands_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class _Counts:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def count_tokens(self, text: str) -> int:
+            return self.n
+
+    host: Any = _Host(_Counts(7))
+    assert send_flow.engine_counter(host, threading.Event())("a" * 30) == 7
+    host = _Host(_Counts(0))  # a backend that cannot count (an OpenAI-compatible server)
+    assert send_flow.engine_counter(host, threading.Event())("a" * 30) == 10
+    monkeypatch.setattr(send_flow, "COUNT_WAIT_S", 0.1)
+    busy = _Host(_Counts(7), runs=False)
+    count = send_flow.engine_counter(busy, threading.Event())
+    assert count("a" * 30) == 10 and count("b" * 30) == 10
+    assert busy.posted == 1  # once the engine was found busy, not asked again

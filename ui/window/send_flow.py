@@ -61,11 +61,15 @@ def engine_counter(host: EngineHost, cancel: threading.Event) -> TokenCounter:
     """Counts text with the loaded model's tokenizer (``Backend.count_tokens``) on the
     engine thread, behind the host's queue; called off the GUI thread, it waits for the
     answer. The estimate stands in where the backend cannot count, or the engine does
-    not answer within ``COUNT_WAIT_S`` (or ``cancel`` is set)."""
+    not answer within ``COUNT_WAIT_S`` (or ``cancel`` is set): then for the rest of the
+    search, so that a busy engine delays it once."""
+    busy = threading.Event()
 
     def count(text: str) -> int:
         answer: list[int] = []
         done = threading.Event()
+        if busy.is_set():
+            return estimate_tokens(text)
 
         def task() -> None:
             try:
@@ -79,8 +83,10 @@ def engine_counter(host: EngineHost, cancel: threading.Event) -> TokenCounter:
 
         if host.post(task):
             until = time.monotonic() + COUNT_WAIT_S
-            while not done.wait(0.05) and not cancel.is_set() and time.monotonic() < until:
-                pass
+            while not done.wait(0.05) and not cancel.is_set():
+                if time.monotonic() > until:
+                    busy.set()
+                    break
         n = answer[0] if answer else 0
         return n if n > 0 else estimate_tokens(text)
 
