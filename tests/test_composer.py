@@ -126,3 +126,21 @@ def test_the_tool_offer() -> None:
 def test_the_window_offers_no_tools_to_continue_the_text() -> None:
     assert offers_tools(None) and offers_tools(model())
     assert not offers_tools(replace(model(), template=plain_template().label))
+
+
+def test_the_backends_count_with_their_tokenizer_or_say_they_cannot() -> None:
+    from app.config.setting_records import LoadConfig
+    from app.remote.connection import Connection
+    from app.remote.llama_server.backend import LlamaServerBackend
+    from app.remote.openai.backend import OpenAIBackend
+    from tests.misbehaving_server import MisbehavingServer
+
+    with MisbehavingServer() as server:
+        backend = LlamaServerBackend(Connection("m", "m", "llama-server", server.url))
+        backend.load("", LoadConfig())
+        try:
+            assert backend.count_tokens("ferry") == 5  # its /tokenize: a token a character
+        finally:
+            backend.unload()
+        remote = OpenAIBackend(Connection("o", "o", "openai", server.url))
+        assert remote.count_tokens("ferry") == 0  # the caller estimates
