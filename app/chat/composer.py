@@ -96,8 +96,9 @@ class Outgoing:
     max_tokens: int  # the reply's
 
     def room(self, count: TokenCounter = estimate_tokens) -> int:
-        """Tokens left for passages (``room_tokens``), the text counted by ``count``:
-        the model's tokenizer, which may mean waiting for the engine thread."""
+        """Tokens left for passages: the context (``DEFAULT_CTX`` when the server does
+        not say) less the chat so far, the text and the reply; at least ``MIN_ROOM``.
+        ``count``: the model's tokenizer, which may mean waiting for the engine thread."""
         n_ctx = self.info.n_ctx if self.info is not None and self.info.n_ctx > 0 else DEFAULT_CTX
         text_tokens = count(self.text) if self.text else 0
         return max(MIN_ROOM, n_ctx - self.chat_tokens - text_tokens - self.max_tokens)
