@@ -26,14 +26,10 @@ from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps, active_paths
 from app.engine.metrics import MessageMetrics
 from app.engine.native.paths import RiskyPath
-from app.util import crash_record
-from app.util.crash_record import (
-    CRASH_NAME,
-    MARKER_NAME,
-    CrashReport,
-    parse_fault,
-    read_previous,
-)
+from app.util import crash_record, previous_crash
+from app.util.crash_recorder import CRASH_NAME, KEEP_CRASH_FILES, MARKER_NAME, PAGE, CrashRecorder
+from app.util.crash_report import STEPS, CrashReport, Scalar, fault_in_native, parse_fault, summary
+from app.util.previous_crash import MAX_FAULT_BYTES, read_previous
 from tests.conftest import ROOT
 from tests.test_hostile_files import FUZZ, mutated
 
@@ -85,7 +81,7 @@ def logs(tmp_path: Path) -> Path:
 
 
 @pytest.fixture()
-def recorder(logs: Path) -> Iterator[crash_record.CrashRecorder]:
+def recorder(logs: Path) -> Iterator[CrashRecorder]:
     """This process's recorder (faulthandler left as pytest set it)."""
     rec, report = crash_record.begin(logs, "9.9", fault_handler=False)
     assert rec is not None and report is None
@@ -128,7 +124,7 @@ def write_marker(logs: Path, **fields: object) -> None:
 
 
 def test_marker_follows_the_steps_and_a_clean_exit_leaves_nothing(
-    logs: Path, recorder: crash_record.CrashRecorder
+    logs: Path, recorder: CrashRecorder
 ) -> None:
     first = marker(logs)
     assert first["step"] == "start" and first["pid"] == os.getpid()
@@ -149,9 +145,9 @@ def test_marker_follows_the_steps_and_a_clean_exit_leaves_nothing(
     assert list(logs.iterdir()) == []
 
 
-def test_a_step_change_is_cheap(logs: Path, recorder: crash_record.CrashRecorder) -> None:
-    request: dict[str, crash_record.Scalar] = {"kind": "chat", "conv": "c1", "top_k": 40}
-    load: dict[str, crash_record.Scalar] = {
+def test_a_step_change_is_cheap(logs: Path, recorder: CrashRecorder) -> None:
+    request: dict[str, Scalar] = {"kind": "chat", "conv": "c1", "top_k": 40}
+    load: dict[str, Scalar] = {
         "n_ctx": 4096,
         "n_threads": 2,
         "n_gpu_layers": 0,
@@ -164,11 +160,11 @@ def test_a_step_change_is_cheap(logs: Path, recorder: crash_record.CrashRecorder
     # Typically 0.04 ms (the JSON; the write is 2 µs), four or five a reply, none per
     # token. A temp file and a rename took 1.2-4 ms on ext4.
     assert mean_ms < 0.5, mean_ms
-    assert len((logs / MARKER_NAME).read_bytes()) % crash_record.PAGE == 0
+    assert len((logs / MARKER_NAME).read_bytes()) % PAGE == 0
 
 
 def test_a_clean_exit_keeps_a_fault_file_that_has_something(
-    logs: Path, recorder: crash_record.CrashRecorder
+    logs: Path, recorder: CrashRecorder
 ) -> None:
     assert recorder.fault_path is not None
     recorder.fault_path.write_text("Fatal Python error: Aborted\n")
@@ -185,7 +181,7 @@ def test_old_crash_records_are_pruned(logs: Path) -> None:
     assert rec is not None and rec.fault_path is not None
     try:
         left = sorted(p.name for p in logs.iterdir() if CRASH_NAME.fullmatch(p.name))
-        assert left == sorted([*names[-crash_record.KEEP_CRASH_FILES :], rec.fault_path.name])
+        assert left == sorted([*names[-KEEP_CRASH_FILES:], rec.fault_path.name])
         assert (logs / "lamplight.log").exists()
     finally:
         crash_record.end(rec)
@@ -297,9 +293,9 @@ def test_fault_text_is_parsed_defensively() -> None:
         "/venv/site-packages/llama_cpp/llama.py",
         "/app/app/engine/loader.py",
     )
-    assert crash_record.fault_in_native(fault, 0, "load")  # llama_cpp innermost
-    assert crash_record.fault_in_native(fault, 0x7F0000000002, "decode")
-    assert not crash_record.fault_in_native(parse_fault(text.replace("llama_cpp", "x")), 0, "")  # type: ignore[arg-type]
+    assert fault_in_native(fault, 0, "load")  # llama_cpp innermost
+    assert fault_in_native(fault, 0x7F0000000002, "decode")
+    assert not fault_in_native(parse_fault(text.replace("llama_cpp", "x")), 0, "")  # type: ignore[arg-type]
     assert parse_fault("nothing here") is None
     assert parse_fault("Fatal Python error: x\nCurrent thread 0xZZ") is not None
 
@@ -313,7 +309,7 @@ def test_a_huge_or_strange_fault_file_is_read_in_bounds(logs: Path) -> None:
     report, _ = read_previous(logs)
     assert time.monotonic() - t0 < 2.0
     assert report is not None and report.fault == "Segmentation fault"
-    assert (logs / name).stat().st_size < crash_record.MAX_FAULT_BYTES * 4
+    assert (logs / name).stat().st_size < MAX_FAULT_BYTES * 4
 
 
 @pytest.mark.parametrize(
@@ -351,7 +347,7 @@ def test_a_marker_that_is_a_fifo_or_a_folder_does_not_stop_the_start(logs: Path)
 def _real_marker() -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         logs = Path(tmp)
-        rec = crash_record.CrashRecorder(logs, "9.9")
+        rec = CrashRecorder(logs, "9.9")
         rec.start(fault_handler=False)
         rec.set_step(
             "decode",
@@ -383,13 +379,13 @@ def test_fuzz_marker(data: st.DataObject) -> None:
         assert not live
         assert not (logs / MARKER_NAME).exists()
         if report is not None:
-            assert report.step in crash_record.STEPS
+            assert report.step in STEPS
             assert all(isinstance(v, (str, int, float, bool)) for v in report.request.values())
-            assert all(crash_record._PATH_NAME.fullmatch(p) for p in report.paths)
+            assert all(previous_crash._PATH_NAME.fullmatch(p) for p in report.paths)
             assert report.log_file is None or report.log_file.parent == logs
             one = report.line(safe=True)
             assert "\n" not in one and len(one) < 1000
-            crash_record.summary(report)
+            summary(report)
 
 
 # -- the engine thread's steps ----------------------------------------------------------------

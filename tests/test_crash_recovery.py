@@ -31,7 +31,9 @@ from app.config.settings import AppSettings
 from app.engine.native.guard import STORE_ENV
 from app.engine.native.paths import PathVerdicts, RiskyPath
 from app.util import crash_record
-from app.util.crash_record import MARKER_NAME, CrashReport, read_previous
+from app.util.crash_recorder import MARKER_NAME
+from app.util.crash_report import CrashReport
+from app.util.previous_crash import read_previous
 from tests.conftest import ROOT, TEST_LOAD, chat_turns
 from tests.fakes import FakeEngine
 from tests.native import extra_bufts_ok

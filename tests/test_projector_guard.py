@@ -36,7 +36,7 @@ from app.gguf.projector import read_projector
 from app.gguf.projector_checks import ProjectorChecks
 from app.models.projectors import ProjectorPairs, load_config_for, projector_for
 from app.util import crash_record
-from app.util.crash_record import MARKER_NAME
+from app.util.crash_recorder import MARKER_NAME
 from app.util.errors import ProjectorError
 from tests.conftest import TEST_LOAD
 from tests.fakes import FakeEngine

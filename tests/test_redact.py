@@ -31,7 +31,7 @@ from app.engine.chat_message import ToolCall
 from app.engine.metrics import MessageMetrics
 from app.mcp.connection import describe
 from app.mcp.host import McpHost
-from app.util import crash_record
+from app.util import crash_record, crash_recorder, crash_report
 from app.util.redact import QUIET_LOGGERS, RedactFilter, redact_text, redact_url, secure_logging
 from tests.hypothesis_budget import examples
 from tests.server_fixture import free_port
@@ -215,14 +215,14 @@ def test_crash_records_keep_no_secret(tmp_path: Path) -> None:
     try:
         model = f"remote (OpenAI-compatible server at https://me:{SECRET}@h/v1?key={SECRET})"
         crash_record.set_step("prefill", model, {"n_ctx": 1}, (), {"conv": f"token={SECRET}"})
-        marker = (logs / crash_record.MARKER_NAME).read_text(encoding="utf-8")
+        marker = (logs / crash_recorder.MARKER_NAME).read_text(encoding="utf-8")
         assert "https://***@h/v1?key=***" in marker and SECRET not in marker
     finally:
         crash_record.end(recorder)
-    old = crash_record.CrashReport(
+    old = crash_report.CrashReport(
         "decode", 1.0, 1.0, 7, "0", model=f"http://h/?api_key={SECRET}", request={"token": SECRET}
     )
-    summary = crash_record.summary(old)  # a marker an older version wrote
+    summary = crash_report.summary(old)  # a marker an older version wrote
     assert "api_key=***" in summary and "token=***" in summary and SECRET not in summary
 
 

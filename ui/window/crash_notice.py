@@ -36,7 +36,7 @@ from app.config.paths import DataDirs
 from app.engine.local.vision import PROJECTOR_KEY
 from app.engine.native.paths import PathVerdicts, RiskyPath
 from app.gguf.header import shown
-from app.util.crash_record import CrashReport
+from app.util.crash_report import CrashReport
 from app.util.errors import ProjectorError
 from ui.common.open_path import open_path
 

@@ -19,6 +19,7 @@ from app.engine.backend import ModelInfo
 from app.engine.native.guard import wanted_paths
 from app.engine.native.paths import RiskyPath
 from app.util import crash_record
+from app.util.crash_report import Scalar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,7 +51,7 @@ def active_paths(
     return tuple(p for p in wanted_paths(config, gpu_build) if p not in off)
 
 
-def load_summary(config: LoadConfig) -> dict[str, crash_record.Scalar]:
+def load_summary(config: LoadConfig) -> dict[str, Scalar]:
     return {
         "n_ctx": config.n_ctx,
         "n_threads": config.threads(),
@@ -61,7 +62,7 @@ def load_summary(config: LoadConfig) -> dict[str, crash_record.Scalar]:
     }
 
 
-def sampling_summary(params: SamplingParams) -> dict[str, crash_record.Scalar]:
+def sampling_summary(params: SamplingParams) -> dict[str, Scalar]:
     return {k: getattr(params, k) for k in _SAMPLING_KEYS}
 
 
@@ -70,10 +71,10 @@ class EngineSteps:
 
     def __init__(self) -> None:
         self.model = ""
-        self.load: dict[str, crash_record.Scalar] = {}
+        self.load: dict[str, Scalar] = {}
         self.paths: tuple[str, ...] = ()
         self.step = "idle"
-        self._request: dict[str, crash_record.Scalar] = {}
+        self._request: dict[str, Scalar] = {}
         self._depth = 0
 
     def loading(self, path: str, config: LoadConfig, gpu_build: bool) -> None:
@@ -122,9 +123,7 @@ class EngineSteps:
                 self._request = {}
                 self.mark("idle")
 
-    def _mark(
-        self, step: str, model: str, load: dict[str, crash_record.Scalar], paths: tuple[str, ...]
-    ) -> None:
+    def _mark(self, step: str, model: str, load: dict[str, Scalar], paths: tuple[str, ...]) -> None:
         self.step = step
         request = self._request if step in ("prefill", "decode", "prewarm", "save") else None
         crash_record.set_step(step, model, load, paths, request)
