@@ -3,7 +3,7 @@
 ``ApiControl`` owns the ``ApiServer`` (``app.api.runner``, imported only when a server
 starts, so the window's start-up does not load Starlette or uvicorn) and the one
 ``HostGateway`` that puts API requests on the engine host's queue. A ``QTimer``
-polls the server's scheduler four times a second; nothing from the server's thread
+polls the server's requests four times a second; nothing from the server's thread
 ever calls into Qt. The status bar shows ``API: http://127.0.0.1:1234/v1`` (a click
 copies it) and, while a request runs, ``API: replying to 127.0.0.1 · 57 tokens`` with
 a Stop button.
