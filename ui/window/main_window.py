@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QTimer, Signal
+from PySide6.QtCore import QEvent, Signal
 from PySide6.QtGui import QAction, QCloseEvent
 from PySide6.QtWidgets import (
     QApplication,
@@ -15,7 +15,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMenu,
-    QMessageBox,
     QSplitter,
     QWidget,
 )
@@ -31,7 +30,6 @@ from app.config.settings import AppSettings
 from app.engine.backend import ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
-from app.gguf.lora import LoraStack
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
 from ui.chat.chat_pane import ChatPane
@@ -57,15 +55,15 @@ from ui.settings.lora_panel import LoraPanel
 from ui.settings.sampling_panel import SamplingPanel
 from ui.tools.mcp_control import McpControl
 from ui.tools.mcp_window import McpWindow
-from ui.window import capabilities, docks, reply_events, send_flow, window_actions, window_state
+from ui.window import docks, reply_events, send_flow, window_actions, window_state
 from ui.window.documents_wiring import wire_documents
+from ui.window.load_events import LoadEvents
 from ui.window.restyle import TranscriptRestyle
 from ui.window.session_view import WindowView
 from ui.window.thinking_controls import ThinkingControls
+from ui.window.window_close import WindowClose
 
 log = logging.getLogger(__name__)
-
-CLOSE_WAIT_MS = 5000  # how long a close waits for a stopped reply to be recorded
 
 
 class MainWindow(QMainWindow):
@@ -121,13 +119,6 @@ class MainWindow(QMainWindow):
         self.model_manager: ModelManager | None = None
         # The one copy of the model in use: every view observes it.
         self.loaded_model = LoadedModel(self)
-        self.closing = False  # a close was asked for (it may wait for the reply to stop)
-        self._close_waiting = False
-        self._close_now = False
-        self.closed = False  # closed for good: settings saved, engine joined
-        self._close_timer = QTimer(self)
-        self._close_timer.setSingleShot(True)
-        self._close_timer.timeout.connect(self._close_without_waiting)
         self._layout_restored = False
         self.session_view = WindowView(self, self)
         self.session = self._make_session(settings.system_prompt)
@@ -143,6 +134,7 @@ class MainWindow(QMainWindow):
             open_model=self.open_model,
         )
         self.loaded_model.changed.connect(self._on_model_changed)
+        self.closer = WindowClose(self)  # put off while a reply stops, then shut down
 
         self._build_widgets()
         self._build_actions()
@@ -286,18 +278,11 @@ class MainWindow(QMainWindow):
 
     def _connect_engine(self) -> None:
         w = self.client.worker
-        w.loadProgress.connect(self._on_load_progress)
-        w.modelLoaded.connect(self._on_model_loaded)
-        w.modelUnloaded.connect(self._on_unloaded)
-        w.loadFailed.connect(self._on_load_failed)
-        w.prefillProgress.connect(self._on_prefill_progress)
-        self.reply_events = reply_events.ReplyEvents(self)  # tokens, thoughts, the end
+        self.load_events = LoadEvents(self)  # loaded, failed, unloaded, notes, LoRA stacks
+        self.reply_events = reply_events.ReplyEvents(self)  # prompt read, tokens, the end
         w.snapshotSaved.connect(self._on_snapshot_saved)
         w.snapshotFailed.connect(self._on_snapshot_failed)
         w.restored.connect(self._on_restored)
-        w.loadNote.connect(self._on_load_note)
-        w.loraApplied.connect(self._on_lora_applied)
-        w.loraFailed.connect(self._on_lora_failed)
 
     # -- state ---------------------------------------------------------------------
 
@@ -342,12 +327,6 @@ class MainWindow(QMainWindow):
 
     def _on_snapshot_failed(self, _conv_id: str, message: str) -> None:
         self.statusBar().showMessage(message, 10000)
-
-    def _on_prefill_progress(self, request: int, done: int, total: int) -> None:
-        if request == self.session.request_id and total > 0:
-            # Once read, "writing…" until tokens show (a tool call is written unseen).
-            text = "writing the reply…" if done >= total else f"reading prompt {done}/{total}"
-            self.status_speed.setText(text)
 
     def _on_snapshot_saved(self, conv_id: str, _size: int, dropped: list[str]) -> None:
         self.session_view.snapshot_saved(conv_id, dropped)
@@ -499,10 +478,6 @@ class MainWindow(QMainWindow):
         (the model manager deletes a file only then)."""
         self.session.when_idle(self.client.unload)
 
-    def _on_unloaded(self) -> None:
-        self.loaded_model.set(None)
-        self.model_status.none()
-
     def show_model_manager(self) -> ModelManager | None:
         if self.services is None:
             return None
@@ -527,61 +502,11 @@ class MainWindow(QMainWindow):
         self.settings_store.update(load=replace(self.settings.load, kv_type=kv_type))
         self.reload_model()
 
-    def _on_load_progress(self, value: float, what: str) -> None:
-        self.model_status.advanced(value, what)
-
     def _on_model_changed(self, info: ModelInfo | None) -> None:
         self.session.model = info  # the session's copy is fed from here only
         if info is not None and not self.loaded_model.loading:
             self.model_status.loaded(info)
         self.update_buttons()
-
-    def _on_model_loaded(self, info: ModelInfo) -> None:
-        self.loaded_model.set_loading(False)
-        self.loaded_model.set_loaded(info)  # the model status shows it
-        self.setWindowTitle(f"Lamplight — {info.name}")
-        if not info.server:
-            self.settings_store.value.remember_model(str(info.path))
-            self.settings_store.mark_dirty()
-            self.settings_store.update(model_path=str(info.path))
-        self.sampling_panel.set_load(self.settings.load)
-        conn = self.remote.loaded(info)
-        capabilities.show(info, self.sampling_panel, self.lora_panel, conn)
-        capabilities.show_in_window(info, self.compact_cache_action, self.perf_panel)
-        key = f"{info.name}:{info.file_size}"
-        self.sampling_panel.model_key = key
-        if key in self.presets.model_defaults and not self.conversation.sampling:
-            self.sampling_panel.select_preset(self.presets.default_for(key))
-        if self.conversation.messages:
-            # Resume from the saved cache if it was made with this model; else re-read.
-            self.client.restore_snapshot(self.conversation.id)
-        self.update_buttons()
-        self.chat_input.setFocus()
-        self.modelReady.emit(info)
-
-    def _on_load_failed(self, message: str, previous_still_loaded: bool) -> None:
-        self.loaded_model.set_loading(False)
-        self.remote.failed()
-        if not previous_still_loaded:
-            self.loaded_model.set(None)
-        self.model_status.failed(self.loaded_model.info)
-        self.transcript.add_notice(message)
-        self.update_buttons()
-        self.modelFailed.emit(message)
-        if not self.closing and self.isVisible():
-            QMessageBox.warning(self, "Could not load the model", message)
-
-    def _on_load_note(self, message: str) -> None:
-        self.session_view.notice(message)
-
-    def _on_lora_applied(self, stack: LoraStack) -> None:
-        self.lora_panel.set_applied(stack)
-        self.status_lora.setText(stack.summary())
-
-    def _on_lora_failed(self, message: str, still: LoraStack) -> None:
-        self.lora_panel.show_error(message)
-        self.lora_panel.set_applied(still)
-        self.status_lora.setText(still.summary())
 
     def set_theme(self, choice: str) -> None:
         """View -> Appearance: ``system``, ``light`` or ``dark``."""
@@ -601,49 +526,21 @@ class MainWindow(QMainWindow):
 
     # -- shutdown ------------------------------------------------------------------
 
+    @property
+    def closing(self) -> bool:
+        """A close was asked for (it may wait for the reply to stop)."""
+        return self.closer.closing
+
+    @property
+    def closed(self) -> bool:
+        """Closed for good: settings saved, engine joined."""
+        return self.closer.closed
+
+    def layout_to_save(self) -> dict[str, str] | None:
+        """The window's layout, once it was shown (else nothing worth keeping)."""
+        return window_state.capture(self) if self._layout_restored else None
+
     def closeEvent(self, event: QCloseEvent) -> None:
-        """Close once the reply in progress is stopped, recorded and saved (the close is
-        put off until then, at most ``CLOSE_WAIT_MS``; no nested event loop)."""
-        if self.closed:
-            event.accept()
-            return
-        if not self.closing:
-            self.closing = True
-            # First: API requests end and none reaches the worker while the chat is saved.
-            self.api.stop()
-        if self.busy and not self._close_now:
-            event.ignore()
-            if not self._close_waiting:
-                self._close_waiting = True
-                self.stop()  # recorded and saved like any stopped reply
-                self.session.when_idle(self._close_again)
-                self._close_timer.start(CLOSE_WAIT_MS)
-            return
-        self.closed = True
-        self._close_timer.stop()
-        self.chat.end_stream()
-        self.perf_panel.stop_timers()
-        self.remote.shutdown()
-        self.tools.close()  # the servers' process trees end with the app
-        self.session.save()
-        changes: dict[str, object] = {}
-        if self.conversation.messages:
-            changes["last_conversation"] = self.conversation.id
-        if self._layout_restored:  # never shown: nothing worth keeping
-            changes["window_layout"] = window_state.capture(self)
-        self.settings_store.mark_dirty()  # what is in use is kept, also what was not saved
-        self.settings_store.update(**changes)
-        self.client.shutdown()
-        self.send_flow.shutdown(self.embedder)  # documents: jobs cancelled, library closed
-        if self.services is not None:
-            self.services.shutdown()
-        super().closeEvent(event)
-
-    def _close_again(self) -> None:
-        self.close()
-
-    def _close_without_waiting(self) -> None:
-        """The stopped reply did not settle in time: close anyway."""
-        if not self.closed:
-            self._close_now = True
-            self.close()
+        """Close once the reply in progress is stopped, recorded and saved (``WindowClose``)."""
+        if self.closer.close_event(event):
+            super().closeEvent(event)

@@ -1,8 +1,9 @@
 """The engine's reply signals, taken on the GUI thread and passed to the session and views.
 
-A reply streams thinking (``thoughts``) and answer (``tokens``) pieces (a tool call being
-written shows as its count, ``callProgress``), then ends with one of ``finished``,
-``cancelled`` or ``failed`` (``ui.engine.worker.EngineWorker``).
+A reply reads its prompt (``prefillProgress``), streams thinking (``thoughts``) and
+answer (``tokens``) pieces (a tool call being written shows as its count,
+``callProgress``), then ends with one of ``finished``, ``cancelled`` or ``failed``
+(``ui.engine.worker.EngineWorker``).
 Only the reply the session waits for counts; a stale request's events are dropped.
 """
 
@@ -55,6 +56,7 @@ class ReplyEvents(QObject):
         self._win = win
         w = win.ctx.client.worker
         # Bound methods, never lambdas: a lambda would run on the worker's thread.
+        w.prefillProgress.connect(self._on_prefill_progress)
         w.tokens.connect(self._on_tokens)
         w.thoughts.connect(self._on_thoughts)
         w.callProgress.connect(self._on_call_progress)
@@ -66,6 +68,12 @@ class ReplyEvents(QObject):
 
     def _current(self, request: int) -> bool:
         return request == self._win.ctx.session.request_id
+
+    def _on_prefill_progress(self, request: int, done: int, total: int) -> None:
+        if self._current(request) and total > 0:
+            # Once read, "writing…" until tokens show (a tool call is written unseen).
+            text = "writing the reply…" if done >= total else f"reading prompt {done}/{total}"
+            self._win.status_speed.setText(text)
 
     def _on_tokens(self, request: int, text: str) -> None:
         if self._current(request):
