@@ -1,11 +1,18 @@
-"""A transcript message's header line: who wrote it, when, its versions and its actions."""
+"""A transcript message's header line: who wrote it, when, its versions and its actions;
+``MessageHeaders`` keeps each message's and redraws it in place when that changes."""
 
 from __future__ import annotations
 
 import html
 import time
+from collections.abc import Callable, Sequence
+
+from PySide6.QtGui import QTextCursor, QTextFrame
+
+from app.chat.conversation import Message
 
 ACTION_SCHEME = "lamplight"
+FORGOTTEN = "not in the model's memory"
 VERSION_TIPS = {"prev-version": "Previous version", "next-version": "Next version"}
 # A lone "‹" in small type was a 5 px target: the arrows are drawn larger, and the link
 # takes in the no-break spaces around them, so the clickable part is about 24 px wide.
@@ -69,3 +76,82 @@ def header_html(
         f"<span style='color:#888888'><b>{name}</b>{stamp}{switch}{sep}<small>{links}</small>"
         f"{aside}</span>"
     )
+
+
+class MessageHeaders:
+    """The header line of each message of a transcript: drawn with its frame, redrawn in
+    place when its versions, its actions (only the last reply offers Regenerate) or the
+    senders' names change. ``frame(index)``: the message's frame (None: none)."""
+
+    def __init__(self, key: str, frame: Callable[[int], QTextFrame | None]) -> None:
+        self._key = key
+        self._frame = frame
+        self.times: dict[int, float] = {}  # message index -> when it was written
+        self.versions: dict[int, tuple[int, int]] = {}  # message index -> (position, count)
+        self._heads: dict[int, tuple[str, tuple[str, ...], str]] = {}  # role, actions, note
+        self.last_reply = -1
+        # Header names by role instead of You/Assistant (continue-the-text mode's).
+        self.role_names: dict[str, str] = {}
+
+    def clear(self) -> None:
+        self.times, self.versions, self._heads = {}, {}, {}
+        self.last_reply = -1
+
+    def html(self, role: str, index: int, actions: tuple[str, ...], note: str) -> str:
+        """Message ``index``'s header, remembered for a redraw."""
+        self._heads[index] = (role, actions, note)  # for rename_roles
+        return header_html(
+            self._key,
+            role,
+            index,
+            actions,
+            note,
+            self.times.get(index),
+            self.role_names,
+            self.versions.get(index, (1, 1)),
+        )
+
+    def redraw(self, index: int, role: str, actions: tuple[str, ...], note: str = "") -> None:
+        frame = self._frame(index)
+        if role == "tool" or frame is None:  # a result has no frame
+            return
+        cursor = frame.firstCursorPosition()
+        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
+        cursor.insertHtml(self.html(role, index, actions, note))
+
+    def rename_roles(self, names: dict[str, str]) -> None:
+        """Name the senders ``names`` (continue-the-text mode's; {}: You and Assistant),
+        in the headers drawn so far too: redrawn in place, the app's notes kept."""
+        self.role_names = names
+        for index, (role, actions, note) in list(self._heads.items()):
+            self.redraw(index, role, actions, note)
+
+    def set_versions(
+        self, messages: Sequence[Message], versions: Sequence[tuple[int, int]]
+    ) -> None:
+        """Show each message's "‹ 2/3 ›" where it changed (after a reply replaced one)."""
+        for i, v in enumerate(versions):
+            if self.versions.get(i, (1, 1)) == v or i >= len(messages):
+                continue
+            self.versions[i] = v
+            m = messages[i]
+            if m.role == "user":
+                actions: tuple[str, ...] = ("edit", "fork")
+            else:
+                actions = ("regenerate", "fork") if i == self.last_reply else ("fork",)
+            self.redraw(i, m.role, actions, FORGOTTEN if m.forgotten else "")
+
+    def mark_forgotten(self, messages: Sequence[Message]) -> None:
+        """Say on each forgotten message's header that the model no longer sees it."""
+        for i, m in enumerate(messages):
+            if m.forgotten and i != self.last_reply:
+                actions = ("edit", "fork") if m.role == "user" else ("fork",)
+                self.redraw(i, m.role, actions, FORGOTTEN)
+
+    def set_last_reply(self, index: int) -> None:
+        """Only the last reply offers Regenerate."""
+        if self.last_reply >= 0 and self.last_reply != index:
+            self.redraw(self.last_reply, "assistant", ("fork",))
+        self.last_reply = index
+        if index >= 0:
+            self.redraw(index, "assistant", ("regenerate", "fork"))

@@ -226,7 +226,7 @@ class PromptControls(QObject):
         # Qt repaints a hint only as it appears or goes: one already shown kept the old text.
         box.viewport().update()
         # The chat shown before the mode was known (at start) is named for it too.
-        self._chat.transcript.rename_roles(dict(COMPLETION_NAMES) if completion else {})
+        self._chat.transcript.headers.rename_roles(dict(COMPLETION_NAMES) if completion else {})
 
     def set_completion(self, on: bool) -> None:
         """Switch continue-the-text mode for the loaded model (saved for it)."""

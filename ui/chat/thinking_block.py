@@ -4,12 +4,13 @@ Inside an assistant message's frame the thinking comes right after the header: o
 block with the toggle link ("▸ Thought for 14 s · 380 tokens"), then, while open, a
 child frame holding the thinking as plain text (escaped by construction: it is
 inserted as text, never as HTML). Closing removes that frame; the text stays with the
-view, so a long thought costs nothing while it is folded away.
+view (``Thoughts``), so a long thought costs nothing while it is folded away.
 """
 
 from __future__ import annotations
 
 import html
+import time
 
 from PySide6.QtGui import (
     QColor,
@@ -181,3 +182,52 @@ def close_frame(message: QTextFrame) -> None:
     cursor = remove_text_frame(frame)
     # The frame separated the toggle line from what follows: keep them apart.
     cursor.insertBlock(QTextBlockFormat(), QTextCharFormat())
+
+
+class Thoughts:
+    """Each message's thinking as a transcript keeps it (its text, toggle line, why there
+    is no answer, open or folded), and the streaming reply's live thinking."""
+
+    def __init__(self) -> None:
+        self.text: dict[int, str] = {}  # message index -> its thinking
+        self.heads: dict[int, str] = {}  # message index -> its toggle line text
+        self.notes: dict[int, str] = {}  # message index -> why it has no answer
+        self.open: set[int] = set()  # message indexes whose thinking is shown
+        self.live = False  # the streaming reply is in its thinking
+        self.started = 0.0  # monotonic() at the first thinking text
+        self.tokens = 0  # the live thinking's tokens so far
+        self.budget = 0  # the streaming reply's thinking budget (for its summary)
+
+    def clear(self) -> None:
+        self.text, self.heads, self.notes, self.open = {}, {}, {}, set()
+        self.live = False
+
+    def keep(self, index: int, thought: str, metrics: MessageMetrics | None, answer: str) -> None:
+        """Message ``index``'s thinking, as it ended (``answer``: the text after it)."""
+        if not thought:
+            self.forget(index)
+            return
+        self.text[index] = thought
+        self.heads[index] = metrics_summary(metrics, self.budget)
+        self.notes[index] = no_answer_note(metrics)
+        if not answer.strip():
+            self.open.add(index)  # all thinking, no answer: show it
+
+    def forget(self, index: int) -> None:
+        self.text.pop(index, None)
+        self.heads.pop(index, None)
+        self.notes.pop(index, None)
+        self.open.discard(index)
+
+    def start(self, index: int) -> None:
+        """The streaming reply (message ``index``) begins to think, open."""
+        self.live = True
+        self.started = time.monotonic()
+        self.text[index] = ""
+        self.open.add(index)
+
+    def live_text(self) -> str:
+        return live_text(time.monotonic() - self.started, self.tokens)
+
+    def live_summary(self) -> str:
+        return summary_text(time.monotonic() - self.started, self.tokens)

@@ -27,15 +27,12 @@ from app.engine.metrics import MessageMetrics
 from ui.chat import long_text, thinking_block
 from ui.chat.citations import MessageSources
 from ui.chat.image_viewer import MessageImages
-from ui.chat.message_header import ACTION_SCHEME, header_html
+from ui.chat.message_header import ACTION_SCHEME, FORGOTTEN, MessageHeaders
 from ui.chat.tool_card import ToolCards
 from ui.common.draft_stats import reply_footer
 
 SAFE_LINK_SCHEMES = ("http", "https", "mailto")
 ACTIONS = ("edit", "fork", "regenerate", "drop-older", "answer", "prev-version", "next-version")
-
-
-FORGOTTEN = "not in the model's memory"
 UNANSWERED = "not answered yet"
 
 
@@ -87,23 +84,11 @@ class TranscriptView(QTextBrowser):
         self._body_format = QTextCharFormat()
         self._frames: list[QTextFrame] = []
         self._texts: dict[int, str] = {}  # message index -> its source text (for Copy)
-        self._times: dict[int, float] = {}  # message index -> when it was written
-        self._versions: dict[int, tuple[int, int]] = {}  # message index -> (position, count)
-        self._heads: dict[int, tuple[str, tuple[str, ...], str]] = {}  # role, actions, note
-        self._last_reply = -1
         self._key = secrets.token_hex(8)
-        # Header names by role instead of You/Assistant (continue-the-text mode's).
-        self.role_names: dict[str, str] = {}
+        self.headers = MessageHeaders(self._key, self._frame)
         self._run = 0  # characters since the last whitespace in the streaming reply
-        self._thoughts: dict[int, str] = {}  # message index -> its thinking
-        self._thought_heads: dict[int, str] = {}  # message index -> its toggle line text
-        self._open_thoughts: set[int] = set()  # message indexes whose thinking is shown
+        self.thoughts = thinking_block.Thoughts()
         self._think_cursor: QTextCursor | None = None  # end of the live thinking frame
-        self._think_started = 0.0  # monotonic() at the first thinking text
-        self._think_tokens = 0
-        self._think_live = False  # the streaming reply is in its thinking
-        self._thought_notes: dict[int, str] = {}  # message index -> why it has no answer
-        self.thinking_budget = 0  # the streaming reply's thinking budget (for its summary)
         self.cards = ToolCards(self, f"{ACTION_SCHEME}://{self._key}", self._dark, self.copied.emit)
         self.images = MessageImages(self, f"{ACTION_SCHEME}://{self._key}/image")
         href = f"{ACTION_SCHEME}://{self._key}/source"
@@ -132,12 +117,10 @@ class TranscriptView(QTextBrowser):
 
     def clear_conversation(self) -> None:
         self._stream_frame, self._stream_cursor = None, None
-        self._frames, self._texts, self._times, self._versions = [], {}, {}, {}
-        self._heads = {}
-        self._last_reply = -1
-        self._thoughts, self._thought_heads, self._open_thoughts = {}, {}, set()
-        self._thought_notes = {}
-        self._think_cursor, self._think_live = None, False
+        self._frames, self._texts = [], {}
+        self.headers.clear()
+        self.thoughts.clear()
+        self._think_cursor = None
         self.cards.clear()
         self.images.clear()
         self.sources.clear()
@@ -155,7 +138,7 @@ class TranscriptView(QTextBrowser):
         ``answerable``: a last user message without a reply offers Answer.
         """
         self.clear_conversation()
-        self._versions = {i: v for i, v in enumerate(versions) if v[1] > 1}
+        self.headers.versions = {i: v for i, v in enumerate(versions) if v[1] > 1}
         last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         for i, m in enumerate(messages):
             note = FORGOTTEN if m.forgotten else ""
@@ -166,15 +149,15 @@ class TranscriptView(QTextBrowser):
                 self.add_user_message(m.content, i, note, m.created, actions, m.images, m.sources)
             elif m.role == "assistant":
                 metrics = m.message_metrics()
-                self._times[i] = m.created
+                self.headers.times[i] = m.created
                 frame = self._new_frame("assistant", i, ("fork",), note)
                 self._texts[i] = m.content
-                self._keep_thinking(i, m.reasoning, metrics, m.content)
+                self.thoughts.keep(i, m.reasoning, metrics, m.content)
                 self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
                 self.show_tool_calls(i, m, messages)
             elif m.role == "tool" and self._frames:
                 self._frames.append(self._frames[-1])  # a result: its call's card shows it
-        self._set_last_reply(last_reply)
+        self.headers.set_last_reply(last_reply)
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
 
@@ -196,69 +179,15 @@ class TranscriptView(QTextBrowser):
             fmt.setBackground(QColor("#2b3a55" if dark else "#e8f0fe"))
         frame = cursor.insertFrame(fmt)
         inner = frame.firstCursorPosition()
-        inner.insertHtml(self._header(role, index, actions, note))
+        inner.insertHtml(self.headers.html(role, index, actions, note))
         inner.insertBlock(QTextBlockFormat(), self._body_format)
         while len(self._frames) <= index:
             self._frames.append(frame)
         self._frames[index] = frame
         return frame
 
-    def _set_header(self, index: int, role: str, actions: tuple[str, ...], note: str = "") -> None:
-        if role == "tool" or not 0 <= index < len(self._frames):  # a result has no frame
-            return
-        cursor = self._frames[index].firstCursorPosition()
-        cursor.movePosition(QTextCursor.MoveOperation.EndOfBlock, QTextCursor.MoveMode.KeepAnchor)
-        cursor.insertHtml(self._header(role, index, actions, note))
-
-    def rename_roles(self, names: dict[str, str]) -> None:
-        """Name the senders ``names`` (continue-the-text mode's; {}: You and Assistant),
-        in the headers drawn so far too: redrawn in place, the app's notes kept."""
-        self.role_names = names
-        for index, (role, actions, note) in list(self._heads.items()):
-            self._set_header(index, role, actions, note)
-
-    def _header(self, role: str, index: int, actions: tuple[str, ...], note: str) -> str:
-        self._heads[index] = (role, actions, note)  # for rename_roles
-        return header_html(
-            self._key,
-            role,
-            index,
-            actions,
-            note,
-            self._times.get(index),
-            self.role_names,
-            self._versions.get(index, (1, 1)),
-        )
-
-    def set_versions(
-        self, messages: Sequence[Message], versions: Sequence[tuple[int, int]]
-    ) -> None:
-        """Show each message's "‹ 2/3 ›" where it changed (after a reply replaced one)."""
-        for i, v in enumerate(versions):
-            if self._versions.get(i, (1, 1)) == v or i >= len(messages):
-                continue
-            self._versions[i] = v
-            m = messages[i]
-            if m.role == "user":
-                actions: tuple[str, ...] = ("edit", "fork")
-            else:
-                actions = ("regenerate", "fork") if i == self._last_reply else ("fork",)
-            self._set_header(i, m.role, actions, FORGOTTEN if m.forgotten else "")
-
-    def mark_forgotten(self, messages: Sequence[Message]) -> None:
-        """Say on each forgotten message's header that the model no longer sees it."""
-        for i, m in enumerate(messages):
-            if m.forgotten and i != self._last_reply:
-                actions = ("edit", "fork") if m.role == "user" else ("fork",)
-                self._set_header(i, m.role, actions, FORGOTTEN)
-
-    def _set_last_reply(self, index: int) -> None:
-        """Only the last reply offers Regenerate."""
-        if self._last_reply >= 0 and self._last_reply != index:
-            self._set_header(self._last_reply, "assistant", ("fork",))
-        self._last_reply = index
-        if index >= 0:
-            self._set_header(index, "assistant", ("regenerate", "fork"))
+    def _frame(self, index: int) -> QTextFrame | None:
+        return self._frames[index] if 0 <= index < len(self._frames) else None
 
     def add_user_message(
         self,
@@ -272,7 +201,7 @@ class TranscriptView(QTextBrowser):
     ) -> None:
         """``sources``: the passages sent with it (saved dicts or ``Source``s)."""
         at_bottom = self._at_bottom()
-        self._times[index] = time.time() if created is None else created
+        self.headers.times[index] = time.time() if created is None else created
         self._texts[index] = text
         frame = self._new_frame("user", index, actions, note)
         cursor = frame.lastCursorPosition()
@@ -283,12 +212,12 @@ class TranscriptView(QTextBrowser):
     def begin_reply(self, index: int = 1) -> None:
         """Open the frame a streamed reply goes into."""
         at_bottom = self._at_bottom()
-        self._set_last_reply(-1)
-        self._times[index] = time.time()
+        self.headers.set_last_reply(-1)
+        self.headers.times[index] = time.time()
         self._texts.pop(index, None)
-        self._forget_thinking(index)
+        self.thoughts.forget(index)
         self._think_cursor = None
-        self._think_live = False
+        self.thoughts.live = False
         self._stream_frame = self._new_frame("assistant", index, ())
         self._stream_index = index
         self._stream_cursor = self._stream_frame.lastCursorPosition()
@@ -340,17 +269,17 @@ class TranscriptView(QTextBrowser):
         index = self._stream_index
         if kept:
             self._texts[index] = text
-        streamed = self._thoughts.get(index, "")
-        live = self._live_summary()
-        self._think_cursor, self._think_live = None, False
+        streamed = self.thoughts.text.get(index, "")
+        live = self.thoughts.live_summary()
+        self._think_cursor, self.thoughts.live = None, False
         thought = streamed if thinking is None else thinking
-        self._keep_thinking(index, thought, metrics, text)
+        self.thoughts.keep(index, thought, metrics, text)
         if thought and (metrics is None or not metrics.reasoning_tokens):
-            self._thought_heads[index] = live
+            self.thoughts.heads[index] = live
         self._fill(frame, text, footer, error, index if kept else -1, index)
         self._stream_frame, self._stream_cursor = None, None
         if kept:
-            self._set_last_reply(self._stream_index)
+            self.headers.set_last_reply(self._stream_index)
         self._follow(at_bottom)
 
     # -- thinking ------------------------------------------------------------------------
@@ -358,43 +287,16 @@ class TranscriptView(QTextBrowser):
     @property
     def thinking_live(self) -> bool:
         """The streaming reply is thinking (no answer text yet)."""
-        return self._think_live and self._stream_frame is not None
+        return self.thoughts.live and self._stream_frame is not None
 
     def _action_href(self, action: str, index: int) -> str:
         return f"{ACTION_SCHEME}://{self._key}/{action}/{index}"
 
     def _toggle(self, index: int, is_open: bool) -> str:
-        live = self._think_live and index == self._stream_index and self.streaming
-        text = self._live_text() if live else self._thought_heads.get(index, "Thinking")
+        live = self.thoughts.live and index == self._stream_index and self.streaming
+        text = self.thoughts.live_text() if live else self.thoughts.heads.get(index, "Thinking")
         copy = self._action_href("copy-thinking", index) if index in self._texts else ""
         return thinking_block.toggle_html(self._action_href("thinking", index), text, is_open, copy)
-
-    def _elapsed(self) -> float:
-        return time.monotonic() - self._think_started
-
-    def _live_text(self) -> str:
-        return thinking_block.live_text(self._elapsed(), self._think_tokens)
-
-    def _live_summary(self) -> str:
-        return thinking_block.summary_text(self._elapsed(), self._think_tokens)
-
-    def _keep_thinking(
-        self, index: int, thought: str, metrics: MessageMetrics | None, answer: str
-    ) -> None:
-        if not thought:
-            self._forget_thinking(index)
-            return
-        self._thoughts[index] = thought
-        self._thought_heads[index] = thinking_block.metrics_summary(metrics, self.thinking_budget)
-        self._thought_notes[index] = thinking_block.no_answer_note(metrics)
-        if not answer.strip():
-            self._open_thoughts.add(index)  # all thinking, no answer: show it
-
-    def _forget_thinking(self, index: int) -> None:
-        self._thoughts.pop(index, None)
-        self._thought_heads.pop(index, None)
-        self._thought_notes.pop(index, None)
-        self._open_thoughts.discard(index)
 
     def append_thinking(self, text: str, tokens: int) -> None:
         """Append thinking text to the streaming reply (``tokens``: its count so far)."""
@@ -402,11 +304,8 @@ class TranscriptView(QTextBrowser):
         if frame is None or self._stream_cursor is None or not text:
             return
         at_bottom = self._at_bottom()
-        if not self._think_live and index not in self._thoughts:
-            self._think_live = True
-            self._think_started = time.monotonic()
-            self._thoughts[index] = ""
-            self._open_thoughts.add(index)
+        if not self.thoughts.live and index not in self.thoughts.text:
+            self.thoughts.start(index)
             self._run = 0
             cursor = QTextCursor(self._stream_cursor)
             self._stream_cursor = thinking_block.insert(
@@ -414,8 +313,8 @@ class TranscriptView(QTextBrowser):
             )
             inner = thinking_block.thinking_frame(frame)
             self._think_cursor = inner.lastCursorPosition() if inner is not None else None
-        self._thoughts[index] += text
-        self._think_tokens = tokens
+        self.thoughts.text[index] += text
+        self.thoughts.tokens = tokens
         if self._think_cursor is not None:
             shade = thinking_block.text_format(self._dark())
             self._think_cursor.insertText(self._breakable_stream(text), shade)
@@ -425,53 +324,53 @@ class TranscriptView(QTextBrowser):
         """Update the live toggle line's time and token count."""
         if self.thinking_live and self._stream_frame is not None:
             index = self._stream_index
-            is_open = index in self._open_thoughts
+            is_open = index in self.thoughts.open
             thinking_block.set_toggle(self._stream_frame, self._toggle(index, is_open))
 
     def end_thinking(self) -> None:
         """The answer starts: fold the thinking away, with its time and token count."""
         frame = self._stream_frame
-        if not self._think_live or frame is None:
+        if not self.thoughts.live or frame is None:
             return
         index = self._stream_index
-        self._thought_heads[index] = self._live_summary()
-        self._think_live = False
+        self.thoughts.heads[index] = self.thoughts.live_summary()
+        self.thoughts.live = False
         self._think_cursor = None
         self._run = 0
-        if index in self._open_thoughts:
-            self._open_thoughts.discard(index)
+        if index in self.thoughts.open:
+            self.thoughts.open.discard(index)
             thinking_block.close_frame(frame)
         thinking_block.set_toggle(frame, self._toggle(index, False))
         self._stream_cursor = frame.lastCursorPosition()
 
     def toggle_thinking(self, index: int) -> bool:
         """Open or fold message ``index``'s thinking; False if it has none."""
-        if index not in self._thoughts or not 0 <= index < len(self._frames):
+        if index not in self.thoughts.text or not 0 <= index < len(self._frames):
             return False
         frame = self._frames[index]
         streaming = self.streaming and index == self._stream_index
-        if index in self._open_thoughts:
-            self._open_thoughts.discard(index)
+        if index in self.thoughts.open:
+            self.thoughts.open.discard(index)
             thinking_block.close_frame(frame)
             self._think_cursor = None if streaming else self._think_cursor
         else:
-            self._open_thoughts.add(index)
-            thought = self._thoughts[index]
+            self.thoughts.open.add(index)
+            thought = self.thoughts.text[index]
             shown = thought if streaming else long_text.cut_plain(thought)
             end = thinking_block.open_frame(frame, shown, self._dark())
-            if streaming and self._think_live:
+            if streaming and self.thoughts.live:
                 self._think_cursor = end
-        thinking_block.set_toggle(frame, self._toggle(index, index in self._open_thoughts))
+        thinking_block.set_toggle(frame, self._toggle(index, index in self.thoughts.open))
         if streaming:
             self._stream_cursor = frame.lastCursorPosition()
         return True
 
     def thinking_open(self, index: int) -> bool:
-        return index in self._open_thoughts
+        return index in self.thoughts.open
 
     def copy_thinking(self, index: int) -> bool:
         """Put message ``index``'s thinking on the clipboard."""
-        text = self._thoughts.get(index)
+        text = self.thoughts.text.get(index)
         if not text:
             return False
         QApplication.clipboard().setText(text)
@@ -505,16 +404,16 @@ class TranscriptView(QTextBrowser):
         cursor.setPosition(frame.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         parts = []
-        thought = self._thoughts.get(slot, "")
+        thought = self.thoughts.text.get(slot, "")
         if thought:
-            is_open = slot in self._open_thoughts
+            is_open = slot in self.thoughts.open
             toggle = self._toggle(slot, is_open)
             shown = long_text.cut_plain(thought)  # Copy thinking copies all of it
             cursor = thinking_block.insert(cursor, toggle, shown, is_open, self._dark())
         if text.strip():
             parts.append(self._body_html(text, index))
         elif thought and not error:
-            note = self._thought_notes.get(slot, thinking_block.NO_ANSWER)
+            note = self.thoughts.notes.get(slot, thinking_block.NO_ANSWER)
             parts.append(f"<p style='color:#888888'><i>{html.escape(note)}</i></p>")
         if error:
             parts.append(f"<p style='color:#d1242f'>{html.escape(error)}</p>")
@@ -575,10 +474,10 @@ class TranscriptView(QTextBrowser):
         if not 0 <= index < len(self._frames):
             return False
         frame = self._frames[index]
-        thought = self._thoughts.get(index, "").lower()
+        thought = self.thoughts.text.get(index, "").lower()
         answer = self._texts.get(index, "").lower()
         hidden = term and term.lower() in thought and term.lower() not in answer
-        if hidden and index not in self._open_thoughts:
+        if hidden and index not in self.thoughts.open:
             self.toggle_thinking(index)  # the hit is in the folded thinking
         cursor = frame.firstCursorPosition()
         if term:

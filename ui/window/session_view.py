@@ -146,7 +146,7 @@ class WindowView:
         else:
             w.transcript.show_messages(shown, [conv.version_of(i) for i in range(len(shown))])
         w.transcript.begin_reply(len(shown))
-        w.transcript.thinking_budget = w.settings.sampling.thinking_budget
+        w.transcript.thoughts.budget = w.settings.sampling.thinking_budget
         w.perf_panel.start_reply()
         w.chat.begin_stream()
         self.reply_started = time.perf_counter()
@@ -167,11 +167,11 @@ class WindowView:
         elif error:  # the transcript was shown again (what the session kept): say why
             w.transcript.add_notice(f"No reply: {error}")
         conv = w.conversation
-        w.transcript.set_versions(
+        w.transcript.headers.set_versions(
             conv.messages, [conv.version_of(i) for i in range(len(conv.messages))]
         )
         if metrics is not None and metrics.dropped_count:
-            w.transcript.mark_forgotten(w.conversation.messages)
+            w.transcript.headers.mark_forgotten(w.conversation.messages)
         w.perf_panel.set_history(w.reply_metrics)
         if metrics is not None:
             w.status_speed.setText(speed_text(metrics))
