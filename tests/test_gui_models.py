@@ -82,12 +82,12 @@ def test_search_download_and_load(qtbot: QtBot, window: MainWindow, hub: HubServ
     m.repo_files.selectRow(0)
     assert m.download_button.isEnabled()
     qtbot.mouseClick(m.download_button, Qt.MouseButton.LeftButton)
-    assert m.tabs.currentIndex() == 2 and m.downloads_table.rowCount() == 1
-    bar = m.downloads_table.cellWidget(0, 1)
+    assert m.tabs.currentIndex() == 2 and m.downloads_page.table.rowCount() == 1
+    bar = m.downloads_page.table.cellWidget(0, 1)
     assert isinstance(bar, QProgressBar)
     qtbot.waitUntil(lambda: 0 < bar.value() < 1000, timeout=20_000)
-    qtbot.waitUntil(lambda: "MB/s" in m.downloads_table.item(0, 2).text(), timeout=20_000)
-    assert "left" in m.downloads_table.item(0, 2).text()
+    qtbot.waitUntil(lambda: "MB/s" in m.downloads_page.table.item(0, 2).text(), timeout=20_000)
+    assert "left" in m.downloads_page.table.item(0, 2).text()
     qtbot.waitUntil(lambda: bar.value() == 1000, timeout=60_000)
     qtbot.waitUntil(lambda: m.library_table.rowCount() == 1, timeout=10_000)
     assert "Gemma 3 270m" in m.library_table.item(0, 0).text()

@@ -468,9 +468,9 @@ def test_download_and_use_pauses_resumes_and_cancels(
         click(qtbot, row.button)
         qtbot.waitUntil(lambda: "MB/s" in row.status_text, timeout=10_000)
         assert row.button.text() == "Cancel" and row.progress.isVisible()
-        assert m.downloads_table.rowCount() == 1  # the same queue as every download
+        assert m.downloads_page.table.rowCount() == 1  # the same queue as every download
         m.tabs.setCurrentWidget(m.downloads_page)
-        m.downloads_table.selectRow(0)
+        m.downloads_page.table.selectRow(0)
         click(qtbot, m.findChild(QWidget, "pauseButton"))
         qtbot.waitUntil(lambda: row.button.text() == "Resume", timeout=10_000)
         assert row.status_text == "Paused"

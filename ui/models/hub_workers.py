@@ -1,5 +1,11 @@
 """Threads for the model manager: Hub queries and library scans on one, downloads on another.
 
+These two stay long-lived ``QThread``s with their own signals rather than
+``ui.common.background.run_in_background`` jobs: each serves its requests one at a time,
+in order (Hub queries and scans share one client; downloads run from a persistent queue,
+pausable and resumable, and report progress many times each), and both are joined at
+quit (``HubServices.shutdown``).
+
 Also the "Download and use" of recommended models (``RecommendedInstalls``), which the
 model manager's Recommended tab and the first-run welcome card share, and the install of
 recommended embedding models into ``<data>/embedders``."""

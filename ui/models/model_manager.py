@@ -1,5 +1,6 @@
 """The model manager: Discover (Hub search, repo page, download), Library (local models),
-Downloads, and Recommended (a curated list of small chat models, ``ui.models.recommended_view``)."""
+Downloads (``ui.models.downloads_view``), and Recommended (a curated list of small chat
+models, ``ui.models.recommended_view``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMessageBox,
-    QProgressBar,
     QPushButton,
     QSplitter,
     QTableWidget,
@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.models.downloads import DownloadJob
 from app.models.hub import ModelHit, RepoDetails
 from app.models.library import LibraryEntry
 from app.models.quant import GgufChoice
@@ -41,7 +40,8 @@ from app.util.errors import LamplightError
 from app.util.sysinfo import available_memory, size_text
 from ui.common.context import LoadedModel
 from ui.common.open_path import open_path
-from ui.models.hub_workers import HubServices, job_summary
+from ui.models.downloads_view import DownloadsPage
+from ui.models.hub_workers import HubServices
 from ui.models.recommended_view import RecommendedView
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,6 @@ class ModelManager(QDialog):
         self._details_request = -1
         self._details: RepoDetails | None = None
         self._entries: list[LibraryEntry] = []
-        self._job_rows: dict[str, int] = {}
         self._scanned = False  # a first scan with only the default model opens Recommended
         self._scans_pending = 0
         self._tab_chosen = False
@@ -121,7 +120,8 @@ class ModelManager(QDialog):
         self.tabs.setObjectName("modelTabs")
         self.tabs.addTab(self._build_discover(), "Discover")
         self.tabs.addTab(self._build_library(), "Library")
-        self.downloads_page = self._build_downloads()
+        self.downloads_page = DownloadsPage(services, self)
+        self.downloads_page.finished.connect(self.refresh_library)
         self.tabs.addTab(self.downloads_page, "Downloads")
         self.recommended = RecommendedView(services.installs, n_ctx, parent=self)
         self.tabs.addTab(self.recommended, "Recommended")
@@ -141,10 +141,6 @@ class ModelManager(QDialog):
         hub.detailsDone.connect(self._on_details_done)
         hub.libraryDone.connect(self._on_library_done)
         hub.failed.connect(self._on_failed)
-        services.downloads.progress.connect(self._on_progress)
-        services.downloads.jobEnded.connect(self._on_job_ended)
-        for job in services.queue.jobs:
-            self._show_job(job, 0.0, None)
         self.refresh_library()
 
     # -- construction ----------------------------------------------------------------
@@ -265,26 +261,6 @@ class ModelManager(QDialog):
         self._update_library_buttons()
         return page
 
-    def _build_downloads(self) -> QWidget:
-        page = QWidget(self)
-        self.downloads_table = QTableWidget(0, 4, page)
-        self.downloads_table.setObjectName("downloadsTable")
-        self.downloads_table.setHorizontalHeaderLabels(["Model", "Progress", "Status", "Size"])
-        self.downloads_table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.downloads_table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.downloads_table.horizontalHeader().setSectionResizeMode(
-            2, QHeaderView.ResizeMode.Stretch
-        )
-        buttons = QHBoxLayout()
-        self._button("Pause", "pauseButton", lambda: self._control("pause"), buttons)
-        self._button("Resume", "resumeButton", lambda: self._control("resume"), buttons)
-        self._button("Cancel", "cancelDownloadButton", lambda: self._control("cancel"), buttons)
-        buttons.addStretch(1)
-        layout = QVBoxLayout(page)
-        layout.addWidget(self.downloads_table, 1)
-        layout.addLayout(buttons)
-        return page
-
     def _button(self, text: str, name: str, slot: object, layout: QHBoxLayout) -> QPushButton:
         b = QPushButton(text, self)
         b.setObjectName(name)
@@ -396,11 +372,11 @@ class ModelManager(QDialog):
         except LamplightError as exc:
             QMessageBox.warning(self, "Cannot download", str(exc))
             return
-        self._show_job(job, 0.0, None)
+        self.downloads_page.show_job(job, 0.0, None)
         projector = self._projector(self._details, choice)
         if projector is not None:
             try:  # same folder, so pairing finds it; a finished file is not fetched again
-                self._show_job(
+                self.downloads_page.show_job(
                     self._services.queue.add(self._details.repo_id, projector, self._details.sha),
                     0.0,
                     None,
@@ -433,51 +409,6 @@ class ModelManager(QDialog):
 
     def _on_tab_clicked(self, _index: int) -> None:
         self._tab_chosen = True
-
-    # -- downloads -----------------------------------------------------------------------
-
-    def _show_job(self, job: DownloadJob, rate: float, eta: object) -> None:
-        row = self._job_rows.get(job.id)
-        table = self.downloads_table
-        if row is None:
-            row = table.rowCount()
-            table.insertRow(row)
-            self._job_rows[job.id] = row
-            name = QTableWidgetItem(f"{job.repo_id} · {job.name}")
-            name.setData(ROLE, job.id)
-            table.setItem(row, 0, name)
-            new_bar = QProgressBar(table)
-            new_bar.setRange(0, 1000)
-            table.setCellWidget(row, 1, new_bar)
-            table.setItem(row, 2, QTableWidgetItem(""))
-            table.setItem(row, 3, QTableWidgetItem(size_text(job.total_bytes)))
-        bar = table.cellWidget(row, 1)
-        if isinstance(bar, QProgressBar):
-            bar.setValue(int(1000 * job.done_bytes / job.total_bytes) if job.total_bytes else 0)
-        status = table.item(row, 2)
-        if status is not None:
-            status.setText(job_summary(job, rate, eta))
-            status.setToolTip(job.error)
-
-    def _on_progress(self, job: DownloadJob, rate: float, eta: object) -> None:
-        self._show_job(job, rate, eta)
-
-    def _on_job_ended(self, job: DownloadJob) -> None:
-        self._show_job(job, 0.0, None)
-        if job.state == "done":
-            self.refresh_library()
-
-    def _control(self, action: str) -> None:
-        rows = {i.row() for i in self.downloads_table.selectedItems()}
-        for row in rows:
-            item = self.downloads_table.item(row, 0)
-            if item is None:
-                continue
-            job_id = str(item.data(ROLE))
-            getattr(self._services.queue, action)(job_id)
-            job = next((j for j in self._services.queue.jobs if j.id == job_id), None)
-            if job is not None:
-                self._show_job(job, 0.0, None)
 
     # -- library -------------------------------------------------------------------------
 
