@@ -16,10 +16,10 @@ from app.chat.conversation import (
     Conversation,
     ConversationError,
     Message,
-    to_markdown,
 )
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
+from app.chat.transcript_markdown import to_markdown
 from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.engine.metrics import MessageMetrics
@@ -296,9 +296,9 @@ def test_a_full_conversation_refuses_the_message_and_writes_nothing(
     session: ChatSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The transcript never grows past what the store reads back."""
-    import app.chat.session as session_module
+    import app.chat.transcript_writer as writer_module
 
-    monkeypatch.setattr(session_module, "MAX_TRANSCRIPT_BYTES", session_module.REPLY_ROOM + 10)
+    monkeypatch.setattr(writer_module, "MAX_TRANSCRIPT_BYTES", writer_module.REPLY_ROOM + 10)
     assert not session.send("x" * 100, SamplingParams())
     assert session.conversation.messages == []
     assert "This conversation is full" in session._view.notices[-1]  # type: ignore[attr-defined]

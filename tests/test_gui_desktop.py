@@ -272,7 +272,7 @@ def test_ctrl_n_mid_reply_on_the_real_model(qtbot: QtBot, tmp_path: Path, model_
 
 def streamed(win: MainWindow) -> str:
     """The running reply's text so far."""
-    request = win.session._request
+    request = win.session._reply.request
     return "".join(request.parts) if request is not None else ""
 
 

@@ -39,12 +39,12 @@ from app.chat.conversation import (
     ConversationError,
     Message,
     metrics_to_dict,
-    to_markdown,
 )
 from app.chat.metrics_csv import metrics_csv
 from app.chat.session_cache import SessionCache
 from app.chat.snapshot import MAGIC, SnapshotError, SnapshotHeader, read_snapshot, write_snapshot
 from app.chat.store import ConversationStore
+from app.chat.transcript_markdown import to_markdown
 from app.config.field_spec import SettingError, check
 from app.config.params import check_structured, sampling_to_dict, validate_sampling
 from app.config.paths import data_dirs

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.chat.conversation import Conversation, Message, export_images, to_markdown
+from app.chat.conversation import Conversation, Message
 from app.chat.image_store import MAX_IMAGES, image_ref
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
+from app.chat.transcript_markdown import export_images, to_markdown
 from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
@@ -204,10 +205,10 @@ def test_too_many_images_are_refused_with_a_note(session: ChatSession) -> None:
 def test_room_for_counts_the_references(
     session: ChatSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.chat.session as session_module
+    import app.chat.transcript_writer as writer_module
 
     part = put(session)
-    monkeypatch.setattr(session_module, "MAX_TRANSCRIPT_BYTES", session_module.REPLY_ROOM + 120)
+    monkeypatch.setattr(writer_module, "MAX_TRANSCRIPT_BYTES", writer_module.REPLY_ROOM + 120)
     assert session.room_for("hi")
     assert not session.room_for("hi", [image_ref(part)])
 

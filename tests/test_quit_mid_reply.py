@@ -21,7 +21,7 @@ def test_ctrl_q_mid_reply_keeps_the_reply_so_far(
     data = tmp_path / "data"
     win = open_window(qtbot, data, model_path)
     start_streaming(qtbot, win, "Write a long story about a lighthouse.")
-    qtbot.waitUntil(lambda: len(win.session._request.parts) > 3, timeout=30_000)  # type: ignore[union-attr]
+    qtbot.waitUntil(lambda: len(win.session._reply.request.parts) > 3, timeout=30_000)  # type: ignore[union-attr]
     conv_id = win.conversation.id
     qtbot.keyClick(win.chat_input, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
     # The close waits (no nested event loop) for the stopped reply to be recorded.

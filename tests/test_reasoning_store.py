@@ -12,17 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.chat.conversation import (
-    Conversation,
-    ConversationError,
-    Message,
-    metrics_to_dict,
-    to_markdown,
-)
+from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
 from app.chat.metrics_csv import metrics_csv, read_metrics_csv
 from app.chat.search_index import SearchIndex
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
+from app.chat.transcript_markdown import to_markdown
 from app.config.setting_records import SamplingParams
 from app.engine.backend import MAX_REPLY_BYTES
 from app.engine.chat_message import ChatMessage

@@ -22,9 +22,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from app.chat.conversation import Conversation, to_markdown
+from app.chat.conversation import Conversation
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore
+from app.chat.transcript_markdown import to_markdown
 from app.config.paths import DataDirs
 from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ToolCall

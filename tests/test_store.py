@@ -24,10 +24,10 @@ from app.chat.conversation import (
     ConversationError,
     Message,
     metrics_to_dict,
-    to_markdown,
 )
 from app.chat.snapshot import SnapshotHeader, read_snapshot, write_snapshot
 from app.chat.store import ConversationStore
+from app.chat.transcript_markdown import to_markdown
 from app.engine.backend import KvState
 from app.engine.metrics import MessageMetrics
 from tests.conftest import ROOT

@@ -496,7 +496,7 @@ class ToolLoopMachine(RuleBasedStateMachine):
 
     def streaming(self) -> bool:
         s = self.rig.session
-        return s.busy and not s._tools.active and (s.request_id or 0) > 0
+        return s.busy and not s._reply.rounds.active and (s.request_id or 0) > 0
 
     def settle(self) -> None:
         """Run what the threads posted until no call is running."""
@@ -510,7 +510,7 @@ class ToolLoopMachine(RuleBasedStateMachine):
         self.rig.pump(lambda: not self.rig.session.busy or self.streaming() or self.asking())
 
     def asking(self) -> bool:
-        return self.rig.session._tools.active
+        return self.rig.session._reply.rounds.active
 
     @rule(text=st.sampled_from(["a", "b"]))
     def send(self, text: str) -> None:

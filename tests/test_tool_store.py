@@ -11,9 +11,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.chat.conversation import Conversation, ConversationError, Message, to_markdown
+from app.chat.conversation import Conversation, ConversationError, Message
 from app.chat.store import ConversationStore
 from app.chat.tool_records import CALL_STATES, MAX_CALLS, read_calls
+from app.chat.transcript_markdown import to_markdown
 from app.engine.chat_message import ToolCall
 from tests.hypothesis_budget import examples
 

@@ -30,36 +30,27 @@ Rules it keeps, whatever order clicks arrive in:
 The snapshot (KV cache) of a conversation is written by the engine worker right
 after each reply, on its own thread; deleting one goes through the worker too,
 so it is always ordered after any write of the same conversation.
+
+Its parts: ``ReplyRun`` (``app.chat.reply_run``) runs the reply in flight, with
+``ToolRounds`` (``app.chat.tool_session``) for its tool rounds; ``TranscriptWriter``
+(``app.chat.transcript_writer``) writes the transcript and keeps it within its size.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
+from app.chat.conversation import Conversation, ConversationError, Message
 from app.chat.doc_refs import read_names, read_paths
-from app.chat.image_store import MAX_IMAGES, image_ref
-from app.chat.session_link import (
-    EngineLink,
-    Kind,
-    ReplyRequest,
-    SessionView,
-    fit_reasoning,
-    shown_reply,
-)
-from app.chat.store import MAX_TRANSCRIPT_BYTES, ConversationStore
-from app.chat.tool_round import (
-    Approvals,
-    Post,
-    ToolLoop,
-    chain_start,
-    forget_together,
-)
-from app.chat.tool_session import REPLY_ROOM, ToolRounds
+from app.chat.image_store import image_ref
+from app.chat.reply_run import ReplyRun
+from app.chat.session_link import EngineLink, Kind, SessionView
+from app.chat.store import ConversationStore
+from app.chat.tool_round import Approvals, Decision, Post, chain_start
+from app.chat.tool_session import SessionHooks
+from app.chat.transcript_writer import TranscriptWriter
 from app.chat.user_turn import edited_turn, merged_turn
 from app.config.params import sampling_to_dict
 from app.config.setting_records import SamplingParams
@@ -69,10 +60,8 @@ from app.engine.chat_message import ImagePart, ToolCall
 from app.engine.metrics import MessageMetrics
 from app.mcp.tool_host import ToolHost
 
-log = logging.getLogger(__name__)
 
-
-class ChatSession(ToolRounds):
+class ChatSession:
     """Owns the open conversation; see the module docstring for the rules."""
 
     def __init__(
@@ -101,28 +90,37 @@ class ChatSession(ToolRounds):
         self.draft_path = ""
         self.conversation = self._fresh()
         self.edit_index: int | None = None
-        self.unsaved = False  # the last write failed; retried at the next action
-        self._request: ReplyRequest | None = None
         self._queue: deque[Callable[[], None]] = deque()
-        self._deleted: set[str] = set()
         self.on_idle: Callable[[], None] | None = None  # after a reply and queued actions ran
-        self._saved_bytes = 0  # the open transcript's size when last written (room_for)
-        self._image_notes: set[tuple[str, str]] = set()  # images said to be unreadable
-        self._tools = ToolLoop(tool_host, approvals, post, self._calls_changed, self._calls_done)
+        self._writer = TranscriptWriter(store, view)
+        hooks = SessionHooks(
+            conversation=lambda: self.conversation,
+            persist=self._persist,
+            result_room=self._writer.result_room,
+            drain=self._drain,
+        )
+        self._reply = ReplyRun(link, view, store.images, hooks, tool_host, approvals, post)
 
     # -- state ---------------------------------------------------------------------------
 
     @property
     def busy(self) -> bool:
-        return self._request is not None
+        return self._reply.request is not None
+
+    @property
+    def unsaved(self) -> bool:
+        """The last write failed; it is tried again at the next action."""
+        return self._writer.unsaved
 
     @property
     def request_id(self) -> int | None:
-        return self._request.id if self._request else None
+        req = self._reply.request
+        return req.id if req else None
 
     @property
     def reply_started(self) -> bool:
-        return self._request is not None and self._request.started
+        req = self._reply.request
+        return req is not None and req.started
 
     def reply_metrics(self) -> list[MessageMetrics]:
         """Per-reply metrics, derived from the messages (their only copy)."""
@@ -180,7 +178,7 @@ class ChatSession(ToolRounds):
         if msgs and msgs[-1].role == "user":
             # A user turn with no reply (a failed reply, a crash mid-reply): merge, so
             # roles alternate for templates that require it.
-            if not self._images_fit(msgs[-1].images + refs):
+            if not self._writer.images_fit(msgs[-1].images + refs):
                 return False
             prompt = [*msgs[:-1], merged_turn(msgs[-1], text, refs, found)]
         else:
@@ -193,27 +191,9 @@ class ChatSession(ToolRounds):
         return True
 
     def room_for(self, text: str, images: Sequence[dict[str, Any]] = ()) -> bool:
-        """Whether ``text`` with references to ``images`` (their bytes are kept apart)
-        and a reply of the largest size still fit in the transcript
-        (``store.MAX_TRANSCRIPT_BYTES``), and the images in a message; a note says so
-        when not."""
-        if not self._images_fit(images):
-            return False
-        needed = self._saved_bytes + len(json.dumps([text, *images])) + REPLY_ROOM
-        if needed <= MAX_TRANSCRIPT_BYTES:
-            return True
-        self._view.notice(
-            "This conversation is full: a saved conversation holds at most "
-            f"{MAX_TRANSCRIPT_BYTES >> 20} MB. Fork it or start a new chat to go on; "
-            "your message stays in the box."
-        )
-        return False
-
-    def _images_fit(self, images: Sequence[object]) -> bool:
-        if len(images) <= MAX_IMAGES:
-            return True
-        self._view.notice(f"A message can show at most {MAX_IMAGES} images.")
-        return False
+        """Whether ``text`` with ``images`` and a reply of the largest size still fit in the
+        transcript (``TranscriptWriter.room_for``); a note says so when not."""
+        return self._writer.room_for(text, images)
 
     def answer_pending(self, params: SamplingParams) -> bool:
         """Reply to the conversation's last message, a user turn left with no reply (the app
@@ -255,15 +235,15 @@ class ChatSession(ToolRounds):
     def stop(self) -> None:
         """Stop the reply: the streaming round, or the calls between rounds (running ones
         are cancelled, unanswered ones marked "cancelled"; no further round)."""
-        req = self._request
-        if req is None:
-            return
-        if req.id < 0:  # the tools are still being listed: the engine has nothing yet
-            self._cancelled(req, "", None, "")
-        elif self._tools.active:
-            self._stop_calls()
-        else:
-            self._link.stop()
+        self._reply.stop()
+
+    def decide(self, call_id: str, decision: Decision, arguments: str | None = None) -> str:
+        """The user's answer to call ``call_id`` in state "ask": "once", "always_tool" or
+        "always_server" run it (an "always" is remembered), "deny" sends the model an
+        error result. ``arguments``: the edited arguments (JSON object text) to run it
+        with. Returns "" when done, else why nothing changed (e.g. "The arguments must
+        be a JSON object.")."""
+        return self._reply.rounds.decide(call_id, decision, arguments)
 
     def set_system_prompt(self, text: str, save: bool = True) -> bool:
         """The open conversation's system prompt, used from its next reply on.
@@ -334,7 +314,7 @@ class ChatSession(ToolRounds):
             self._view.notice(f"Could not delete the conversation: {exc}")
             return
         self._link.drop_snapshot(conv_id)
-        self._deleted.add(conv_id)
+        self._writer.deleted(conv_id)
         self._view.row_removed(conv_id)
         if conv_id == self.conversation.id:
             self.when_idle(self._replace_deleted)
@@ -354,23 +334,14 @@ class ChatSession(ToolRounds):
 
     def save(self) -> bool:
         """Write the transcript now (on quit); True when it is on disk."""
-        req = self._request
-        if req is not None and (req.parts or req.thinking):
-            # Quitting while a reply could not be stopped in time: keep what was shown.
-            self._record("".join(req.parts), None, "".join(req.thinking))
-            self._request = None
+        self._reply.keep_shown()
         return self._persist()
 
     # -- engine events -------------------------------------------------------------------
 
     def on_tokens(self, request: int, text: str, reasoning: bool = False) -> None:
         """A streamed piece of the reply; ``reasoning``: of its thinking, not its answer."""
-        req = self._request
-        if req is None or req.id != request:
-            return
-        (req.thinking if reasoning else req.parts).append(text)
-        if not req.started:
-            self._commit_branch(req)
+        self._reply.on_tokens(request, text, reasoning)
 
     def on_finished(
         self,
@@ -384,66 +355,17 @@ class ChatSession(ToolRounds):
         the calls it asked for (``Finished.tool_calls``): they are recorded with the
         reply, run or put to the user (``SessionView.tool_calls_changed``), and their
         results answered by the next round of the same reply."""
-        req = self._request
-        if req is None or req.id != request:
-            return
-        text, reasoning = shown_reply(req, text, reasoning)
-        self._commit_branch(req)
-        self._forget(req, metrics)
-        if tool_calls and req.rounds < req.params.tool_rounds:
-            # Past the last round (calls were switched off) a reply's calls are ignored.
-            message = self._record(text, metrics, reasoning, self._tools.prepare(tool_calls))
-            self._view.reply_ended(text, metrics, "")
-            self._view.tool_calls_changed(message)
-            self._tools.begin(message, req.params)
-            return
-        self._record(text, metrics, reasoning)
-        self._end(text, metrics, "")
+        self._reply.on_finished(request, text, metrics, reasoning, tool_calls)
 
     def on_cancelled(
         self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
     ) -> None:
         """As ``on_finished``, for a reply the user stopped (it keeps what it had)."""
-        req = self._request
-        if req is None or req.id != request:
-            return
-        self._cancelled(req, text, metrics, reasoning)
-
-    def _cancelled(
-        self, req: ReplyRequest, text: str, metrics: MessageMetrics | None, reasoning: str
-    ) -> None:
-        text, reasoning = shown_reply(req, text, reasoning)
-        if req.started or text or reasoning or req.kind in ("send", "edit"):
-            # A stopped reply stays as the user saw it; an empty one keeps roles alternating.
-            self._commit_branch(req)
-            self._forget(req, metrics)
-            self._record(text, metrics, reasoning)
-            # Stopped while the tools were listed (no metrics): shown again, since a view
-            # keeps only a reply that comes with its metrics.
-            self._end(text, metrics, "", kept=metrics is not None)
-        else:
-            self._restore(req)
-            self._end("", None, "", kept=False)
+        self._reply.on_cancelled(request, text, metrics, reasoning)
 
     def on_failed(self, request: int, message: str) -> None:
-        req = self._request
-        if req is None or req.id != request:
-            return
-        text, reasoning = shown_reply(req, "", "")
-        if text or reasoning:
-            # It failed part way: the text shown so far stays, with the error beside it.
-            self._commit_branch(req)
-            self._record(text, None, reasoning)
-        elif req.kind == "edit" or req.rounds:
-            # The edited message stays, unanswered; the version it replaced is kept (or:
-            # the reply's earlier rounds stay, saved already).
-            self._commit_branch(req)
-        elif req.kind == "send":
-            # The message stays, unanswered (it was saved before the reply was asked for).
-            self._persist()
-        else:
-            self._restore(req)
-        self._end(text, None, message, kept=False)
+        """The reply failed with ``message``: what was shown of it stays, the error beside it."""
+        self._reply.on_failed(request, message)
 
     def switch_version(self, index: int, step: int) -> bool:
         """Show the previous (``step`` -1) or next (+1) version of message ``index`` and
@@ -488,87 +410,10 @@ class ChatSession(ToolRounds):
         conv.draft_path = self.draft_path if params.draft_model else ""
         if persist:
             self._persist()
-        req = ReplyRequest(
-            id=-1,
-            kind=kind,
-            before=list(before if before is not None else conv.messages),
-            prompt=prompt,
-            edit_index=edit_index,
-            params=params,
-        )
-        if self._tools.wanted(params) and not (self.model and self.model.continues_text):
-            self._request = req  # busy while the tools are listed (off this thread)
-            self._tools.fetch(lambda tools: self._offered(req, tools))
-        else:
-            self._ask(req)
-            self._request = req
+        continues = self.model is not None and self.model.continues_text
+        self._reply.start(kind, prompt, params, edit_index, before, offer_tools=not continues)
         self.edit_index = None
         self._view.reply_begun(prompt, added_user=kind == "send")
-
-    def _commit_branch(self, req: ReplyRequest) -> None:
-        """The reply has started: its branch replaces what it was asked to replace."""
-        if req.started:
-            return
-        req.started = True
-        if req.kind not in ("send", "answer"):
-            conv = self.conversation
-            # What the new version replaces stays as an alternative ("< 1/2 >").
-            at = len(req.prompt) - 1 if req.kind == "edit" else len(req.prompt)
-            conv.keep_replaced(at, req.before[at:])
-            conv.messages = list(req.prompt)
-            self._persist()
-
-    def _restore(self, req: ReplyRequest) -> None:
-        """The reply did not get going: exactly what was there before comes back."""
-        changed = self.conversation.messages != req.before
-        self.conversation.messages = list(req.before)
-        if changed:
-            self._persist()
-
-    def _forget(self, req: ReplyRequest, metrics: MessageMetrics | None) -> None:
-        """Mark the messages the engine dropped to make room (they stay in the transcript)."""
-        if metrics is None or metrics.dropped_count <= 0:
-            return
-        start = max(0, metrics.dropped_from)
-        for m in req.sent[start : start + metrics.dropped_count]:
-            if m is not None:
-                m.forgotten = True
-        forget_together(self.conversation.messages)
-
-    def _record(
-        self,
-        text: str,
-        metrics: MessageMetrics | None,
-        reasoning: str = "",
-        calls: list[dict[str, Any]] | None = None,
-    ) -> Message:
-        msgs = self.conversation.messages
-        if metrics is not None and msgs and msgs[-1].role in ("user", "tool"):
-            msgs[-1].token_offset = metrics.turn_offset
-        message = Message(
-            "assistant",
-            text,
-            token_offset=metrics.prompt_tokens if metrics else None,
-            metrics=metrics_to_dict(metrics) if metrics else None,
-            reasoning=fit_reasoning(reasoning, text),
-            tool_calls=calls or [],
-        )
-        msgs.append(message)
-        if metrics is not None:
-            self.conversation.n_tokens = metrics.context_used
-        self._persist()
-        return message
-
-    def _end(
-        self, text: str, metrics: MessageMetrics | None, error: str, kept: bool = True
-    ) -> None:
-        self._request = None
-        if not kept and self.conversation.messages:
-            # Shown again first: the transcript may have changed (an unanswered message, a
-            # partial reply, a restored version); then the error goes under it.
-            self._view.show_conversation(self.conversation, opened=False, restoring=False)
-        self._view.reply_ended(text, metrics if kept else None, error)
-        self._drain()
 
     def _drain(self) -> None:
         while self._queue and not self.busy:
@@ -578,28 +423,7 @@ class ChatSession(ToolRounds):
 
     def _persist(self) -> bool:
         """Write the transcript if it has messages; False (and a note) when that failed."""
-        conv = self.conversation
-        if not conv.messages or conv.id in self._deleted:
-            self.unsaved = False
-            return True
-        conv.auto_title()
-        if self.model is not None:
-            conv.model_name = self.model.name
-            conv.model_path = str(self.model.path)
-        try:
-            self._saved_bytes = self.store.save(conv)
-        except (OSError, ConversationError) as exc:
-            log.warning("saving %s failed: %s", conv.id, exc)
-            self.unsaved = True
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self._view.notice(
-                f"The conversation could not be saved ({reason}). It stays open, and saving "
-                "is tried again with your next action."
-            )
-            return False
-        self.unsaved = False
-        self._view.row_saved(conv.id)
-        return True
+        return self._writer.write(self.conversation, self.model)
 
     def _settled(self) -> bool:
         """The open conversation is on disk (or has nothing to save); say so if not."""

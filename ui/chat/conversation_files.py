@@ -7,9 +7,10 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from app.chat.conversation import Conversation, ConversationError, export_images, to_markdown
+from app.chat.conversation import Conversation, ConversationError
 from app.chat.import_review import restore
 from app.chat.metrics_csv import metrics_csv
+from app.chat.transcript_markdown import export_images, to_markdown
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import os_reason
 from ui.chat.import_review_dialog import confirm_held
