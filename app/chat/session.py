@@ -42,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from app.chat.composer import offers_tools
 from app.chat.conversation import Conversation, ConversationError, Message
 from app.chat.doc_refs import read_names, read_paths
 from app.chat.image_store import image_ref
@@ -410,8 +411,8 @@ class ChatSession:
         conv.draft_path = self.draft_path if params.draft_model else ""
         if persist:
             self._persist()
-        continues = self.model is not None and self.model.continues_text
-        self._reply.start(kind, prompt, params, edit_index, before, offer_tools=not continues)
+        offer = offers_tools(self.model)
+        self._reply.start(kind, prompt, params, edit_index, before, offer_tools=offer)
         self.edit_index = None
         self._view.reply_begun(prompt, added_user=kind == "send")
 
