@@ -168,6 +168,7 @@ def test_tools_page_says_tools_are_not_used_in_continue_the_text_mode(
         assert "tokens to every prompt" not in total
         assert not any(t.isVisible() for b in page.boxes.values() for t in b.tool_tokens.values())
 
+        qtbot.waitUntil(lambda: fake_host.tools_asked >= 1)  # the page started the servers
         asked = fake_host.tools_asked
         with qtbot.waitSignal(win.replyEnded, timeout=10_000):
             win.chat_input.setPlainText("Once upon a time")
