@@ -12,7 +12,8 @@ one-token batch, the native sampler chain) so no per-token copy of the
 ``Engine`` is the only entry point, a facade over members made for each loaded model:
 ``LoadedModel`` (the model, its vocabulary, adapters, projector and tokenizer),
 ``TemplateState`` (the chat template and the request's binding), ``KvSequence`` (KV
-sequence 0 and what it holds) and ``LocalPrompt`` (rendering and fitting the prompt).
+sequence 0 and what it holds) and a ``PromptDriver`` (rendering and fitting the prompt,
+opening the next turn) over them (``local.prompt``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,14 @@ from app.engine.backend import (
     ProgressFn,
 )
 from app.engine.chat_message import ChatMessage, ImagePart
-from app.engine.local.decode import DecodeJob, decode
 from app.engine.local.draft.slot import DraftSlot, open_draft
 from app.engine.local.kv_sequence import KvSequence
 from app.engine.local.loaded_model import LoadedModel, prepare
 from app.engine.local.loader import open_llama
 from app.engine.local.model_template import auto_template
-from app.engine.local.prompt import LocalPrompt
+from app.engine.local.prompt import LocalCache, LocalTemplates, room_maker
 from app.engine.local.prompt_tokenizer import NO_PROJECTOR, NOT_SEEN
+from app.engine.local.reply_decode import decode_reply
 from app.engine.local.sampler import build_sampler
 from app.engine.local.template_state import TemplateState
 from app.engine.local.vision import ImageSeq, check_projector, open_projector
@@ -55,13 +56,12 @@ from app.engine.native.handles import Native
 from app.engine.native.hardware import HardwareInfo, detect_hardware
 from app.engine.native.libs import load_backends
 from app.engine.native.llama_log import install_log_route
-from app.engine.prompt.overflow import Overflow
+from app.engine.prompt.driver import PromptDriver
 from app.engine.prompt.pipeline import PromptRequest, record_drops
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.override import TemplateOverride
-from app.engine.templates.thinking import ThinkingControl, thinking_control
+from app.engine.templates.thinking import thinking_control
 from app.engine.tool_spec import ToolRequest
-from app.engine.tools.binding import ToolDecoding
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack
 from app.util.errors import ImageError, NoModelLoaded
@@ -103,10 +103,8 @@ class Engine:
         self._loaded: LoadedModel | None = None
         self._chat: TemplateState | None = None
         self._kv: KvSequence | None = None
-        self._prompt: LocalPrompt | None = None
+        self._prompt: PromptDriver | None = None
         self._info: ModelInfo | None = None
-        # The last request's messages, and its overflow (what the model still sees).
-        self._sent: tuple[list[ChatMessage], Overflow] | None = None
         # Speculative decoding: the draft model (dropped with the target model), and
         # the measured costs the adaptive draft length weighs, per kind of drafter.
         self._draft = DraftSlot()
@@ -116,7 +114,7 @@ class Engine:
             raise NoModelLoaded(NO_MODEL)
         return self._loaded
 
-    def _parts(self) -> tuple[LoadedModel, TemplateState, KvSequence, LocalPrompt]:
+    def _parts(self) -> tuple[LoadedModel, TemplateState, KvSequence, PromptDriver]:
         """The loaded model and its members.
 
         Raises:
@@ -203,7 +201,8 @@ class Engine:
             inputs, (template, stop_ids), vocab, lambda t: tokenize(t, False), guarded
         )
         self._kv = KvSequence(model)
-        self._prompt = LocalPrompt(model, chat, self._kv, self._use_template)
+        templates = LocalTemplates(chat, self._use_template)
+        self._prompt = PromptDriver(templates, LocalCache(model, self._kv))
         backend = self.hardware().label if config.n_gpu_layers != 0 else "CPU"
         self._info = model.describe(gguf, chat, load_ms, backend, self.capabilities)
         log.info("loaded %s in %.0f ms (template %s)", gguf.path, load_ms, template.label)
@@ -458,8 +457,8 @@ class Engine:
         lora_note = kv.sync_lora() or kv.check_head()
         chat.start(params, tools)
         request = PromptRequest(messages, params, model.llm.n_ctx())
-        prompt, overflow, template_note = prompter.fit(request, stop)
-        self._sent = (list(request.messages), overflow)
+        prepared = prompter.prepare(request, stop)
+        prompt, overflow = prepared.prompt, prepared.overflow
         keep, note = kv.reuse(prompt.tokens)
         seed = params.seed if params.seed >= 0 else secrets.randbits(31)
         metrics = MessageMetrics(
@@ -470,8 +469,8 @@ class Engine:
             cache_note=lora_note or note,
             turn_offset=min(prompt.n_mark, keep),
         )
-        if template_note:
-            metrics.notes.append(template_note)
+        if prepared.rendered.note:
+            metrics.notes.append(prepared.rendered.note)
 
         t_prefill = time.perf_counter()
         yield from kv.prefill(prompt.tokens[keep:], stop)
@@ -484,11 +483,12 @@ class Engine:
             return
         kv.mark_prompt(prompt)
 
-        make_room = prompter.room_maker(request, overflow, metrics, stop)
+        make_room = room_maker(prompter, kv, request, overflow, metrics, stop)
         reasoning = chat.rendering.reasoning
         think = thinking_control(reasoning, prompt.text, params, end_thinking, chat.markers)
         calls = chat.calls(tools, prompt.text)
-        yield from self._decode(params, seed, metrics, t0, stop, make_room, think, calls)
+        parts = (model, chat, kv, self._draft)
+        yield from decode_reply(parts, params, seed, metrics, t0, stop, make_room, think, calls)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         """Make the cache hold the history as the template will render it, and the
@@ -501,48 +501,10 @@ class Engine:
         the last text they share and the rest evaluated again. Returns the number of
         tokens evaluated (0 when there was nothing to do, or it could not be done).
         """
-        prompter = self._parts()[3]
-        sent = self._sent
-        # After an overflow the model still sees fewer messages than were sent.
-        seen = sent[1].messages if sent is not None and sent[0] == list(messages) else None
-        return prompter.prewarm(messages, reply, seen)
-
-    def _decode(
-        self,
-        params: SamplingParams,
-        seed: int,
-        metrics: MessageMetrics,
-        t0: float,
-        stop: threading.Event,
-        make_room: Callable[[], bool],
-        thinking: ThinkingControl | None = None,
-        tools: ToolDecoding | None = None,
-    ) -> Generator[EngineEvent, None, None]:
-        """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
-        model, chat, kv, _prompt = self._parts()
-        drafter, length = self._draft.choose(params, model.flash, metrics)
-        # A draft model reads no images; drafts at explicit positions miss M-RoPE's.
-        images = model.tokenizer.has_images
-        if drafter is not None and images and (drafter.kind == "model" or model.mrope):
-            metrics.notes.append("drafting is off in a conversation with images")
-            drafter = length = None
-        job = DecodeJob(
-            native=model.native,
-            cmap=kv.map,
-            params=params,
-            seed=seed,
-            metrics=metrics,
-            t0=t0,
-            stop=stop,
-            token_bytes=model.vocab.piece,
-            rewind=kv.rewind,
-            template_stops=chat.template.stop_strings,
-            stop_ids=chat.stop_ids | model.vocab.stop_tokens(params.stop),
-            drafter=drafter,
-            length=length,
-            make_room=make_room,
-            thinking=thinking,
-            tools=tools,
-            tokenize=lambda text: model.tokenizer.tokenize(text, bos=False),
-        )
-        return decode(job)
+        model, chat, kv, prompter = self._parts()
+        if kv.lora_stale or chat.rendering.completion:
+            # Continue-the-text mode opens no turn: the next text may follow with no space.
+            return 0  # the cache belongs to the previous stack; generate will rebuild it
+        model.tokenizer.use_images(messages)
+        # After an overflow the model still sees fewer messages than were sent (``seen``).
+        return prompter.prewarm(messages, reply, model.llm.n_ctx())

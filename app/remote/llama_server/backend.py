@@ -50,8 +50,10 @@ from app.engine.backend import (
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.native.hardware import HardwareInfo
+from app.engine.prompt.driver import PromptDriver
 from app.engine.prompt.overflow import Overflow, reply_budget
 from app.engine.prompt.pipeline import Prompt, PromptRequest, record_drops
+from app.engine.template_errors import ChatTemplateError
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.override import TemplateOverride
 from app.engine.templates.thinking import thinking_control
@@ -74,7 +76,7 @@ from app.remote.http import (
 from app.remote.llama_server.completion import stream_completion
 from app.remote.llama_server.images import ServerImages
 from app.remote.llama_server.model_info import DRAFT_WHY_NOT, capabilities, model_info
-from app.remote.llama_server.prompt import ServerPrompt
+from app.remote.llama_server.prompt import ServerTemplates, SlotCache
 from app.remote.llama_server.slot import Slot
 from app.remote.llama_server.think import ServerThinking
 from app.remote.llama_server.tokenizer import ServerTokenizer
@@ -97,8 +99,8 @@ MAX_CONTINUATIONS = 8  # a reply that fills the context this many times ends the
 class LlamaServerBackend:
     """A ``Backend`` that drives one slot of a llama-server. Its parts: the connection
     (``ServerLink``), the slot (``Slot``: what it holds, its LoRA and snapshots), the
-    server's tokenizer, the images sent, and the prompt this client renders
-    (``ServerPrompt``: the template in use)."""
+    server's tokenizer, the images sent, the template in use (``ServerTemplates``) and
+    the prompt driver over them (``PromptDriver``, with the slot as its ``SlotCache``)."""
 
     def __init__(
         self, connection: Connection, api_key: str = "", limits: Limits = DEFAULT_LIMITS
@@ -108,7 +110,9 @@ class LlamaServerBackend:
         self._media = ServerImages(self._link.call)
         self._tokenizer = ServerTokenizer(self._link.call, self._media, self._n_ctx)
         self._slot = Slot(self._link)
-        self._prompt = ServerPrompt(self._tokenizer, self._slot)
+        self._templates = ServerTemplates(self._tokenizer)
+        self._cache = SlotCache(self._tokenizer, self._slot, self._link)
+        self._prompt = PromptDriver(self._templates, self._cache)
         self._tools = ServerTools(None, self._tokenizer.has_token)  # the last request's
 
     @property
@@ -190,7 +194,7 @@ class LlamaServerBackend:
         self._slot.connect(props, parse_adapters(adapters))
         inputs = template_inputs(props, self._tokenizer.has_token)
         self._media.reset(props, inputs.bos_token)
-        template = self._prompt.connect(inputs)
+        template = self._templates.connect(inputs)
         info = model_info(props, models, n_ctx, conn, template, inputs, t0)
         self._info = replace(
             info,
@@ -208,7 +212,7 @@ class LlamaServerBackend:
             NoModelLoaded.
         """
         self._require()
-        return self._describe(self._prompt.choose(override))
+        return self._describe(self._templates.choose(override))
 
     def _describe(self, template: ChatTemplate) -> ModelInfo:
         """The model's info once ``template`` is the one in use."""
@@ -227,7 +231,8 @@ class LlamaServerBackend:
         self._link.close()
         self._slot.disconnect()
         self._info = None
-        self._prompt.clear()
+        self._templates.clear()
+        self._prompt.forget()
 
     def reset(self) -> None:
         """Forget the conversation here and on the server (the slot is erased)."""
@@ -325,8 +330,8 @@ class LlamaServerBackend:
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
         grammar = grammar_for(params)  # a bad schema fails before any request
-        prompt, overflow, metrics, think = self._start(messages, params, end_thinking)
-        self._tools.start(self._prompt.rendering(), prompt.text, grammar)
+        prompt, overflow, metrics, think = self._start(messages, params, stop, end_thinking)
+        self._tools.start(self._templates.rendering, prompt.text, grammar)
         parts: list[str] = []  # the text streamed, markers and the text this side wrote
         bounds = self._link.limits.budget(params.max_tokens)
         shown = 0  # bytes of reply text so far
@@ -345,7 +350,7 @@ class LlamaServerBackend:
                     tokens, closing = think.close(why, metrics)
                     yield from tokens
                     parts.append(closing)
-                    prompt = self._prompt.go_on(prompt, ended.text, closing)
+                    prompt = self._cache.go_on(prompt, ended.text, closing)
                     continue
                 if metrics.stop_reason != "context_full" or not more:
                     break
@@ -355,6 +360,7 @@ class LlamaServerBackend:
                 if params.overflow == "stop" or not overflow.drop(room, keep_last=1):
                     break
                 base = self._prompt.build(overflow.messages)
+                self._slot.map.keep_marks(base.n_mark)
                 reply = "".join(parts)
                 ids = base.tokens + self._tokenizer.tokenize(reply)
                 prompt = replace(base, tokens=ids, text=base.text + reply)
@@ -381,18 +387,21 @@ class LlamaServerBackend:
         self,
         messages: Sequence[ChatMessage],
         params: SamplingParams,
+        stop: threading.Event,
         end_thinking: threading.Event | None,
     ) -> tuple[Prompt, Overflow, MessageMetrics, ServerThinking | None]:
         """A reply's first prompt, its overflow, its metrics and its thinking (None when
         the template marks none); the template's switches are bound for the request."""
         info = self._require()
         self._media.remember(messages)
-        rendered, fallback = self._prompt.render(messages, params, self._tools)
-        if fallback is not None:  # the chosen template failed on this conversation
-            self._describe(fallback)
-        lora_note = self._slot.sync_lora()
+        self._templates.start(params, self._tools)
         request = PromptRequest(messages, params, info.n_ctx)
-        prompt, overflow = self._prompt.fit(request, rendered.text)
+        rendered = self._prompt.render(request)
+        if rendered.fallback is not None:  # the chosen template failed on this conversation
+            self._describe(self._templates.template)
+        lora_note = self._slot.sync_lora()
+        prepared = self._prompt.fit(request, rendered, stop)
+        prompt, overflow = prepared.prompt, prepared.overflow
         seed = params.seed if params.seed >= 0 else secrets.randbits(31)
         metrics = MessageMetrics(
             prompt_tokens=len(prompt.tokens),
@@ -403,7 +412,7 @@ class LlamaServerBackend:
         )
         if rendered.note:
             metrics.notes.append(rendered.note)
-        reasoning = self._prompt.rendering().reasoning
+        reasoning = prepared.template.reasoning
         control = thinking_control(reasoning, prompt.text, params, end_thinking)
         return prompt, overflow, metrics, ServerThinking(control) if control else None
 
@@ -427,7 +436,7 @@ class LlamaServerBackend:
             "n_predict": think.n_predict(n_predict, metrics) if think else n_predict,
             "n_keep": 0,
             **sampling_fields(params, metrics.seed or 0),
-            "stop": [s for s in (*params.stop, *self._prompt.stop_strings()) if s],
+            "stop": [s for s in (*params.stop, *self._templates.stop_strings()) if s],
             "lora": self._slot.lora_body(),
         }
         return body | self._tools.grammar_fields(grammar)
@@ -437,20 +446,7 @@ class LlamaServerBackend:
         (past thinking dropped, say) and the next turn's opening (``n_predict`` 0): the
         slot is kept up to the last text they share, and the rest evaluated."""
         info = self._require()
-        warm = self._prompt.warm_up(messages, reply, info.n_ctx)
-        if warm is None:
-            return 0
-        body = {
-            "prompt": warm.tokens,
-            "n_predict": 0,
-            "cache_prompt": self._slot.reuses(warm.tokens) > 0,
-            "id_slot": self.connection.slot,
-            "lora": self._slot.lora_body(),
-        }
         try:
-            self._link.call("POST", "/completion", body)
-        except LamplightError as exc:
-            log.info("prewarm on the server failed: %s", exc)
+            return self._prompt.prewarm(messages, reply, info.n_ctx)
+        except ChatTemplateError:
             return 0
-        self._prompt.warmed(warm)
-        return warm.n_new
