@@ -6,7 +6,7 @@ It owns the sequence a reply's prompt goes through (``docs/notes/prompts.md``):
    switches and tools bound); when it fails on the conversation, its fallback, kept from
    then on (``Templates.fall_back``);
 2. render, tokenize with message marks, fit the context (``PromptPipeline``), older turns
-   dropped by the backend's ``Overflow`` and the request's notes about it;
+   dropped through the backend's ``Overflow`` (``record_drops`` notes them in the reply);
 3. what the model still sees of the conversation after those drops (``seen``), and the
    next turn opened ahead of time over it (``warm_up``, ``prewarm``).
 
@@ -18,7 +18,7 @@ re-reads), and how the next turn's opening is read into it (llama.cpp's KV seque
 Issue 42 (chat formats): how a template's output is parsed (its reasoning markers, its
 tool-call syntax) is still chosen by each backend from ``Prepared.template`` and the
 prompt's text (``thinking_control``, ``tool_decoding``). The format seam goes here, beside
-``Templates``: one format per template, chosen in ``prepare`` and carried in ``Prepared``,
+``Templates``: one format per template, chosen in ``fit`` and carried in ``Prepared``,
 so both backends parse a reply the same way. Not built yet.
 """
 
@@ -97,10 +97,6 @@ class Prepared:
     overflow: Overflow
     template: ChatTemplate
     rendered: Rendered
-
-    @property
-    def fell_back(self) -> bool:
-        return self.rendered.fallback is not None
 
 
 @dataclass(frozen=True)

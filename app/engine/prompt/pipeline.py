@@ -15,9 +15,10 @@ The steps, in order (``docs/notes/prompts.md``):
 4. ``record_drops``: what was dropped, and text read again, into the reply's metrics;
 5. ``PromptPipeline.next_turn``: the text that opens the user's next turn (prewarm).
 
-The in-process engine passes llama.cpp's tokenizer and its KV cache's ``ContextMap``;
-the llama-server backend passes its ``/tokenize`` call and the map of its slot. New
-prompt features (tools, reasoning switches, images) belong in ``PromptRequest`` and here.
+``driver.PromptDriver`` runs these steps for both backends that render their own prompt,
+over each one's tokenizer and cache map (llama.cpp's and KV sequence 0's in-process,
+``/tokenize`` and the slot's for llama-server). New prompt features (tools, reasoning
+switches, images) belong in ``PromptRequest`` and here.
 """
 
 from __future__ import annotations
