@@ -4,7 +4,7 @@
 ``lamplight`` would; the window it opens (through ``ui.main.open_window``, as
 ``main()`` does) gets ``TEXT`` typed into its message box and Enter pressed once the
 model is ready. When the reply's first words reach the view, one JSON line goes to
-stdout: ``{"streaming": true, "pid": ..., "conv": ...}``. ``tests/test_crash_recovery.py``
+stdout: ``{"streaming": true, "pid": ..., "conv": ...}``. ``tests/e2e/test_crash_recovery.py``
 then kills the process.
 """
 

@@ -38,6 +38,15 @@ class FakeCollections:
         self.saved[new] = self.saved.pop(old)
 
 
+class FakeEmbedder:
+    """The embedder worker's stand-in: only closed at quit."""
+
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class FakeLibrary:
     """Records its calls; ``errors`` maps a file name to the reason it fails."""
 

@@ -51,7 +51,7 @@ connection outlives the server. ``patch_huggingface_hub`` also sets
 ``tqdm.tqdm.monitor_interval = 0``: tqdm starts its monitor thread in ``__new__`` even for a
 disabled bar, and tests/conftest.py fails a test that leaves that thread behind.
 
-What the 2.4.0 client does (pinned by tests/test_hub_server.py):
+What the 2.4.0 client does (pinned by tests/model/test_hub_server.py):
 
 - ``hf_hub_download`` never resumes across calls: it writes ``<blob>.<uuid8>.incomplete`` (or
   ``.cache/huggingface/download/<hash>.<etag>.<uuid8>.incomplete`` for ``local_dir``) and deletes

@@ -1,4 +1,4 @@
-"""A process that holds a data folder, for ``tests/test_single_instance.py``::
+"""A process that holds a data folder, for ``tests/e2e/test_single_instance.py``::
 
     python -m tests.instance_holder ROOT MODE [--listen] [--exit-after SECONDS]
 

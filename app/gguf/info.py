@@ -158,7 +158,7 @@ def checked_header(
         raise ModelFileError(f"{name} is a damaged GGUF file: {exc}.") from exc
     except (ValueError, OverflowError, MemoryError, RecursionError, struct.error) as exc:
         # Not reached by any input the tests found; kept so a missed case is still a
-        # refusal. tests/test_hostile_gguf.py fails if this message ever appears.
+        # refusal. tests/model/test_hostile_gguf.py fails if this message ever appears.
         raise ModelFileError(
             f"{name} is a damaged GGUF file (unexpected {type(exc).__name__})."
         ) from exc
