@@ -124,8 +124,16 @@ def cmd_test(args: list[str]) -> int:
     if subprocess.call([str(PY), str(ROOT / "packaging" / "llama_server.py")], cwd=ROOT) != 0:
         say("building llama-server failed")
         return 1
-    say("tests: pytest (real model, offscreen Qt)")
-    return subprocess.call([str(PY), "-m", "pytest", *args], cwd=ROOT, env=env)
+    say("tests: pytest (real model, offscreen Qt), every tier, one worker per core")
+    return subprocess.call([str(PY), "-m", "pytest", *parallel(args), *args], cwd=ROOT, env=env)
+
+
+def parallel(args: list[str]) -> list[str]:
+    """pytest-xdist's options unless the caller chose them: a worker per core, each test
+    module on one worker (its module-scoped servers and engines started once)."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
+        return []
+    return ["-n", "auto", "--dist", "loadscope"]
 
 
 def main() -> int:

@@ -24,6 +24,7 @@ os.environ.setdefault(
 )
 
 from app.api.runner import THREAD_NAME, ApiConfig, ApiServer
+from app.config import setting_records
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.config.setting_records import LoadConfig
 from app.engine.local.engine import Engine
@@ -49,7 +50,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Kept between runs (git-ignored) so the 253 MB model is assembled once per checkout.
 MODEL_CACHE = ROOT / ".cache" / "test-models"
 TEST_CTX = 2048
-TEST_LOAD = LoadConfig(n_ctx=TEST_CTX, n_threads=2)
+# Under pytest-xdist ("gw0", "gw1", ...) each worker's llama.cpp gets one thread: two
+# workers on two cores, each with two threads waiting on each other, measured far slower.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+TEST_LOAD = LoadConfig(n_ctx=TEST_CTX, n_threads=1 if WORKER else 2)
 # One llama.cpp thread: short replies run no slower, and far steadier beside other work
 # on two cores (two threads waiting on each other measured 15x slower under load).
 ONE_THREAD = replace(TEST_LOAD, n_threads=1)
@@ -61,6 +65,29 @@ def chat_turns(data_root: Path, model: Path) -> None:
     ModelPrefsStore(data_root / FILE_NAME).set(
         model_key(model, model.stat().st_size), ModelPrefs(completion=False)
     )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under xdist the controller builds the shared model files once, before the workers
+    would race to assemble the same file."""
+    if WORKER is None and getattr(session.config.option, "numprocesses", None):
+        from tests.draft_model import draft_model_path
+        from tests.embed_model import embedder_path
+
+        ensure_default_model(MODEL_CACHE)
+        draft_model_path()
+        embedder_path()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_per_worker() -> Iterator[None]:
+    """Windows and engines that take the default thread count use one per xdist worker."""
+    if WORKER is None:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(setting_records, "default_threads", lambda: 1)
+        yield
 
 
 @pytest.fixture(scope="session")
