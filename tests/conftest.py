@@ -23,13 +23,14 @@ os.environ.setdefault(
     str(Path(__file__).resolve().parent.parent / ".cache" / "native_paths.json"),
 )
 
-from app.api.runner import THREAD_NAME, ApiConfig, ApiServer
+from app.api.config import ApiConfig
+from app.api.runner import THREAD_NAME, ApiServer
 from app.config import setting_records
 from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
 from app.config.setting_records import LoadConfig
 from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model  # after the env var
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 from tests.server_fixture import RunningServer, running_llama_server
 
 # Hypothesis budgets (``tests/hypothesis_budget.py``): ``ci`` runs the same cases each run,

@@ -249,7 +249,8 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
     from app.engine.backend import ModelInfo
     from app.engine.chat_message import ChatMessage
     from app.engine.metrics import MessageMetrics
-    from ui.engine.worker import DEFAULT_MODEL, EngineClient
+    from app.host.core import DEFAULT_MODEL
+    from ui.engine.worker import EngineClient
 
     app = QCoreApplication(sys.argv[:1])
     client = EngineClient(dirs.models)

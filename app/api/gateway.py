@@ -30,7 +30,6 @@ from app.host.jobs import (
     NoResult,
     StopCause,
     TemplateUnavailable,
-    model_id,
 )
 from app.host.kv_pool import LOCAL_API
 from app.host.line import ReplyLine
@@ -106,7 +105,7 @@ class EngineGateway(Protocol):
         """
 
 
-__all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for", "model_id"]
+__all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for"]
 
 
 def failure_for(exc: BaseException) -> ApiFailure:

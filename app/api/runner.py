@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from app.api.config import MAX_BODY_MB, MAX_WAIT_S, MIN_BODY, ApiConfig, ApiConfigError
+from app.api.config import ApiConfig, ApiConfigError
 from app.api.gateway import EngineGateway
 from app.api.requests import ApiRequests
 from app.config.api_settings import LOCALHOST_NAMES
@@ -33,16 +33,7 @@ if TYPE_CHECKING:
 
     from app.api.embeddings import EmbedService
 
-__all__ = [
-    "MAX_BODY_MB",
-    "MAX_WAIT_S",
-    "MIN_BODY",
-    "THREAD_NAME",
-    "ApiConfig",
-    "ApiConfigError",
-    "ApiServer",
-    "bind",
-]
+__all__ = ["THREAD_NAME", "ApiServer", "bind"]
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from app.api.embeddings import (
     run_embedding,
 )
 from app.api.errors import ApiError, cut_short, failure_event
-from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
+from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
 from app.api.image_parts import check_vision
 from app.api.requests import ApiRequests, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
@@ -58,6 +58,7 @@ from app.api.sse import ChunkWriter, Reply
 from app.chat.composer import tool_offer
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.tool_spec import ToolRequest
+from app.host.jobs import model_id
 from app.host.kv_pool import LOCAL_API
 
 if TYPE_CHECKING:

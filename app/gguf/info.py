@@ -29,9 +29,6 @@ from pathlib import Path
 
 from app.gguf.header import (
     FLOATS,
-    GGML_MAX_DIMS,
-    GGUF_DEFAULT_ALIGNMENT,
-    GGUF_MAGIC,
     INTS,
     STRING,
     U64,
@@ -51,15 +48,7 @@ from app.gguf.header import (
 )
 from app.util.errors import ModelFileError
 
-__all__ = [
-    "GGML_MAX_DIMS",
-    "GGUF_DEFAULT_ALIGNMENT",
-    "GGUF_MAGIC",
-    "GgufInfo",
-    "_parse_header",
-    "read_gguf_info",
-    "shown",
-]
+__all__ = ["GgufInfo", "_parse_header", "read_gguf_info"]
 
 _parse_header = parse_header  # the old name, still imported by tests
 

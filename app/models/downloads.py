@@ -23,14 +23,13 @@ from app.models.names import (
     check_path_length,
     check_repo_id,
     destination,
-    repo_dir_name,
 )
 from app.models.part_file import PART_SUFFIX
 from app.models.quant import GgufChoice, RepoFile
 from app.util.atomic import atomic_write_text
 from app.util.datafiles import DataFileError, read_json, set_aside
 
-__all__ = ["DownloadJob", "DownloadQueue", "SpeedMeter", "repo_dir_name", "target_key"]
+__all__ = ["DownloadJob", "DownloadQueue", "SpeedMeter", "target_key"]
 
 log = logging.getLogger(__name__)
 

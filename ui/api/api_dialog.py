@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.api.runner import MAX_BODY_MB
+from app.api.config import MAX_BODY_MB
 from app.config.api_settings import API_SPEC_BY_NAME, validate_api
 from app.config.field_spec import SettingError
 from app.config.setting_records import ApiSettings

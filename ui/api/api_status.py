@@ -25,8 +25,9 @@ from ui.api.serve import bind_problem
 from ui.engine.worker import EngineClient
 
 if TYPE_CHECKING:
+    from app.api.config import ApiConfig
     from app.api.requests import JobView
-    from app.api.runner import ApiConfig, ApiServer
+    from app.api.runner import ApiServer
     from app.engine.local.embed_worker import EmbedWorker
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ RUNNING_STYLE = "color: #2e7d32;"
 
 def api_config(settings: ApiSettings, key: str) -> ApiConfig:
     """The server configuration for ``settings`` and ``key``."""
-    from app.api.runner import ApiConfig
+    from app.api.config import ApiConfig
 
     return ApiConfig(
         host=settings.host,
@@ -113,7 +114,8 @@ class ApiControl(QObject):
         Returns "" when it runs, else why not (a busy port, an unsafe address), which
         is also kept in ``error``.
         """
-        from app.api.runner import ApiConfigError, ApiServer
+        from app.api.config import ApiConfigError
+        from app.api.runner import ApiServer
 
         self.stop()
         config = api_config(settings, keys.get_key(KEY_ID))

@@ -46,8 +46,9 @@ from app.util.instance_lock import AlreadyRunning, acquire
 from app.util.redact import secure_logging
 
 if TYPE_CHECKING:
+    from app.api.config import ApiConfig
     from app.api.requests import Outcome
-    from app.api.runner import ApiConfig, ApiServer
+    from app.api.runner import ApiServer
     from app.config.setting_records import LoadConfig
     from app.engine.backend import ModelInfo
     from app.engine.local.embed_worker import EmbedWorker
@@ -166,7 +167,7 @@ def main(argv: Sequence[str]) -> int:
     for note in settings_notes:
         print(f"lamplight serve: {note}", file=sys.stderr)
 
-    from app.api.runner import ApiConfig
+    from app.api.config import ApiConfig
 
     given = {
         "host": args.host,
@@ -285,8 +286,9 @@ def _serve(
     pool_mb: int,
     embedder: Path | None = None,
 ) -> int:
+    from app.api.config import ApiConfigError
     from app.api.host_gateway import HostGateway
-    from app.api.runner import ApiConfigError, ApiServer
+    from app.api.runner import ApiServer
     from app.host.core import DEFAULT_MODEL
     from app.host.host import EngineHost, guarded_engine
 
@@ -368,7 +370,7 @@ def _until_stopped(
 ) -> int:
     """The main thread's loop: the ready line, the smoke request, SIGINT / SIGTERM; the
     exit code."""
-    from app.api.gateway import model_id
+    from app.host.jobs import model_id
 
     deadline = time.monotonic() + SMOKE_TIMEOUT_S
     ready = False

@@ -33,21 +33,11 @@ from app.engine.local.crash_steps import EngineSteps
 from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
-from app.host.core import DEFAULT_MODEL
 from app.host.host import THREAD_NAME, EngineHost, guarded_engine
 from app.host.jobs import DraftCandidate, ReplyEvent, ReplyJob, ReplySink
 from app.host.kv_pool import DEFAULT_POOL_MB
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "DraftCandidate",
-    "EngineClient",
-    "EngineWorker",
-    "GenerateJob",
-    "guarded_engine",
-    "live_engine_threads",
-    "register_thread",
-]
+__all__ = ["EngineClient", "EngineWorker", "GenerateJob", "live_engine_threads", "register_thread"]
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from PySide6.QtCore import QEvent, QMimeData, QObject, QTimer
 from PySide6.QtGui import QDragEnterEvent, QDragMoveEvent, QDropEvent
 from PySide6.QtWidgets import QWidget
 
-from app.gguf.info import read_gguf_info, shown
+from app.gguf.header import shown
+from app.gguf.info import read_gguf_info
 from app.util.errors import ModelFileError
 from ui.common.context import Context
 from ui.models.model_manager import ModelManager

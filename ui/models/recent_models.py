@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QMenu
 
-from app.gguf.info import shown
+from app.gguf.header import shown
 from ui.common.context import Context
 
 

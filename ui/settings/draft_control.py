@@ -33,10 +33,10 @@ from PySide6.QtWidgets import (
 from app.chat.conversation import Conversation
 from app.config.setting_records import SamplingParams
 from app.engine.backend import DraftInfo, ModelInfo
+from app.host.jobs import DraftCandidate
 from app.util.sysinfo import size_text
 from ui.common.context import Context
 from ui.common.qt_util import blocked
-from ui.engine.worker import DraftCandidate
 from ui.settings.sampling_panel import SamplingPanel
 
 PATH_ROLE = Qt.ItemDataRole.UserRole

@@ -18,10 +18,10 @@ from app.config.setting_records import LoadConfig, SamplingParams
 from app.config.setting_specs import SPEC_BY_NAME
 from app.engine.backend import ModelInfo
 from ui.settings.presets_bar import PresetsBar
-from ui.settings.settings_fields import RELOAD_STYLE, nice_stops
+from ui.settings.settings_fields import RELOAD_STYLE
 from ui.settings.settings_form import SettingsForm, validate_partly
 
-__all__ = ["SamplingPanel", "nice_stops", "reasoning_limits"]  # nice_stops: for the tests
+__all__ = ["SamplingPanel", "reasoning_limits"]
 
 _THINKING_FIELDS = ("thinking", "reasoning_effort", "thinking_budget", "budget_message")
 

@@ -30,6 +30,7 @@ from app.config.settings import AppSettings
 from app.engine.backend import ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
+from app.host.core import DEFAULT_MODEL
 from ui.api.api_status import ApiControl
 from ui.chat import conversation_files
 from ui.chat.chat_pane import ChatPane
@@ -40,7 +41,7 @@ from ui.chat.prompt_controls import PromptControls
 from ui.chat.search_jump import SearchJump
 from ui.common import accessibility, theme
 from ui.common.context import Context, LoadedModel, SettingsStore
-from ui.engine.worker import DEFAULT_MODEL, EngineClient
+from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
 from ui.models.model_drop import ModelDrop
 from ui.models.model_manager import ModelManager
