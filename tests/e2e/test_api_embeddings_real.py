@@ -17,7 +17,7 @@ import pytest
 from app.api.runner import ApiConfig, ApiServer
 from app.engine.local.embed_worker import EmbedWorker
 from tests.embed_model import embedder_path
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 from tests.serve_fixture import ROOT, running, serve_command
 
 DIM = 384

@@ -25,7 +25,7 @@ from app.engine.backend import Capabilities
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.tool_spec import ToolRequest, ToolSpec
 from tests.conftest import Serve
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 from tests.hypothesis_budget import examples
 from tests.serve_fixture import Served, running
 

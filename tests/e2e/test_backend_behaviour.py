@@ -21,7 +21,7 @@ from app.gguf.lora import LoraError, LoraStack
 from app.remote.connection import Connection
 from app.util.errors import ContextOverflowError, LamplightError
 from tests.conftest import TEST_CTX
-from tests.fakes import FakeEngine, as_backend
+from tests.fakes.engine import FakeEngine, as_backend
 from tests.server_fixture import RunningServer
 
 KINDS = ("inprocess", "fake", "llama-server", "openai")

@@ -35,7 +35,7 @@ from app.util.crash_recorder import MARKER_NAME
 from app.util.crash_report import CrashReport
 from app.util.previous_crash import read_previous
 from tests.conftest import ROOT, TEST_LOAD, chat_turns
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.native import extra_bufts_ok
 from ui.engine.worker import EngineClient
 from ui.main import open_window

@@ -19,7 +19,7 @@ from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.remote.connection import Connection
 from app.remote.connection_store import ConnectionStore
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.server_fixture import RunningServer, free_port, running_llama_server
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow

@@ -35,8 +35,7 @@ from app.util.instance_lock import (
     channel_name,
     read_holder,
 )
-from tests.fake_window import fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.window import fake_window
 from ui.window import single_instance
 from ui.window.single_instance import (
     EXIT_HELD,
@@ -295,7 +294,7 @@ def test_a_later_launch_brings_the_window_forward_and_opens_its_model(
     qtbot: QtBot, tmp_path: Path, server: InstanceServer
 ) -> None:
     dirs = data_dirs(tmp_path / "data")
-    win, _client = fake_window(qtbot, dirs, FakeEngine())
+    win = fake_window(qtbot, tmp_path, dirs=dirs, shown=False, loaded=False)
     single_instance.install(win, server)
     win.showMinimized()
     first = tiny_gguf(tmp_path / "first.gguf")
@@ -319,7 +318,7 @@ def test_a_model_handed_over_during_a_load_opens_after_it(
     qtbot: QtBot, tmp_path: Path, server: InstanceServer
 ) -> None:
     dirs = data_dirs(tmp_path / "data")
-    win, _client = fake_window(qtbot, dirs, FakeEngine())
+    win = fake_window(qtbot, tmp_path, dirs=dirs, shown=False, loaded=False)
     single_instance.install(win, server)
     first = tiny_gguf(tmp_path / "first.gguf")
     handed = tiny_gguf(tmp_path / "handed.gguf")

@@ -25,7 +25,6 @@ from app.config.model_prefs import (
     model_key,
     prefs_from_dict,
 )
-from app.config.paths import data_dirs
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, ModelInfo
 from app.engine.chat_message import ChatMessage
@@ -39,8 +38,8 @@ from app.remote.openai.backend import CAPABILITIES as OPENAI_CAPABILITIES
 from app.remote.openai.backend import WHY_NOT, OpenAIBackend
 from app.util.errors import LamplightError
 from tests.conftest import ROOT
-from tests.fake_window import fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import fake_window
 from tests.hypothesis_budget import examples
 from tests.native import own_notes
 from tests.prompt_window import close, evaluated, open_window, send
@@ -236,7 +235,7 @@ def test_openai_servers_disable_the_choice_with_a_reason(qtbot: QtBot, tmp_path:
     assert not OPENAI_CAPABILITIES.template_override
     assert "renders the chat with its own template" in WHY_NOT["template_override"]
     fake = FakeEngine()
-    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
+    win = fake_window(qtbot, tmp_path, fake, shown=False, loaded=False)
     try:
         model = tmp_path / "model.gguf"
         model.write_bytes(b"fake model")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,9 @@ from app.chat.transcript_markdown import to_markdown
 from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.engine.metrics import MessageMetrics
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import send
 from tests.hypothesis_budget import examples
-from tests.model.test_gui import make_window, send
 from ui.window.main_window import MainWindow
 
 
@@ -148,14 +147,6 @@ def test_any_stored_alternatives_load_and_every_operation_ends(
 @pytest.fixture()
 def fake() -> FakeEngine:
     return FakeEngine(reply="first reply")
-
-
-@pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = make_window(qtbot, tmp_path, fake)
-    yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def test_regenerate_keeps_the_old_reply_and_the_arrows_switch_back(

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import keyring
 import pytest
@@ -17,22 +16,24 @@ from app.api.runner import MAX_BODY_MB
 from app.config.setting_records import ApiSettings
 from app.remote import keys
 from tests.e2e.test_connections import MemoryKeyring
-from tests.fakes import FakeEngine
-from tests.model.test_gui import make_window
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import WindowFactory, close_window
 from ui.window import window_actions
 from ui.window.main_window import MainWindow
 
 
 @pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MainWindow]:
+def window(
+    qtbot: QtBot, make_window: WindowFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MainWindow]:
     before = keyring.get_keyring()
     monkeypatch.setattr(keys, "_memory", {})
     keyring.set_keyring(MemoryKeyring())
-    win = make_window(qtbot, tmp_path, FakeEngine(reply="Hi.", delay=0.01))
+    win = make_window(FakeEngine(reply="Hi.", delay=0.01))
     try:
         yield win
     finally:
-        win.close()
+        close_window(qtbot, win)
         keyring.set_keyring(before)
     assert not [t for t in threading.enumerate() if t.name.startswith("lamplight-api")]
 

@@ -301,7 +301,7 @@ def test_the_window_says_what_the_saved_list_had_wrong(
     """A note of the queue (a second entry for one file) is shown at start, not only logged."""
     from app.config.paths import data_dirs
     from app.config.settings import AppSettings
-    from tests.fakes import FakeEngine
+    from tests.fakes.engine import FakeEngine
     from ui.engine.worker import EngineClient
     from ui.main import hub_services, open_window
 

@@ -10,30 +10,22 @@ services are real but never reach the network (the library scan is local).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from PIL import Image
 from PySide6.QtCore import QRect, Qt
-from PySide6.QtWidgets import QApplication, QDockWidget, QPushButton, QWidget
+from PySide6.QtWidgets import QDockWidget, QPushButton, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
-from app.models.downloader import FileFetcher
-from app.models.downloads import DownloadQueue
-from app.models.hub import HubClient
-from app.models.library import Library
 from app.models.recommended import default_model_name
-from tests.fakes import VISION_CAPABILITIES, FakeEngine
-from ui.engine.worker import EngineClient
-from ui.models.hub_workers import HubServices
+from tests.fakes.engine import VISION_CAPABILITIES, FakeEngine
+from tests.fakes.window import LAPTOP, WindowFactory, settle
 from ui.models.onboarding import WelcomeCard
 from ui.window.main_window import MainWindow
 
-LAPTOP = (1366, 768)
 MIN_SHARE = 0.5  # of the window's height, for the transcript
 
 
@@ -43,32 +35,13 @@ def dirs(tmp_path: Path) -> DataDirs:
 
 
 @pytest.fixture()
-def window(qtbot: QtBot, dirs: DataDirs) -> Iterator[tuple[MainWindow, FakeEngine]]:
+def window(make_window: WindowFactory, dirs: DataDirs) -> tuple[MainWindow, FakeEngine]:
     """A first start: fresh data dir, default settings, Hub services, a base model to come."""
     fake = FakeEngine()
     fake.base_model = True  # like the embedded default: the text-completion notice shows
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, engine_factory=lambda: fake, store=store)
-    services = HubServices(
-        HubClient(),
-        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
-        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
-    )
-    win = MainWindow(client, AppSettings.load_from(dirs.settings_file), dirs, store, services)
-    qtbot.addWidget(win)
-    win.show()
-    qtbot.waitExposed(win)
-    win.resize(*LAPTOP)
-    settle()
-    yield win, fake
-    win.close()
-
-
-def settle() -> None:
-    """Let resizes and layouts catch up (posted events only: no timers)."""
-    for _ in range(3):
-        QApplication.sendPostedEvents()
-        QApplication.processEvents()
+    settings = AppSettings.load_from(dirs.settings_file)
+    win = make_window(fake, dirs=dirs, settings=settings, services=True, size=LAPTOP, loaded=False)
+    return win, fake
 
 
 def visible_parts(win: MainWindow) -> dict[str, QRect]:

@@ -7,7 +7,6 @@ import re
 import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import keyring
@@ -21,8 +20,9 @@ from pytestqt.qtbot import QtBot
 from app.config.setting_records import ApiSettings
 from app.remote import keys
 from tests.e2e.test_connections import MemoryKeyring
-from tests.fakes import FakeEngine
-from tests.model.test_gui import LONG_REPLY, make_window, send
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import WindowFactory, close_window, send
+from tests.model.test_gui import LONG_REPLY
 from ui.api.api_status import KEY_ID
 from ui.window import window_actions
 from ui.window.main_window import MainWindow
@@ -45,12 +45,11 @@ def fake() -> FakeEngine:
 
 @pytest.fixture()
 def window(
-    qtbot: QtBot, tmp_path: Path, fake: FakeEngine, memory_keyring: MemoryKeyring
+    qtbot: QtBot, make_window: WindowFactory, fake: FakeEngine, memory_keyring: MemoryKeyring
 ) -> Iterator[MainWindow]:
-    win = make_window(qtbot, tmp_path, fake)
+    win = make_window(fake)
     yield win
-    win.close()
-    assert not win.client.engine_thread.isRunning()
+    close_window(qtbot, win)
     assert not [t for t in threading.enumerate() if t.name == "lamplight-api"]
 
 
@@ -210,9 +209,9 @@ def test_a_chat_message_waits_for_the_api_request(
 
 
 def test_closing_the_window_stops_the_server_first(
-    qtbot: QtBot, tmp_path: Path, fake: FakeEngine, memory_keyring: MemoryKeyring
+    qtbot: QtBot, make_window: WindowFactory, fake: FakeEngine, memory_keyring: MemoryKeyring
 ) -> None:
-    win = make_window(qtbot, tmp_path, fake)
+    win = make_window(fake)
     url = serve(win)
     streamer = Streamer(url, max_tokens=2000)
     qtbot.waitUntil(lambda: win.api.running_job() is not None, timeout=5000)

@@ -18,8 +18,8 @@ from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
 from app.engine.templates.builtin import plain_template
-from tests.fake_mcp import FakeMcpHost
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.mcp import FakeMcpHost
 from tests.gui.test_gui_mcp import FILES
 from ui.chat.prompt_controls import CHAT_INPUT_HINT, COMPLETION_INPUT_HINT
 from ui.engine.worker import EngineClient
@@ -140,7 +140,7 @@ def test_after_a_restart_the_hint_and_headers_say_continue_the_text(
 
 @pytest.fixture()
 def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeMcpHost:
-    host = FakeMcpHost(tmp_path, [FILES])
+    host = FakeMcpHost([FILES], tmp_path)
     monkeypatch.setattr(mcp_control, "HOST_FACTORY", lambda _d: host)
     return host
 

@@ -19,9 +19,9 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.composer import MIN_ROOM
 from app.util.errors import DocumentError
-from tests.fake_documents import FakeEmbedder, FakeLibrary
-from tests.fake_window import loaded_fake_window
-from tests.fakes import VISION_CAPABILITIES, FakeEngine
+from tests.fakes.documents import FakeEmbedder, FakeLibrary
+from tests.fakes.engine import VISION_CAPABILITIES, FakeEngine
+from tests.fakes.window import WindowFactory, close_window
 from ui.chat.collections_dialog import CollectionsDialog
 from ui.chat.document_bar import ChipState, detail_text
 from ui.window import send_flow
@@ -38,7 +38,7 @@ def library(monkeypatch: pytest.MonkeyPatch) -> FakeLibrary:
 
 @pytest.fixture()
 def window(
-    qtbot: QtBot, tmp_path: Path, library: FakeLibrary, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, make_window: WindowFactory, library: FakeLibrary, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[MainWindow]:
     def warn(*args: Any, **_k: Any) -> None:
         raise AssertionError(f"a message box: {args[1:]}")
@@ -46,10 +46,9 @@ def window(
     monkeypatch.setattr(QMessageBox, "warning", warn)
     engine = FakeEngine()
     engine.caps = VISION_CAPABILITIES
-    win = loaded_fake_window(qtbot, tmp_path, engine)
+    win = make_window(engine)
     yield win
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    close_window(qtbot, win)
     assert library.closed
 
 

@@ -4,7 +4,6 @@ token count, sending, thumbnails in the transcript, the viewer, a model without 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,8 @@ from PySide6.QtWidgets import QApplication, QFileDialog
 from pytestqt.qtbot import QtBot
 
 from app.chat.composer import NO_VISION
-from tests.fake_window import loaded_fake_window
-from tests.fakes import IMAGE_TOKENS, VISION_CAPABILITIES, FakeEngine
+from tests.fakes.engine import IMAGE_TOKENS, VISION_CAPABILITIES, FakeEngine
+from tests.fakes.window import WindowFactory
 from tests.hypothesis_budget import examples
 from ui.chat.image_attach import MAX_ATTACHMENTS, tokens_text
 from ui.chat.image_viewer import MISSING, ImageViewer, read_image
@@ -31,23 +30,11 @@ def png(width: int = 40, height: int = 30, color: str = "yellow") -> bytes:
     return out.getvalue()
 
 
-def close(qtbot: QtBot, win: MainWindow) -> None:
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
-
-
 @pytest.fixture()
 def fake() -> FakeEngine:
     engine = FakeEngine()
     engine.caps = VISION_CAPABILITIES
     return engine
-
-
-@pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = loaded_fake_window(qtbot, tmp_path, fake)
-    yield win
-    close(qtbot, win)
 
 
 def files(tmp_path: Path, *names: str) -> list[Path]:
@@ -230,25 +217,22 @@ def test_reopened_chat_shows_images_and_missing_placeholder(
 
 
 def test_non_vision_model_disables_and_explains(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_window: WindowFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    win = loaded_fake_window(qtbot, tmp_path, FakeEngine())
-    try:
-        assert not win.images.image_action.isEnabled()
-        assert win.images.image_action.toolTip() == NO_VISION
-        win.chat_input.setPlainText("keep me")
-        drop(win.chat_input.viewport(), files(tmp_path, "a.png"))
-        assert not win.images.chips and not win.images.busy
-        assert NO_VISION in win.images.strip.note.text()
-        mime = QMimeData()
-        mime.setImageData(QImage(png(), "PNG"))  # type: ignore[call-overload]
-        mime.setText(" and this")
-        QApplication.clipboard().setMimeData(mime)
-        win.chat_input.moveCursor(win.chat_input.textCursor().MoveOperation.End)
-        win.chat_input.paste()
-        assert win.chat_input.toPlainText() == "keep me and this"  # the text still pastes
-    finally:
-        close(qtbot, win)
+    win = make_window(FakeEngine())
+    assert not win.images.image_action.isEnabled()
+    assert win.images.image_action.toolTip() == NO_VISION
+    win.chat_input.setPlainText("keep me")
+    drop(win.chat_input.viewport(), files(tmp_path, "a.png"))
+    assert not win.images.chips and not win.images.busy
+    assert NO_VISION in win.images.strip.note.text()
+    mime = QMimeData()
+    mime.setImageData(QImage(png(), "PNG"))  # type: ignore[call-overload]
+    mime.setText(" and this")
+    QApplication.clipboard().setMimeData(mime)
+    win.chat_input.moveCursor(win.chat_input.textCursor().MoveOperation.End)
+    win.chat_input.paste()
+    assert win.chat_input.toPlainText() == "keep me and this"  # the text still pastes
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])

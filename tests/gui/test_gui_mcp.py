@@ -22,10 +22,10 @@ from pytestqt.qtbot import QtBot
 from app.mcp.config import KEYRING, ServerConfig
 from app.mcp.consent import consent_details
 from app.mcp.tool_host import ServerStatus
-from tests.fake_mcp import FakeMcpHost, tool
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.mcp import FakeMcpHost, tool
+from tests.fakes.window import WindowFactory, close_window
 from tests.hypothesis_budget import examples
-from tests.model.test_gui import make_window
 from ui.tools import mcp_control
 from ui.tools.mcp_consent import consent_text, notice_text
 from ui.tools.mcp_control import McpControl
@@ -68,7 +68,7 @@ RUNNER = ServerStatus(
 
 @pytest.fixture()
 def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeMcpHost:
-    host = FakeMcpHost(tmp_path, [FILES, WEB, RUNNER])
+    host = FakeMcpHost([FILES, WEB, RUNNER], tmp_path)
     monkeypatch.setattr(mcp_control, "HOST_FACTORY", lambda _d: host)
     return host
 
@@ -276,37 +276,32 @@ def test_pasted_garbage_never_breaks_the_config(
 
 
 def test_chat_asking_for_tools_raises_the_consent_notice(
-    qtbot: QtBot, tmp_path: Path, fake_host: FakeMcpHost, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, make_window: WindowFactory, fake_host: FakeMcpHost
 ) -> None:
-    win = make_window(qtbot, tmp_path, FakeEngine(reply="ok"))
-    try:
-        (win.dirs.root / "mcp.json").write_text('{"mcpServers": {}}')
-        assert win.tools.proxy.host is None  # nothing made before it is needed
-        assert win.actions_by_name["mcp"].text() == "Tools (MCP servers)…"
-        found: list[object] = []
-        worker = threading.Thread(target=lambda: found.append(win.tools.proxy.tools(1.0)))
-        worker.start()
-        worker.join(5)
-        assert [t.name for t in found[0]] == ["read_file", "list_dir"]  # type: ignore[attr-defined]
-        qtbot.waitUntil(lambda: win.mcp.review.isVisible())
-        assert "Tool server 'runner' wants to run: python tools.py" in (
-            win.transcript.toPlainText()
-        )
-        win.mcp.review.click()
-        page = win.mcp.page
-        assert page is not None and page.isVisible() and page.boxes["runner"].consent
-        page.boxes["runner"].consent.allow_button.click()
-        qtbot.waitUntil(lambda: not win.mcp.review.isVisible())
-        win.tools.proxy.tools(1.0)  # asked again: no second notice for the same server
-    finally:
-        win.close()
-        qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    win = make_window(FakeEngine(reply="ok"))
+    (win.dirs.root / "mcp.json").write_text('{"mcpServers": {}}')
+    assert win.tools.proxy.host is None  # nothing made before it is needed
+    assert win.actions_by_name["mcp"].text() == "Tools (MCP servers)…"
+    found: list[object] = []
+    worker = threading.Thread(target=lambda: found.append(win.tools.proxy.tools(1.0)))
+    worker.start()
+    worker.join(5)
+    assert [t.name for t in found[0]] == ["read_file", "list_dir"]  # type: ignore[attr-defined]
+    qtbot.waitUntil(lambda: win.mcp.review.isVisible())
+    assert "Tool server 'runner' wants to run: python tools.py" in (win.transcript.toPlainText())
+    win.mcp.review.click()
+    page = win.mcp.page
+    assert page is not None and page.isVisible() and page.boxes["runner"].consent
+    page.boxes["runner"].consent.allow_button.click()
+    qtbot.waitUntil(lambda: not win.mcp.review.isVisible())
+    win.tools.proxy.tools(1.0)  # asked again: no second notice for the same server
+    close_window(qtbot, win)
     assert fake_host.closed
     assert win.transcript.toPlainText().count("wants to run") == 1
 
 
 def test_the_window_starts_when_the_host_cannot_be_made(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, tmp_path: Path, make_window: WindowFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(_d: Path) -> FakeMcpHost:
         raise ImportError("No module named 'mcp'")
@@ -315,24 +310,22 @@ def test_the_window_starts_when_the_host_cannot_be_made(
     root = tmp_path / "data"
     root.mkdir()
     (root / "mcp.json").write_text("{broken")
-    win = make_window(qtbot, tmp_path, FakeEngine(reply="ok"))
-    try:
-        qtbot.waitUntil(lambda: "unavailable" in win.transcript.toPlainText())
-        assert win.tools.proxy.tools(1.0) == []
-        result = win.tools.proxy.call("x", {}, 1.0)
-        assert result.is_error
-        page = win.mcp.show_page()
-        assert "No module named 'mcp'" in page.problems.text()
-    finally:
-        win.close()
-        qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    win = make_window(FakeEngine(reply="ok"))
+    qtbot.waitUntil(lambda: "unavailable" in win.transcript.toPlainText())
+    assert win.tools.proxy.tools(1.0) == []
+    result = win.tools.proxy.call("x", {}, 1.0)
+    assert result.is_error
+    page = win.mcp.show_page()
+    assert "No module named 'mcp'" in page.problems.text()
 
 
-def test_a_damaged_mcp_json_is_a_note_with_the_real_host(qtbot: QtBot, tmp_path: Path) -> None:
+def test_a_damaged_mcp_json_is_a_note_with_the_real_host(
+    qtbot: QtBot, tmp_path: Path, make_window: WindowFactory
+) -> None:
     root = tmp_path / "data"
     root.mkdir()
     (root / "mcp.json").write_text('{"mcpServers": {"x": {"command": ')
-    win = make_window(qtbot, tmp_path, FakeEngine(reply="ok"))
+    win = make_window(FakeEngine(reply="ok"))
     try:  # made at start, off the GUI thread, since a config exists
         qtbot.waitUntil(lambda: "Tool servers (mcp.json)" in win.transcript.toPlainText())
         assert win.tools.proxy.tools(1.0) == []

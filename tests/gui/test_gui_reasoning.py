@@ -3,9 +3,7 @@ Stop thinking and the status line."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt, QUrl
@@ -16,8 +14,8 @@ from app.chat.conversation import Message, metrics_to_dict
 from app.engine.backend import Capabilities
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning.format import ReasoningFormat
-from tests.fake_window import loaded_fake_window
-from tests.fakes import FAKE_CAPABILITIES, FakeEngine
+from tests.fakes.engine import FAKE_CAPABILITIES, FakeEngine
+from tests.fakes.window import WindowFactory
 from ui.chat import thinking_block
 from ui.chat.transcript import TranscriptView
 from ui.window import capabilities
@@ -34,14 +32,6 @@ def fake() -> FakeEngine:
     fake.reasoning = THOUGHT
     fake.reasoning_format = THINK
     return fake
-
-
-@pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = loaded_fake_window(qtbot, tmp_path, fake)
-    yield win
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str, timeout: int = 10_000) -> list[object]:
@@ -167,7 +157,7 @@ def test_a_reply_that_only_thought_shows_the_block_open_with_a_note(
 
 
 def test_disabled_without_thinking_control_or_reasoning(
-    qtbot: QtBot, tmp_path: Path, fake: FakeEngine
+    qtbot: QtBot, make_window: WindowFactory, fake: FakeEngine
 ) -> None:
     fake.caps = replace(
         FAKE_CAPABILITIES,
@@ -176,20 +166,16 @@ def test_disabled_without_thinking_control_or_reasoning(
     )
     fake.reasoning_format = None
     fake.delay = 0.01
-    win = loaded_fake_window(qtbot, tmp_path, fake)
-    try:
-        assert not win.thinking.button.isEnabled()
-        assert "no sign of thinking" in win.thinking.button.toolTip()
-        with qtbot.waitSignal(win.replyEnded, timeout=10_000):
-            qtbot.keyClicks(win.chat_input, "Hi")
-            qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
-            qtbot.waitUntil(lambda: win.chat.stop_thinking_button.isVisible(), timeout=5000)
-            assert not win.chat.stop_thinking_button.isEnabled()
-            assert "the server decides" in win.chat.stop_thinking_button.toolTip()
-            assert not win.thinking.stop_action.isEnabled()
-    finally:
-        win.close()
-        qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    win = make_window(fake)
+    assert not win.thinking.button.isEnabled()
+    assert "no sign of thinking" in win.thinking.button.toolTip()
+    with qtbot.waitSignal(win.replyEnded, timeout=10_000):
+        qtbot.keyClicks(win.chat_input, "Hi")
+        qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
+        qtbot.waitUntil(lambda: win.chat.stop_thinking_button.isVisible(), timeout=5000)
+        assert not win.chat.stop_thinking_button.isEnabled()
+        assert "the server decides" in win.chat.stop_thinking_button.toolTip()
+        assert not win.thinking.stop_action.isEnabled()
 
 
 def test_transcript_renders_saved_reasoning_escaped(qtbot: QtBot) -> None:

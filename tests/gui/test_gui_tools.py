@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message
 from app.config.paths import data_dirs
-from tests.fake_tools import CALL, FakeToolHost
-from tests.fake_window import fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.mcp import CALL, FakeMcpHost, calc_host
+from tests.fakes.window import WindowFactory, close_window
 from tests.hypothesis_budget import examples
 from ui.chat import tool_card
 from ui.chat.tool_args_dialog import ToolArgsDialog
@@ -286,8 +285,8 @@ def test_edit_arguments_refuses_what_is_not_a_json_object_and_shows_why(qtbot: Q
 
 
 @pytest.fixture()
-def host(monkeypatch: pytest.MonkeyPatch) -> FakeToolHost:
-    fake_host = FakeToolHost()
+def host(monkeypatch: pytest.MonkeyPatch) -> FakeMcpHost:
+    fake_host = calc_host()
     monkeypatch.setattr(mcp_control, "HOST_FACTORY", lambda _dir: fake_host)
     return fake_host
 
@@ -301,20 +300,14 @@ def fake() -> FakeEngine:
 
 @pytest.fixture()
 def window(
-    qtbot: QtBot, tmp_path: Path, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, tmp_path: Path, make_window: WindowFactory, fake: FakeEngine, host: FakeMcpHost
 ) -> Iterator[MainWindow]:
     dirs = data_dirs(tmp_path / "data")
     (dirs.root / "mcp.json").write_text('{"mcpServers": {}}', encoding="utf-8")
-    win, _client = fake_window(qtbot, dirs, fake)
-    win.show()
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"fake model")
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
+    win = make_window(fake, dirs=dirs)
     yield win
     host.release.set()
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    close_window(qtbot, win)
 
 
 def ask(qtbot: QtBot, win: MainWindow, text: str = "What is 2 + 3?") -> None:
@@ -329,7 +322,7 @@ def settled(qtbot: QtBot, win: MainWindow) -> None:
 
 
 def test_allow_once_runs_the_tool_and_the_reply_goes_on(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
     ask(qtbot, window)
     offered = fake.tools[0]
@@ -351,7 +344,7 @@ def test_allow_once_runs_the_tool_and_the_reply_goes_on(
 
 
 def test_deny_sends_the_model_an_error_result(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
     ask(qtbot, window)
     click(window.transcript, "Deny")
@@ -363,7 +356,7 @@ def test_deny_sends_the_model_an_error_result(
 
 
 def test_edit_arguments_refuses_invalid_json_then_runs_the_edit(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
     ask(qtbot, window)
     click(window.transcript, "Edit arguments")
@@ -381,9 +374,9 @@ def test_edit_arguments_refuses_invalid_json_then_runs_the_edit(
 
 
 def test_stop_while_a_call_runs_cancels_it(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
-    host.hold = True
+    host.held.add("add")
     ask(qtbot, window)
     click(window.transcript, "Allow once")
     assert host.started.wait(5)
@@ -397,7 +390,7 @@ def test_stop_while_a_call_runs_cancels_it(
 
 
 def test_a_reopened_chat_shows_its_calls(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
     ask(qtbot, window)
     click(window.transcript, "Allow once")
@@ -414,7 +407,7 @@ def test_a_reopened_chat_shows_its_calls(
 
 
 def test_always_for_this_tool_asks_no_more(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
     ask(qtbot, window)
     click(window.transcript, "Always for this tool")
@@ -428,7 +421,7 @@ def test_always_for_this_tool_asks_no_more(
 
 
 def test_the_menu_answer_and_a_chat_left_mid_call_reopens_cancelled(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
     assert not window.session_view.decide_waiting("once")  # nothing waits
     ask(qtbot, window)
@@ -447,9 +440,9 @@ def test_the_menu_answer_and_a_chat_left_mid_call_reopens_cancelled(
 
 
 def test_stop_while_the_tools_are_listed_ends_the_reply_at_once(
-    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeToolHost
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
 ) -> None:
-    host.listing = threading.Event()  # the servers are still starting
+    host.listing.clear()  # the servers are still starting
     qtbot.keyClicks(window.chat_input, "What is 2 + 3?")
     qtbot.keyClick(window.chat_input, Qt.Key.Key_Return)
     assert window.busy

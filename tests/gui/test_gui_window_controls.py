@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextCursor
@@ -20,19 +17,11 @@ from PySide6.QtWidgets import (
 from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message
-from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
-from app.models.downloader import FileFetcher
-from app.models.downloads import DownloadQueue
-from app.models.hub import HubClient
-from app.models.library import Library
-from tests.fake_window import fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.window import LAPTOP, WindowFactory, hub_services, settle
 from ui.chat.transcript import TranscriptView
-from ui.models.hub_workers import HubServices
 from ui.window.main_window import MainWindow
 
-LAPTOP = (1366, 768)
 MIN_TARGET_PX = 20
 CTRL = Qt.KeyboardModifier.ControlModifier
 
@@ -108,25 +97,16 @@ def test_version_arrows_work_from_the_keyboard(qtbot: QtBot) -> None:
 
 
 @pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
+def window(qtbot: QtBot, make_window: WindowFactory) -> MainWindow:
     """A fresh window at the laptop's size, with Hub services (never reaching the network)."""
-    dirs = data_dirs(tmp_path / "data")
-    win, _client = fake_window(qtbot, dirs, FakeEngine())
-    win.services = HubServices(
-        HubClient(),
-        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
-        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
-    )
+    win = make_window(shown=False, loaded=False)
+    win.services = hub_services(win.dirs)
     win.manager_action.setEnabled(True)
     win.show()
     qtbot.waitExposed(win)
     win.resize(*LAPTOP)
-    for _ in range(3):
-        QApplication.sendPostedEvents()
-        QApplication.processEvents()
-    yield win
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    settle()
+    return win
 
 
 def label_fits(button: QToolButton) -> bool:

@@ -6,7 +6,6 @@ fake engine is used."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,8 +21,8 @@ from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.settings import AppSettings
 from app.util.datafiles import DataFileError
-from tests.fake_window import fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import WindowFactory
 from tests.hypothesis_budget import examples
 from ui.engine.worker import EngineClient
 from ui.window import layout_format, window_state
@@ -35,12 +34,9 @@ SCREEN = Screen(0, (0, 0, 1920, 1040), 1920)
 LEFT = Screen(1, (-1280, 0, 1280, 1024), 1280)
 
 
-def open_window(qtbot: QtBot, dirs: DataDirs) -> MainWindow:
+def open_window(make_window: WindowFactory, dirs: DataDirs) -> MainWindow:
     """A window on ``dirs`` with the settings saved there, shown (no model: not needed)."""
-    win, _client = fake_window(qtbot, dirs, FakeEngine(), AppSettings.load_from(dirs.settings_file))
-    win.show()
-    qtbot.waitExposed(win)
-    return win
+    return make_window(dirs=dirs, settings=AppSettings.load_from(dirs.settings_file), loaded=False)
 
 
 @pytest.fixture()
@@ -49,11 +45,8 @@ def dirs(tmp_path: Path) -> DataDirs:
 
 
 @pytest.fixture()
-def window(qtbot: QtBot, dirs: DataDirs) -> Iterator[MainWindow]:
-    win = open_window(qtbot, dirs)
-    yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+def window(make_window: WindowFactory, dirs: DataDirs) -> MainWindow:
+    return open_window(make_window, dirs)
 
 
 def main_splitter(win: MainWindow) -> QSplitter:
@@ -86,8 +79,10 @@ def save_layout(dirs: DataDirs, **entries: bytes) -> None:
 # -- restart ------------------------------------------------------------------------------
 
 
-def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDirs) -> None:
-    win = open_window(qtbot, dirs)
+def test_restart_restores_geometry_docks_and_splitter(
+    qtbot: QtBot, make_window: WindowFactory, dirs: DataDirs
+) -> None:
+    win = open_window(make_window, dirs)
     assert win.tabifiedDockWidgets(win.sampling_panel) == [win.lora_panel]  # the default
     win.addDockWidget(Qt.DockWidgetArea.LeftDockWidgetArea, win.lora_panel)  # untabbed
     assert not win.perf_panel.isVisible()  # the charts start closed
@@ -103,7 +98,7 @@ def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDi
     assert before[0] == QRect(20, 30, 770, 600) and before[1][0] == 200
     win.close()
 
-    again = open_window(qtbot, dirs)
+    again = open_window(make_window, dirs)
     try:
         assert (again.geometry(), main_splitter(again).sizes()) == before
         assert again.dockWidgetArea(again.lora_panel) == Qt.DockWidgetArea.LeftDockWidgetArea
@@ -119,8 +114,10 @@ def test_restart_restores_geometry_docks_and_splitter(qtbot: QtBot, dirs: DataDi
         again.close()
 
 
-def test_restart_restores_maximized_and_floating(qtbot: QtBot, dirs: DataDirs) -> None:
-    win = open_window(qtbot, dirs)
+def test_restart_restores_maximized_and_floating(
+    qtbot: QtBot, make_window: WindowFactory, dirs: DataDirs
+) -> None:
+    win = open_window(make_window, dirs)
     win.setGeometry(QRect(20, 30, 700, 560))
     win.perf_panel.show()
     win.perf_panel.setFloating(True)
@@ -129,7 +126,7 @@ def test_restart_restores_maximized_and_floating(qtbot: QtBot, dirs: DataDirs) -
     qtbot.waitUntil(win.isMaximized)
     win.close()
 
-    again = open_window(qtbot, dirs)
+    again = open_window(make_window, dirs)
     try:
         qtbot.waitUntil(again.isMaximized)
         assert again.normalGeometry() == QRect(20, 30, 700, 560)  # where un-maximizing goes
@@ -172,13 +169,13 @@ def moved(g: layout_format.SavedGeometry, rect: layout_format.Rect) -> bytes:
     ],
 )
 def test_saved_geometry_is_fitted_to_the_screen(
-    qtbot: QtBot, dirs: DataDirs, saved: layout_format.Rect
+    qtbot: QtBot, make_window: WindowFactory, dirs: DataDirs, saved: layout_format.Rect
 ) -> None:
-    win = open_window(qtbot, dirs)
+    win = open_window(make_window, dirs)
     g = real_geometry(win)
     win.close()
     save_layout(dirs, geometry=moved(g, saved))
-    again = open_window(qtbot, dirs)
+    again = open_window(make_window, dirs)
     try:
         area = screen_area()
         # The window on the screen (the offscreen platform's 1 px frame may touch the edge).
@@ -222,14 +219,14 @@ def test_fit_geometry_keeps_the_window_inside_its_frame() -> None:
 
 
 def test_damaged_saved_layout_gives_the_default_with_a_note(
-    qtbot: QtBot, dirs: DataDirs, window: MainWindow
+    qtbot: QtBot, make_window: WindowFactory, dirs: DataDirs, window: MainWindow
 ) -> None:
     state = bytearray(window.saveState(window_state.STATE_VERSION).data())
     window.close()
     assert state[8] == layout_format.DOCK_STATE and state[16] in range(4)
     state[16] = 9  # the first dock area: 9 of 4 (this crashed Qt's own restoreState)
     save_layout(dirs, state=bytes(state), geometry=b"\x00" * 66)
-    again = open_window(qtbot, dirs)
+    again = open_window(make_window, dirs)
     try:
         assert "window layout" in again.statusBar().currentMessage()
         assert again.tabifiedDockWidgets(again.sampling_panel) == [again.lora_panel]
@@ -239,10 +236,10 @@ def test_damaged_saved_layout_gives_the_default_with_a_note(
 
 
 def test_panels_of_an_older_layout_give_todays_default_quietly(
-    qtbot: QtBot, dirs: DataDirs
+    qtbot: QtBot, make_window: WindowFactory, dirs: DataDirs
 ) -> None:
     """Layout version 1 opened the charts under the chat: not brought back (issue 27)."""
-    win = open_window(qtbot, dirs)
+    win = open_window(make_window, dirs)
     assert not win.perf_panel.isVisible()  # closed on a first start
     win.perf_panel.show()
     settle(win)
@@ -251,7 +248,7 @@ def test_panels_of_an_older_layout_give_todays_default_quietly(
     win.close()
     assert read_main_window_state(old, 1).docks  # a well-formed state, only older
     save_layout(dirs, state=old, geometry=geometry)
-    again = open_window(qtbot, dirs)
+    again = open_window(make_window, dirs)
     try:
         assert not again.perf_panel.isVisible()
         assert again.tabifiedDockWidgets(again.sampling_panel) == [again.lora_panel]
@@ -262,9 +259,9 @@ def test_panels_of_an_older_layout_give_todays_default_quietly(
 
 
 def test_panels_that_squeeze_the_conversation_are_not_restored(
-    qtbot: QtBot, dirs: DataDirs
+    qtbot: QtBot, make_window: WindowFactory, dirs: DataDirs
 ) -> None:
-    win = open_window(qtbot, dirs)
+    win = open_window(make_window, dirs)
     win.setGeometry(QRect(20, 30, 760, 560))
     win.perf_panel.show()
     settle(win)
@@ -278,7 +275,7 @@ def test_panels_that_squeeze_the_conversation_are_not_restored(
     assert across >= window_state.MIN_CENTRAL_SHARE[0]  # the height alone squeezes it
     win.close()
 
-    again = open_window(qtbot, dirs)
+    again = open_window(make_window, dirs)
     try:
         assert "window layout" in again.statusBar().currentMessage()
         assert not again.perf_panel.isVisible()  # the default panels

@@ -28,7 +28,7 @@ from app.api.runner import (
     ApiServer,
 )
 from tests.conftest import ONE_THREAD, Serve
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 from tests.unit.api.test_api_http import MODEL, USER
 from ui.engine.worker import EngineClient
 

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.config.paths import data_dirs
 from app.engine.chat_message import ChatMessage
-from tests.fake_window import fake_window
-from tests.fakes import FakeEngine, overflow
+from tests.fakes.engine import FakeEngine, overflow
+from tests.fakes.window import WindowFactory, send
 from ui.window.main_window import MainWindow
 
 LONG_REPLY = " ".join(f"w{i}" for i in range(2000))
@@ -23,28 +21,9 @@ def fake() -> FakeEngine:
     return FakeEngine()
 
 
-def make_window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> MainWindow:
-    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
-    win.show()
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"fake model")  # the snapshot header fingerprints it
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    return win
-
-
 @pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = make_window(qtbot, tmp_path, fake)
-    yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
-    assert not win.client.engine_thread.isRunning()
-
-
-def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
-    qtbot.keyClicks(win.chat_input, text)
-    qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
+def window(make_window: WindowFactory, fake: FakeEngine) -> MainWindow:
+    return make_window(fake)
 
 
 def test_object_names_are_stable(window: MainWindow) -> None:
@@ -204,9 +183,9 @@ def test_bad_model_file_keeps_the_app_running(
         send(qtbot, window, "still works")
 
 
-def test_close_during_a_reply_joins_the_thread(qtbot: QtBot, tmp_path: Path) -> None:
+def test_close_during_a_reply_joins_the_thread(qtbot: QtBot, make_window: WindowFactory) -> None:
     fake = FakeEngine(LONG_REPLY, delay=0.01)
-    win = make_window(qtbot, tmp_path, fake)
+    win = make_window(fake)
     client = win.client
     send(qtbot, win, "Go")
     qtbot.waitUntil(lambda: "w3" in win.transcript.toPlainText(), timeout=5000)

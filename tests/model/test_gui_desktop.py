@@ -23,7 +23,7 @@ from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from ui.common import accessibility, theme
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
@@ -33,7 +33,7 @@ SHIFT = Qt.KeyboardModifier.ShiftModifier
 LONG_REPLY = " ".join(f"w{i}" for i in range(400))
 
 
-def make_window(
+def desktop_window(
     qtbot: QtBot, dirs: DataDirs, engine: FakeEngine | None, settings: AppSettings | None = None
 ) -> MainWindow:
     """A shown, active window on ``dirs``: the fake ``engine``, or the real one (None)."""
@@ -69,7 +69,7 @@ def fake() -> FakeEngine:
 
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = make_window(qtbot, data_dirs(tmp_path / "data"), fake)
+    win = desktop_window(qtbot, data_dirs(tmp_path / "data"), fake)
     load(qtbot, win, fake_model(tmp_path))
     yield win
     win.close()  # put off while a reply settles (at most 5 s)
@@ -194,7 +194,7 @@ def test_ctrl_n_and_esc_mid_reply_wherever_focus_is(
     qtbot: QtBot, tmp_path: Path, where: str
 ) -> None:
     slow = FakeEngine(reply=LONG_REPLY, delay=0.02)
-    win = make_window(qtbot, data_dirs(tmp_path / "data"), slow)
+    win = desktop_window(qtbot, data_dirs(tmp_path / "data"), slow)
     try:
         load(qtbot, win, fake_model(tmp_path))
         targets: dict[str, QWidget | None] = {
@@ -241,7 +241,7 @@ def test_shortcuts_reach_a_floating_panel(qtbot: QtBot, window: MainWindow) -> N
 def test_ctrl_n_mid_reply_on_the_real_model(qtbot: QtBot, tmp_path: Path, model_path: Path) -> None:
     """The reported bug: Ctrl+N did nothing while a reply streamed and the message box
     had the focus. It starts a new chat and keeps the old one, partial reply and all."""
-    win = make_window(
+    win = desktop_window(
         qtbot,
         data_dirs(tmp_path / "data"),
         None,
@@ -350,7 +350,7 @@ def test_dropped_model_loads_and_joins_the_library(
 
     monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: QMessageBox.StandardButton.Ok)
     dirs = data_dirs(tmp_path / "data")
-    win = make_window(qtbot, dirs, None)
+    win = desktop_window(qtbot, dirs, None)
     try:
         with qtbot.waitSignal(win.modelReady, timeout=60_000) as ready:
             taken = drag_and_drop(

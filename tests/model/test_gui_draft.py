@@ -8,7 +8,6 @@ draft, and a draft with another vocabulary), so the library check is the real on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
-from tests.fake_window import fake_window
-from tests.fakes import FAKE_CAPABILITIES, FakeEngine
+from tests.fakes.engine import FAKE_CAPABILITIES, FakeEngine
+from tests.fakes.window import WindowFactory, send
 from ui.engine.worker import EngineClient
 from ui.settings import draft_control
 from ui.settings.draft_control import DraftControl
@@ -56,15 +55,11 @@ def library(dirs: DataDirs, *files: Path) -> None:
         (dirs.models / f.name).symlink_to(f)
 
 
-def make_window(
-    qtbot: QtBot, dirs: DataDirs, fake: FakeEngine, model: Path, settings: AppSettings
+def draft_window(
+    make_window: WindowFactory, dirs: DataDirs, fake: FakeEngine, model: Path
 ) -> tuple[MainWindow, DraftControl]:
-    win, _client = fake_window(qtbot, dirs, fake, settings)
-    ctl = control_of(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    return win, ctl
+    win = make_window(fake, dirs=dirs, model=model)
+    return win, control_of(win)
 
 
 @pytest.fixture()
@@ -74,19 +69,16 @@ def fake() -> FakeEngine:
 
 @pytest.fixture()
 def window(
-    qtbot: QtBot,
     tmp_path: Path,
+    make_window: WindowFactory,
     fake: FakeEngine,
     model_path: Path,
     draft_path: Path,
     other_vocab: Path,
-) -> Iterator[tuple[MainWindow, DraftControl]]:
+) -> tuple[MainWindow, DraftControl]:
     dirs = data_dirs(tmp_path / "data")
     library(dirs, draft_path, other_vocab)
-    win, ctl = make_window(qtbot, dirs, fake, model_path, AppSettings())
-    yield win, ctl
-    win.close()
-    assert not win.client.engine_thread.isRunning()
+    return draft_window(make_window, dirs, fake, model_path)
 
 
 def combo_rows(ctl: DraftControl) -> list[tuple[str, str, bool, str]]:
@@ -136,11 +128,6 @@ def field(win: MainWindow, name: str) -> QCheckBox:
     box = win.sampling_panel.findChild(QCheckBox, f"field_{name}")
     assert box is not None, name
     return box
-
-
-def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
-    qtbot.keyClicks(win.chat_input, text)
-    qtbot.keyClick(win.chat_input, Qt.Key.Key_Return)
 
 
 def test_only_compatible_drafts_can_be_chosen_and_the_others_say_why(
@@ -252,7 +239,7 @@ def test_a_missing_draft_of_an_opened_chat_is_a_notice(
 
 
 def test_an_engine_without_drafts_greys_the_controls_out_with_its_reason(
-    qtbot: QtBot, tmp_path: Path, model_path: Path
+    qtbot: QtBot, tmp_path: Path, make_window: WindowFactory, model_path: Path
 ) -> None:
     why = "a draft model runs with the in-process engine only"
     fake = FakeEngine()
@@ -262,7 +249,7 @@ def test_an_engine_without_drafts_greys_the_controls_out_with_its_reason(
         why_not={**FAKE_CAPABILITIES.why_not, "draft_model": why},
     )
     dirs = data_dirs(tmp_path / "data")
-    win, ctl = make_window(qtbot, dirs, fake, model_path, AppSettings())
+    win, ctl = draft_window(make_window, dirs, fake, model_path)
     try:
         assert not ctl.combo.isEnabled() and not ctl.browse.isEnabled()
         assert why in ctl.combo.toolTip() and why in ctl.status.text()
@@ -280,10 +267,11 @@ def test_an_engine_without_drafts_greys_the_controls_out_with_its_reason(
 
 
 def test_the_draft_waits_for_a_model_and_follows_a_reload(
-    qtbot: QtBot, tmp_path: Path, model_path: Path, draft_path: Path
+    qtbot: QtBot, make_window: WindowFactory, model_path: Path, draft_path: Path
 ) -> None:
     fake = FakeEngine()
-    win, client = fake_window(qtbot, data_dirs(tmp_path / "data"), fake)
+    win = make_window(fake, shown=False, loaded=False)
+    client = win.client
     ctl = control_of(win)
     try:
         ctl.choose(draft_path)  # no model yet: remembered

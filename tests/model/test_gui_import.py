@@ -5,7 +5,6 @@ engine and the real document library (parse child, built-in embedding model)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,8 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Conversation
 from tests.embed_model import embedder_path
-from tests.fake_window import loaded_fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import WindowFactory
 from ui.chat import conversation_files
 from ui.chat.import_review_dialog import ImportReview
 from ui.window.main_window import MainWindow
@@ -32,18 +31,15 @@ def engine() -> FakeEngine:
 
 @pytest.fixture()
 def window(
-    qtbot: QtBot, tmp_path: Path, engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[MainWindow]:
+    make_window: WindowFactory, engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> MainWindow:
     def warn(*args: Any, **_k: Any) -> None:
         raise AssertionError(f"a message box: {args[1:]}")
 
     monkeypatch.setattr(QMessageBox, "warning", warn)
     # The embedding model built once for the tests, not again in this data folder.
     monkeypatch.setattr("app.models.embedders.chosen_embedder", lambda _root: embedder_path())
-    win = loaded_fake_window(qtbot, tmp_path, engine)
-    yield win
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    return make_window(engine)
 
 
 def answer_review(win: MainWindow, attach: bool, seen: list[list[str]]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 from unittest.mock import patch
 
@@ -23,10 +22,9 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import TITLE_MAX, Conversation, Message
 from app.chat.store import ConversationSummary
-from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
-from tests.fake_window import fake_window, loaded_fake_window
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import WindowFactory
 from tests.hypothesis_budget import examples
 from tests.model.test_gui_real import real_window
 from ui.chat import long_text
@@ -150,16 +148,8 @@ def test_messages_around_the_limit_are_shown_or_cut_never_lost(
 
 
 @pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    win, _client = fake_window(qtbot, data_dirs(tmp_path / "data"), FakeEngine(reply="Read."))
-    win.show()
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"fake model")
-    with qtbot.waitSignal(win.modelReady, timeout=5000):
-        win.load_model(model)
-    yield win
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+def window(make_window: WindowFactory) -> MainWindow:
+    return make_window(FakeEngine(reply="Read."))
 
 
 def test_a_25_mb_paste_is_held_beside_the_message_box_and_sent_whole(
@@ -293,13 +283,13 @@ def test_a_long_system_prompt_is_held_beside_its_field(qtbot: QtBot) -> None:
 
 
 def test_a_saved_chat_with_a_long_system_prompt_opens_and_sends_it_whole(
-    qtbot: QtBot, tmp_path: Path
+    qtbot: QtBot, make_window: WindowFactory
 ) -> None:
     """A saved or imported chat's system prompt has no length limit: it is kept whole
     (the file's 64 MB bound it), shown held, and sent whole."""
     prompt = "Rules: " + "x" * 2_000_000
     fake = FakeEngine(reply="Read.")
-    window = loaded_fake_window(qtbot, tmp_path, fake)
+    window = make_window(fake)
     conv = Conversation(system_prompt=prompt)
     conv.messages = [Message("user", "Hi"), Message("assistant", "Hello.")]
     window.store.save(conv)

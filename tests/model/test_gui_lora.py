@@ -15,7 +15,7 @@ from app.config.setting_records import LoadConfig
 from app.engine.backend import Capabilities
 from app.gguf.lora import LoraStack
 from app.util.errors import LamplightError
-from tests.fakes import FAKE_CAPABILITIES, FakeEngine
+from tests.fakes.engine import FAKE_CAPABILITIES, FakeEngine
 from tests.lora_factory import (
     corrupt_lora,
     make_lora,

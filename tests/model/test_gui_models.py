@@ -20,7 +20,7 @@ from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient
 from app.models.library import Library
 from tests.conftest import TEST_LOAD
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.hub_server import HubServer, serving_hub
 from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
@@ -165,7 +165,7 @@ def test_invalid_files_are_listed_with_a_reason_and_can_be_deleted(
 def test_a_loaded_model_is_deleted_only_once_the_engine_let_go_of_it(
     qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.fakes import FakeEngine
+    from tests.fakes.engine import FakeEngine
 
     dirs = data_dirs(tmp_path / "data")
     dirs.models.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,9 @@ from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests.conftest import TEST_LOAD, chat_turns
-from tests.fakes import FakeEngine
-from tests.model.test_gui import LONG_REPLY, make_window, send
+from tests.fakes.engine import FakeEngine
+from tests.fakes.window import WindowFactory, send
+from tests.model.test_gui import LONG_REPLY
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
 
@@ -28,11 +28,8 @@ def fake() -> FakeEngine:
 
 
 @pytest.fixture()
-def window(qtbot: QtBot, tmp_path: Path, fake: FakeEngine) -> Iterator[MainWindow]:
-    win = make_window(qtbot, tmp_path, fake)
-    yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+def window(make_window: WindowFactory, fake: FakeEngine) -> MainWindow:
+    return make_window(fake)
 
 
 def chat(qtbot: QtBot, win: MainWindow, text: str) -> None:
@@ -194,9 +191,11 @@ def test_a_damaged_transcript_does_not_hide_the_others(
     assert "Healthy chat" in window.transcript.toPlainText()
 
 
-def test_closing_mid_reply_saves_the_partial_reply(qtbot: QtBot, tmp_path: Path) -> None:
+def test_closing_mid_reply_saves_the_partial_reply(
+    qtbot: QtBot, tmp_path: Path, make_window: WindowFactory
+) -> None:
     fake = FakeEngine(LONG_REPLY, delay=0.01)
-    win = make_window(qtbot, tmp_path, fake)
+    win = make_window(fake)
     send(qtbot, win, "Go")
     qtbot.waitUntil(lambda: "w3" in win.transcript.toPlainText(), timeout=5000)
     conv_id = win.conversation.id

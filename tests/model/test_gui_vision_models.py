@@ -22,7 +22,7 @@ from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient
 from app.models.library import Library
 from tests.conftest import TEST_LOAD
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.hub_server import HubServer, serving_hub
 from tests.vision_model import projector_path
 from ui.engine.worker import EngineClient

@@ -56,7 +56,7 @@ from app.engine.backend import KvState
 from app.engine.metrics import MessageMetrics
 from app.util.hashing import FingerprintCache
 from tests.conftest import ROOT, make_unreadable
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.hypothesis_budget import examples
 from ui.chat.conversation_list import human_time
 

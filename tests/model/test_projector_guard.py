@@ -40,7 +40,7 @@ from app.util.crash_recorder import MARKER_NAME
 from app.util.errors import ProjectorError
 from tests.conftest import TEST_LOAD
 from tests.e2e.test_crash_recovery import crashed_data, fake_app, notice_of
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.hypothesis_budget import examples
 from tests.vision_model import build_projector, projector_path
 

@@ -26,7 +26,7 @@ from app.host.host import EngineHost
 from app.host.jobs import ReplyJob
 from app.host.listener import QuietListener
 from tests.conftest import ONE_THREAD
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 from tests.reasoning_templates import R1
 
 MODEL = "gemma-3-270m-it-Q4_K_M"

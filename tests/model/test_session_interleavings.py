@@ -69,8 +69,8 @@ from app.engine.metrics import MessageMetrics
 from app.engine.tool_spec import ToolRequest
 from app.util.errors import DecodeError
 from tests.conftest import TEST_LOAD
-from tests.fake_tools import CALL, FakeToolHost, as_tool_host
-from tests.fakes import VISION_CAPABILITIES, FakeEngine
+from tests.fakes.engine import VISION_CAPABILITIES, FakeEngine
+from tests.fakes.mcp import CALL, as_tool_host, calc_host
 from tests.hypothesis_budget import examples
 from tests.unit.chat.test_image_transcript import picture
 from ui.engine.worker import EngineClient
@@ -191,7 +191,7 @@ class Harness(QObject):
         self.client = EngineClient(self.dirs.models, engine_factory=backend, store=self.store)
         self.link = Link(self.client)
         self.view = RecordingView()
-        self.tool_host = FakeToolHost(data_dir=self.dirs.root)
+        self.tool_host = calc_host(self.dirs.root)
         self.poster = Poster()
         self.session = ChatSession(
             self.store,

@@ -13,7 +13,7 @@ from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
 from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
-from tests.fakes import FakeEngine
+from tests.fakes.engine import FakeEngine
 from tests.prompt_window import ONE_THREAD, close, evaluated, send
 from tests.prompt_window import open_window as _open_window
 from ui.engine.worker import EngineClient

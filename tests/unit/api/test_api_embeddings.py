@@ -33,7 +33,7 @@ from app.api.embeddings import (
 from app.api.errors import ApiError
 from app.api.runner import ApiConfig, ApiServer
 from app.util.errors import DocumentCancelled, EmbedderError
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 from tests.hypothesis_budget import examples
 
 T = TypeVar("T")

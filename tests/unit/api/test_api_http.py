@@ -18,7 +18,7 @@ from app.api.gateway import ApiFailure
 from app.api.runner import THREAD_NAME, ApiConfig, ApiConfigError, ApiServer
 from app.host.kv_pool import GUI, LOCAL_API
 from tests.conftest import Serve
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 
 MODEL = "gemma-3-270m-it-Q4_K_M"
 USER: Any = [{"role": "user", "content": "Hi"}]

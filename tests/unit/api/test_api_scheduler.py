@@ -21,7 +21,7 @@ from app.engine.metrics import MessageMetrics
 from app.host.jobs import ReplyFailed, ReplyJob
 from app.host.line import ReplyLine
 from app.util.errors import LamplightError
-from tests.fakes import FakeGateway
+from tests.fakes.gateway import FakeGateway
 
 
 class ManualGateway:

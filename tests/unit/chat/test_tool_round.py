@@ -8,9 +8,8 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -25,7 +24,8 @@ from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.metrics import MessageMetrics
 from app.engine.tool_spec import AUTO, NONE, ToolRequest
-from app.mcp.tool_host import McpTool, ServerStatus, ToolResult
+from app.mcp.tool_host import McpTool
+from tests.fakes.mcp import FakeMcpHost, ready
 from tests.hypothesis_budget import examples
 
 P = SamplingParams()
@@ -84,44 +84,12 @@ class View:
     def row_removed(self, conv_id: str) -> None: ...
 
 
-class Host:
-    """A ToolHost: ``read`` echoes its arguments, ``slow`` waits for its cancel or its
-    timeout, ``fetch`` waits until ``gate`` opens."""
-
-    def __init__(self, tools: list[McpTool] = TOOLS) -> None:
-        self._tools = tools
-        self.ran: list[tuple[str, dict[str, Any]]] = []
-        self.gate = threading.Event()
-        self.gate.set()
-        self.list_gate = threading.Event()
-        self.list_gate.set()
-
-    def statuses(self) -> list[ServerStatus]:
-        return []
-
-    def tools(self, wait_s: float = 10.0) -> list[McpTool]:
-        self.list_gate.wait(5)
-        return list(self._tools)
-
-    def call(
-        self,
-        qualified: str,
-        arguments: Mapping[str, Any],
-        timeout_s: float,
-        cancel: threading.Event | None = None,
-        server_id: str | None = None,
-    ) -> ToolResult:
-        self.ran.append((qualified, dict(arguments)))
-        cancel = cancel or threading.Event()
-        if qualified == "slow":
-            if cancel.wait(timeout_s):
-                return ToolResult("Cancelled.", is_error=True)
-            return ToolResult(f"Timed out after {timeout_s} s.", is_error=True)
-        if qualified == "fetch":
-            self.gate.wait(5)
-        return ToolResult(f"{qualified}: {sorted(arguments.items())}")
-
-    def subscribe(self, fn: Callable[[], None]) -> None: ...
+def tool_host() -> FakeMcpHost:
+    """Servers "files" (read) and "web" (fetch, slow): ``read`` and ``fetch`` answer with
+    their arguments; ``slow`` waits for its cancel or its timeout."""
+    host = FakeMcpHost([ready("files", TOOLS[0]), ready("web", *TOOLS[1:])])
+    host.hanging.add("slow")
+    return host
 
 
 class Rules:
@@ -148,19 +116,18 @@ def _close_rigs() -> Iterator[None]:
     while RIGS:
         rig = RIGS.pop()
         rig.session.stop()
-        rig.host.gate.set()
-        rig.host.list_gate.set()
+        rig.host.close()
         for t in threading.enumerate():
             if t.name.startswith("tool-"):
                 t.join(5)
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, host: Host | None = None, rules: Rules | None = None):
+    def __init__(self, tmp_path: Path, host: FakeMcpHost | None = None, rules: Rules | None = None):
         RIGS.append(self)
         self.q: queue.Queue[Callable[[], None]] = queue.Queue()
         self.link, self.view = Link(), View()
-        self.host = Host() if host is None else host
+        self.host = tool_host() if host is None else host
         self.rules = rules
         self.store = ConversationStore(tmp_path)
         self.session = ChatSession(
@@ -210,7 +177,7 @@ def test_allow_once_runs_the_call_and_the_next_round_reads_its_result(tmp_path: 
     assert rig.session.busy and rig.view.events[-2:] == ["ended", "calls:ask"]
     assert rig.session.decide("id_read", "once") == ""
     rig.wait_round(2)
-    assert rig.host.ran == [("read", {"path": "a"})]
+    assert rig.host.calls == [("read", {"path": "a"})]
     sent, tools = rig.link.calls[1]
     assert tools == first_tools  # the same prefix: only the result is new
     assert sent[-1].role == "tool" and sent[-1].tool_call_id == "id_read"
@@ -249,7 +216,7 @@ def test_edited_arguments_run_and_are_kept(tmp_path: Path) -> None:
     rig.finish("", [call("read", '{"path": "a"}')])
     assert rig.session.decide("id_read", "once", ' {"path": "b"} ') == ""
     rig.wait_round(2)
-    assert rig.host.ran == [("read", {"path": "b"})]
+    assert rig.host.calls == [("read", {"path": "b"})]
     assert rig.messages[1].tool_calls[0]["arguments"] == '{"path": "b"}'
     assert rig.link.calls[1][0][-2].tool_calls[0].arguments == '{"path": "b"}'
 
@@ -267,7 +234,7 @@ def test_invalid_edited_arguments_change_nothing(tmp_path: Path, bad: str) -> No
         "server": "files",
         "state": "ask",
     }
-    assert rig.host.ran == [] and len(rig.link.calls) == 1
+    assert rig.host.calls == [] and len(rig.link.calls) == 1
     assert rig.session.decide("nope", "once") != ""
     assert rig.session.decide("id_read", "maybe") != ""  # type: ignore[arg-type]
 
@@ -278,7 +245,7 @@ def test_deny_sends_the_model_an_error_result(tmp_path: Path) -> None:
     rig.finish("", [call("read")])
     assert rig.session.decide("id_read", "deny") == ""
     rig.wait_round(2)
-    assert rig.host.ran == []
+    assert rig.host.calls == []
     assert rig.messages[1].tool_calls[0]["state"] == "denied"
     assert rig.messages[2].content == DENIED_TEXT and rig.messages[2].is_error
     assert rig.link.calls[1][0][-1].content == DENIED_TEXT
@@ -299,7 +266,7 @@ def test_stop_cancels_running_calls_and_open_cards(tmp_path: Path) -> None:
     rig.send()
     rig.finish("", [call("read"), call("slow")])
     assert [c["state"] for c in rig.messages[1].tool_calls] == ["ask", "running"]
-    rig.pump(lambda: bool(rig.host.ran))
+    rig.pump(lambda: bool(rig.host.calls))
     idle: list[int] = []
     rig.session.on_idle = lambda: idle.append(1)
     rig.session.stop()
@@ -322,12 +289,12 @@ def test_stop_cancels_running_calls_and_open_cards(tmp_path: Path) -> None:
 
 def test_stop_while_the_tools_are_listed_ends_the_reply_once(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    rig.host.list_gate.clear()
+    rig.host.listing.clear()
     assert rig.session.send("hi", P)
     assert rig.session.busy and rig.link.calls == []
     rig.session.stop()
     assert not rig.session.busy
-    rig.host.list_gate.set()
+    rig.host.listing.set()
     time.sleep(0.05)
     while not rig.q.empty():
         rig.q.get(timeout=1)()
@@ -348,17 +315,17 @@ def test_the_rounds_limit_switches_calls_off_with_a_notice(tmp_path: Path) -> No
     assert rig.view.notices[-1] == "Stopped calling tools after 2 rounds."
     rig.finish("", [call("read", cid="c9")])  # a model that calls anyway: ignored
     assert not rig.session.busy and rig.messages[-1].tool_calls == []
-    assert len(rig.host.ran) == 2
+    assert len(rig.host.calls) == 2
 
 
 def test_parallel_calls_run_together_and_answer_in_call_order(tmp_path: Path) -> None:
     rig = Rig(tmp_path, rules=Rules({("files", "*"), ("web", "*")}))
-    rig.host.gate.clear()  # fetch waits until read has finished: they overlap
+    rig.host.held.add("fetch")  # fetch waits until read has finished: they overlap
     rig.send()
     rig.finish("", [call("fetch", '{"u": 1}'), call("read", '{"p": 2}')])
     rig.pump(lambda: rig.messages[1].tool_calls[1]["state"] == "done")
     assert rig.messages[1].tool_calls[0]["state"] == "running"
-    rig.host.gate.set()
+    rig.host.release.set()
     rig.wait_round(2)
     assert [m.tool_call_id for m in rig.messages[2:4]] == ["id_fetch", "id_read"]
 
@@ -386,7 +353,7 @@ def test_arguments_too_long_or_not_an_object_are_refused_and_never_run(
     huge = json.dumps({"path": "a", "text": "x" * 100_000})
     rig.finish("", [call("read", huge, cid="a"), call("read", "[1, 2]", cid="b")])
     rig.wait_round(2)
-    assert rig.host.ran == []
+    assert rig.host.calls == []
     calls = rig.messages[1].tool_calls
     assert [c["state"] for c in calls] == ["error", "error"]
     assert calls[0]["arguments"] == "{}"  # the transcript keeps no 100 KB of arguments

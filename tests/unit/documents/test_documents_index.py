@@ -17,7 +17,7 @@ from app.documents.index import DocumentIndex
 from app.documents.parse import ParsedDocument
 from app.util.errors import DocumentError
 from app.util.hashing import sha256_file
-from tests.documents_fakes import document, fake_embed
+from tests.fakes.documents import document, fake_embed
 from tests.hypothesis_budget import examples
 
 TOPICS = {

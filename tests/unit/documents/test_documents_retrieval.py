@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from app.documents.chunking import chunk_document
 from app.documents.parse import Block, ParsedDocument
 from app.documents.retrieval import fts_query, rrf, terms, top_k_cosine
-from tests.documents_fakes import document
+from tests.fakes.documents import document
 from tests.hypothesis_budget import examples
 
 

@@ -31,7 +31,7 @@ from app.host.jobs import (
 )
 from app.host.listener import QuietListener
 from app.util.errors import DecodeError
-from tests.fakes import FakeEngine, as_backend
+from tests.fakes.engine import FakeEngine, as_backend
 from tests.hypothesis_budget import examples
 
 WAIT_S = 10.0

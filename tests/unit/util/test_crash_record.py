@@ -415,7 +415,7 @@ def test_a_reply_writes_a_few_steps_and_none_per_token(
 
     monkeypatch.setattr(crash_record, "set_step", record)
     steps = EngineSteps()
-    from tests.fakes import FakeEngine
+    from tests.fakes.engine import FakeEngine
 
     info = FakeEngine().load("/models/m.gguf", LoadConfig())
     steps.loading("/models/m.gguf", LoadConfig(), False)

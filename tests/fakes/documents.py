@@ -1,18 +1,27 @@
-"""A stand-in for ``app.documents.library.DocumentLibrary`` for the window tests: the
-same methods, no embedder, no parsing; ``gate`` holds ``add``/``context_for`` until set."""
+"""Stand-ins for the documents: ``FakeLibrary`` for ``app.documents.library.DocumentLibrary``
+in the window tests (the same methods, no embedder, no parsing; ``gate`` holds
+``add``/``context_for`` until set), and for the index tests a deterministic embedding
+(``fake_embed``) and built documents (``document``)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.documents.library import DocumentStatus, Progress
+import numpy as np
+import numpy.typing as npt
+
+from app.documents.library import DocState, DocumentStatus, Progress
+from app.documents.parse import Block, ParsedDocument
 from app.documents.sources import Source
 from app.util.errors import DocumentCancelled, DocumentError
 
+DIM = 64  # fake_embed's vector size
 SUFFIXES = frozenset({".pdf", ".md", ".txt", ".html", ".docx", ".py"})
 
 
@@ -93,7 +102,7 @@ class FakeLibrary:
             progress(Progress(i, len(paths), p.name, i / max(1, len(paths)), "embedding"))
             self._wait(cancel)
             reason = self.errors.get(p.name, "")
-            state = "error" if reason else "ready"
+            state: DocState = "error" if reason else "ready"
             status = DocumentStatus(str(p), p.name, "text", state, reason, 0 if reason else 3, None)
             self.indexed[str(p)] = status
             out.append(status)
@@ -131,3 +140,27 @@ class FakeLibrary:
 
     def close(self) -> None:
         self.closed = True
+
+
+def fake_embed(texts: Sequence[str]) -> npt.NDArray[np.float32]:
+    """A hashed bag of words as a unit vector: texts sharing words point alike."""
+    out = np.zeros((len(texts), DIM), dtype=np.float32)
+    for i, text in enumerate(texts):
+        for word in re.findall(r"\w+", text.lower()):
+            h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little")
+            out[i, h % DIM] += 1.0
+        norm = float(np.linalg.norm(out[i]))
+        out[i] = out[i] / norm if norm else out[i]
+        if not norm:
+            out[i, 0] = 1.0
+    return out
+
+
+def document(path: str, paragraphs: Sequence[str], page: int | None = None) -> ParsedDocument:
+    """A document of ``paragraphs`` separated by blank lines, each a block at its line."""
+    blocks = []
+    line = 1
+    for text in paragraphs:
+        blocks.append(Block(text, page, line))
+        line += text.count("\n") + 2
+    return ParsedDocument(path, "text", path.rsplit("/", 1)[-1], tuple(blocks), None)
