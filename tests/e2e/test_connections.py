@@ -12,12 +12,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import keyring
-import keyring.errors
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from keyring.backend import KeyringBackend
 from keyring.backends import fail
 from pytestqt.qtbot import QtBot
 
@@ -34,52 +31,12 @@ from app.remote.connection_store import (
 )
 from app.util.datafiles import DataFileError
 from app.util.errors import LamplightError
+from tests.fakes.keyring import LockedKeyring, MemoryKeyring, use_keyring
 from tests.hypothesis_budget import examples
 from tests.server_fixture import RunningServer, free_port, running_llama_server
 from ui.remote.connections_dialog import ConnectionsDialog
 
 SECRET = "sk-test-5f3a9c1e-never-in-a-file"
-
-
-class MemoryKeyring(KeyringBackend):
-    """A keyring in a dict, for tests."""
-
-    priority = 1  # type: ignore[assignment]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: dict[tuple[str, str], str] = {}
-
-    def get_password(self, service: str, username: str) -> str | None:
-        return self.values.get((service, username))
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        self.values[(service, username)] = password
-
-    def delete_password(self, service: str, username: str) -> None:
-        if self.values.pop((service, username), None) is None:
-            raise keyring.errors.PasswordDeleteError("no such password")
-
-
-class LockedKeyring(MemoryKeyring):
-    """A keyring that is there but refuses to store (a locked Secret Service)."""
-
-    def set_password(self, service: str, username: str, password: str) -> None:
-        raise keyring.errors.KeyringLocked("the collection is locked")
-
-
-@contextlib.contextmanager
-def use_keyring(backend: KeyringBackend, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """``backend`` as the keyring (no session keys, no failures noted yet) for the block;
-    the previous one after."""
-    before = keyring.get_keyring()
-    monkeypatch.setattr(keys, "_memory", {})
-    monkeypatch.setattr(keys, "_failed", [])
-    keyring.set_keyring(backend)
-    try:
-        yield
-    finally:
-        keyring.set_keyring(before)
 
 
 @pytest.fixture()

@@ -15,8 +15,8 @@ from pytestqt.qtbot import QtBot
 from app.api.runner import MAX_BODY_MB
 from app.config.setting_records import ApiSettings
 from app.remote import keys
-from tests.e2e.test_connections import MemoryKeyring
 from tests.fakes.engine import FakeEngine
+from tests.fakes.keyring import MemoryKeyring
 from tests.fakes.window import WindowFactory, close_window
 from ui.window import window_actions
 from ui.window.main_window import MainWindow

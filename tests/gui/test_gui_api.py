@@ -19,8 +19,8 @@ from pytestqt.qtbot import QtBot
 
 from app.config.setting_records import ApiSettings
 from app.remote import keys
-from tests.e2e.test_connections import MemoryKeyring
 from tests.fakes.engine import FakeEngine
+from tests.fakes.keyring import MemoryKeyring
 from tests.fakes.window import WindowFactory, close_window, send
 from tests.model.test_gui import LONG_REPLY
 from ui.api.api_status import KEY_ID

@@ -34,7 +34,7 @@ from app.mcp.connection import describe
 from app.mcp.host import McpHost
 from app.util import crash_record, crash_recorder, crash_report
 from app.util.redact import QUIET_LOGGERS, RedactFilter, redact_text, redact_url, secure_logging
-from tests.e2e.test_connections import MemoryKeyring, use_keyring
+from tests.fakes.keyring import MemoryKeyring, use_keyring
 from tests.hypothesis_budget import examples
 from tests.server_fixture import free_port
 from tests.unit.chat.test_tool_round import Link, View

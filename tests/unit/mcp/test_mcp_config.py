@@ -27,7 +27,7 @@ from app.mcp.results import (
 )
 from app.mcp.state import McpState
 from app.mcp.tool_host import McpTool
-from tests.e2e.test_connections import MemoryKeyring, use_keyring
+from tests.fakes.keyring import MemoryKeyring, use_keyring
 from tests.hypothesis_budget import examples
 
 pytestmark = pytest.mark.timeout(60)

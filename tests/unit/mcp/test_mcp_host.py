@@ -18,7 +18,7 @@ import pytest
 
 from app.mcp.connection import Limits
 from app.mcp.host import McpHost
-from tests.e2e.test_connections import MemoryKeyring, use_keyring
+from tests.fakes.keyring import MemoryKeyring, use_keyring
 from tests.server_fixture import free_port
 
 pytestmark = pytest.mark.timeout(90)
