@@ -14,7 +14,8 @@ import numpy as np
 import openai
 import pytest
 
-from app.api.runner import ApiConfig, ApiServer
+from app.api.config import ApiConfig
+from app.api.runner import ApiServer
 from app.engine.local.embed_worker import EmbedWorker
 from tests.embed_model import embedder_path
 from tests.fakes.gateway import FakeGateway

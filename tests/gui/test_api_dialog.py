@@ -12,7 +12,7 @@ import pytest
 from PySide6.QtWidgets import QPushButton
 from pytestqt.qtbot import QtBot
 
-from app.api.runner import MAX_BODY_MB
+from app.api.config import MAX_BODY_MB
 from app.config.setting_records import ApiSettings
 from app.remote import keys
 from tests.fakes.engine import FakeEngine

@@ -29,7 +29,8 @@ from pytestqt.qtbot import QtBot
 from app.config.presets import BUILTIN, PresetStore
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.config.setting_specs import SPECS
-from ui.settings.sampling_panel import SamplingPanel, nice_stops
+from ui.settings.sampling_panel import SamplingPanel
+from ui.settings.settings_fields import nice_stops
 
 LOADED = LoadConfig(n_ctx=2048, n_threads=2)
 

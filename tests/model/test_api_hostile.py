@@ -18,15 +18,9 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 import app.api.schema
+from app.api.config import MAX_BODY_MB, ApiConfig, ApiConfigError
 from app.api.host_gateway import HostGateway
-from app.api.runner import (
-    MAX_BODY_MB,
-    PARSER_THREAD,
-    THREAD_NAME,
-    ApiConfig,
-    ApiConfigError,
-    ApiServer,
-)
+from app.api.runner import PARSER_THREAD, THREAD_NAME, ApiServer
 from tests.conftest import ONE_THREAD, Serve
 from tests.fakes.gateway import FakeGateway
 from tests.unit.api.test_api_http import MODEL, USER

@@ -17,9 +17,10 @@ from app.models import hub as hub_module
 from app.models.download_control import Control
 from app.models.download_errors import DownloadCancelled, DownloadError
 from app.models.downloader import FileFetcher
-from app.models.downloads import DownloadQueue, repo_dir_name
+from app.models.downloads import DownloadQueue
 from app.models.hub import HubClient, HubError
 from app.models.library import Library
+from app.models.names import repo_dir_name
 from app.models.quant import GgufChoice, RepoFile
 from tests.hub_server import HubServer, serving_hub
 

@@ -14,9 +14,10 @@ from typing import Any
 import openai
 import pytest
 
+from app.api.config import ApiConfig
 from app.api.errors import ApiError
 from app.api.host_gateway import HostGateway
-from app.api.runner import ApiConfig, ApiServer
+from app.api.runner import ApiServer
 from app.api.schema import parse_chat
 from app.engine.backend import Finished, Token
 from app.engine.local.engine import Engine

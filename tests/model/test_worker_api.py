@@ -15,13 +15,14 @@ from PySide6.QtCore import QObject, Slot
 from pytestqt.qtbot import QtBot
 
 from app.api.config import api_party
-from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway, model_id
+from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
 from app.api.host_gateway import HostGateway, reply_job
 from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.templates.override import AUTO, PLAIN
+from app.host.jobs import model_id
 from tests.conftest import ONE_THREAD
 from ui.engine.worker import EngineClient
 

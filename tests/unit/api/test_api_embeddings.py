@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.api.config import ApiConfig
 from app.api.embeddings import (
     MAX_INPUT_CHARS,
     MAX_INPUTS,
@@ -31,7 +32,7 @@ from app.api.embeddings import (
     parse_embeddings,
 )
 from app.api.errors import ApiError
-from app.api.runner import ApiConfig, ApiServer
+from app.api.runner import ApiServer
 from app.util.errors import DocumentCancelled, EmbedderError
 from tests.fakes.gateway import FakeGateway
 from tests.hypothesis_budget import examples

@@ -14,8 +14,9 @@ import httpx2
 import openai
 import pytest
 
+from app.api.config import ApiConfig, ApiConfigError
 from app.api.gateway import ApiFailure
-from app.api.runner import THREAD_NAME, ApiConfig, ApiConfigError, ApiServer
+from app.api.runner import THREAD_NAME, ApiServer
 from app.host.kv_pool import GUI, LOCAL_API
 from tests.conftest import Serve
 from tests.fakes.gateway import FakeGateway
