@@ -237,7 +237,7 @@ def gui_start(app: Path, data: Path, env: dict[str, str], prefix: list[str]) -> 
                 text = log.read_bytes()[offset:].decode(errors="replace") if log.exists() else ""
                 if "Traceback" in text:
                     raise Failed("the app logged a traceback:\n" + text[text.index("Traceback") :])
-                if re.search(r" app\.engine\.llama: loaded ", text):
+                if re.search(r" app\.engine\.local\.engine: loaded ", text):
                     break
                 if proc.poll() is not None:
                     out.seek(0)

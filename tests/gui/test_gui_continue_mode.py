@@ -179,7 +179,10 @@ def test_tools_page_says_tools_are_not_used_in_continue_the_text_mode(
         # Chat turns: the tools are offered, and their cost is said again.
         win.prompt_controls.set_completion(False)
         qtbot.waitUntil(lambda: "tokens to every prompt" in page.total.text(), timeout=5000)
-        assert all(t.isVisible() for b in page.boxes.values() for t in b.tool_tokens.values())
+        qtbot.waitUntil(  # each tool's own cost: drawn once its count has come back
+            lambda: all(t.isVisible() for b in page.boxes.values() for t in b.tool_tokens.values()),
+            timeout=5000,
+        )
         with qtbot.waitSignal(win.replyEnded, timeout=10_000):
             win.chat_input.setPlainText("Hello")
             win.send()

@@ -116,18 +116,18 @@ def test_greedy_with_a_draft_equals_batched_reevaluation(
 def test_acceptance_figures_add_up(
     engine: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.engine.local.engine as engine_module
+    from app.engine.local import reply_decode
 
     engine.set_draft(model_path)
     spies: list[Spy] = []
-    real_decode = engine_module.decode
+    real_decode = reply_decode.decode
 
     def spying_decode(job: Any) -> Any:
         spies.append(Spy(job.drafter))
         job.drafter = spies[-1]
         return real_decode(job)
 
-    monkeypatch.setattr(engine_module, "decode", spying_decode)
+    monkeypatch.setattr(reply_decode, "decode", spying_decode)
     for params in (DRAFT, replace(DRAFT, draft_model=False, speculative=True)):
         engine.reset()
         m = reply(engine, [ChatMessage("user", PROMPTS[0])], params).metrics
@@ -296,19 +296,19 @@ def test_adaptive_length_grows_on_repetitive_text(
 def test_a_new_draft_reads_only_recent_text_until_it_has_paid(
     engine: Engine, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.engine.local.engine as engine_module
+    from app.engine.local import reply_decode
 
     # Afford a probe at once (the budget, with real timings, waits a few hundred tokens).
     monkeypatch.setattr(draft_length, "BUDGET", 1.0)
     spies: list[Spy] = []
-    real_decode = engine_module.decode
+    real_decode = reply_decode.decode
 
     def spying_decode(job: Any) -> Any:
         spies.append(Spy(job.drafter))
         job.drafter = spies[-1]
         return real_decode(job)
 
-    monkeypatch.setattr(engine_module, "decode", spying_decode)
+    monkeypatch.setattr(reply_decode, "decode", spying_decode)
     engine._draft.costs.clear()  # the shared engine remembers earlier tests' drafts
     info = engine.set_draft(model_path)  # agrees with the target: its guesses are kept
     assert info is not None

@@ -28,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from app.gguf.header import shown
 from app.gguf.info import GgufInfo, read_gguf_info
 from app.util.errors import ModelFileError
 from tests.conftest import make_unreadable
@@ -495,7 +496,8 @@ def test_a_fifo_is_refused_without_blocking(
             pass
         reader.join(5)
         pytest.fail("reading a FIFO blocked")
-    assert [str(r) for r in results] == [f"Not a file: {fifo} is a FIFO (named pipe)."] * 2
+    said = f"Not a file: {shown(str(fifo))} is a FIFO (named pipe)."  # a long path is cut
+    assert [str(r) for r in results] == [said] * 2
 
 
 @pytest.mark.parametrize(
