@@ -13,8 +13,7 @@ the API both ask here.
 Text is counted with the model's tokenizer (a ``TokenCounter``: the backend's
 ``count_tokens`` on the engine thread, which the caller runs). Where a backend cannot
 count (an OpenAI-compatible server) or there is no time to ask (the window's warning,
-redrawn as the user types), ``estimate_tokens`` stands in: 3 characters a token, below
-English's ~4, so the estimate errs towards less room.
+redrawn as the user types), ``app.engine.token_estimate.estimate_tokens`` stands in.
 """
 
 from __future__ import annotations
@@ -25,22 +24,17 @@ from dataclasses import dataclass
 from app.chat.conversation import Message
 from app.engine.backend import Capabilities, ModelInfo
 from app.engine.chat_message import ChatMessage, ImagePart
+from app.engine.token_estimate import estimate_tokens
 from app.engine.tool_spec import ToolRequest
 
 TokenCounter = Callable[[str], int]
 """Tokens a text takes in the prompt."""
 
-CHARS_PER_TOKEN = 3  # the estimate where the model's tokenizer cannot be asked
 DEFAULT_CTX = 4096  # a server that does not say its context size
 MIN_ROOM = 256  # fewer tokens than this for passages: still a few lines
 NO_VISION = "This model has no vision projector: open a vision model with its mmproj file."
 NO_MODEL = "No model is loaded: open a vision model with its mmproj file to attach images."
 NO_TOOLS = "this backend has no tool calling"
-
-
-def estimate_tokens(text: str) -> int:
-    """About 3 characters a token (see the module docstring)."""
-    return len(text) // CHARS_PER_TOKEN
 
 
 def chat_tokens(messages: Sequence[Message]) -> int:

@@ -34,6 +34,7 @@ from app.documents.parse import ParsedDocument, kind_for
 from app.documents.parse_child import parse_bounded
 from app.documents.sources import MAX_SOURCES, Source
 from app.engine.local.embed_worker import EmbedWorker
+from app.engine.token_estimate import CHARS_PER_TOKEN
 from app.util.errors import DocumentCancelled, DocumentError
 from app.util.hashing import sha256_file
 
@@ -41,8 +42,7 @@ DocState = Literal["queued", "reading", "embedding", "ready", "error"]
 MAX_FILES = 2000  # from one folder
 MAX_DEPTH = 8
 EMBED_BATCH = 32  # chunks per embedder job: progress and Cancel between them
-CHARS_PER_TOKEN = 3.0  # a cautious estimate: English runs near 4 with these tokenizers
-PASSAGE_TOKENS = 320  # a 900-character chunk, estimated as above
+PASSAGE_TOKENS = 320  # a 900-character chunk, at CHARS_PER_TOKEN
 MAX_PASSAGES = 6
 WAIT_S = 600.0  # for one embedder job (a slow first load included)
 READS = 3  # of a file that changes while it is read, before it is left for the next add

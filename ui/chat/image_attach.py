@@ -43,10 +43,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat.composer import estimate_tokens, fit_warning, vision_refusal
+from app.chat.composer import fit_warning, vision_refusal
 from app.chat.image_store import ImageStore
 from app.engine.backend import Backend, ModelInfo
 from app.engine.chat_message import ImagePart
+from app.engine.token_estimate import estimate_tokens
 from app.util.errors import ImageError
 from app.util.images import MAX_IMAGE_BYTES
 from app.util.sysinfo import size_text

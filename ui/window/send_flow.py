@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from PySide6.QtCore import QObject
 from PySide6.QtWidgets import QLabel
 
-from app.chat.composer import TokenCounter, compose, estimate_tokens
+from app.chat.composer import TokenCounter, compose
 from app.chat.doc_refs import given_whole
 from app.engine.chat_message import ImagePart
+from app.engine.token_estimate import estimate_tokens
 from app.host.host import EngineHost
 from app.util.errors import DocumentCancelled, DocumentError, EmbedderError, LamplightError
 from ui.api.api_status import ApiControl
