@@ -131,7 +131,7 @@ def cmd_test(args: list[str]) -> int:
 def parallel(args: list[str]) -> list[str]:
     """pytest-xdist's options unless the caller chose them: a worker per core, each test
     module on one worker (its module-scoped servers and engines started once)."""
-    if any(a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
+    if any(a.startswith(("-n", "--numprocesses", "--dist")) for a in args):
         return []
     return ["-n", "auto", "--dist", "loadscope"]
 
