@@ -38,6 +38,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.models.default_model import ensure_default_model
+from bench.guarded import use_native_guard
 from tests.serve_fixture import Served, running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -205,6 +206,7 @@ def pool(
 
 
 def main() -> int:
+    use_native_guard()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2 replies, 3 rounds")
     p.add_argument("--tokens", type=int, default=200)

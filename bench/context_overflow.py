@@ -33,6 +33,7 @@ from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics, percentile
 from app.models.default_model import ensure_default_model
 from app.util.errors import LamplightError
+from bench.guarded import use_native_guard
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = ChatMessage("system", "You are a helpful assistant. Answer briefly.")
@@ -88,6 +89,7 @@ class Side:
 
 
 def main() -> None:
+    use_native_guard()
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument("--n-ctx", type=int, default=1024)

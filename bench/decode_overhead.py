@@ -30,6 +30,7 @@ from app.engine.backend import EngineEvent
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model
+from bench.guarded import use_native_guard
 
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
@@ -101,6 +102,7 @@ def raw_round(llm: Any, prompt_tokens: list[int], tokens: int) -> float:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=9)

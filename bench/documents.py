@@ -42,6 +42,7 @@ from app.documents.parse import Block, ParsedDocument
 from app.engine.local.embedder import N_CTX, Embedder
 from app.models.default_embedder import ensure_default_embedder
 from bench.documents_corpus import DOCUMENTS, QUESTIONS
+from bench.guarded import use_native_guard
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".cache" / "bench-documents"
@@ -180,6 +181,7 @@ def _timed(fn: Callable[[], object]) -> float:
 
 
 def main() -> None:
+    use_native_guard()
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)

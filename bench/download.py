@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.guarded import use_native_guard  # noqa: E402 (after the path above)
+
 REPO = "local/test-GGUF"
 
 
@@ -89,6 +91,7 @@ def serve(files: list[Path], rate: float | None = None) -> tuple[subprocess.Pope
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=50e6, help="throttled link, bytes/s")

@@ -45,6 +45,7 @@ from app.engine.local.engine import Engine
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import LoraStack
 from app.models.default_model import ensure_default_model
+from bench.guarded import use_native_guard
 from tests.lora_factory import make_lora
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,7 @@ def mean(values: list[float]) -> float:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)

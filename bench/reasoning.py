@@ -37,6 +37,7 @@ from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.templates.override import TemplateOverride
 from app.models.default_model import ensure_default_model
+from bench.guarded import use_native_guard
 from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR
 
 THINK = replace(
@@ -98,6 +99,7 @@ def overrun(engine: Engine, budget: int, runs: int) -> int:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=6)
     args = parser.parse_args()

@@ -64,6 +64,7 @@ from app.models.default_model import ensure_default_model
 from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.llama_server.wire import sampling_fields
+from bench.guarded import use_native_guard
 
 ROOT = Path(__file__).resolve().parent.parent
 N_CTX = 4096
@@ -489,6 +490,7 @@ def _round_or_none(value: float) -> float | None:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
     parser.add_argument("--tokens", type=int, default=200, help="reply length (ratio)")

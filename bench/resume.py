@@ -46,6 +46,7 @@ from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model
 from app.util.hashing import FingerprintCache
 from bench.child import run_json
+from bench.guarded import use_native_guard
 
 ROOT = Path(__file__).resolve().parent.parent
 CONV_ID = "bench"
@@ -160,6 +161,7 @@ def measure(model: Path, load: LoadConfig, data: Path, rounds: int) -> dict[str,
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=2000, help="conversation length")
     parser.add_argument("--rounds", type=int, default=3)

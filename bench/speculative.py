@@ -41,6 +41,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.guarded import use_native_guard  # noqa: E402 (after the path above)
+
 MODES = ("plain", "lookup", "lookup_fixed", "draft", "draft_agreeing")
 TARGETS = {"repetitive": 1.3, "ordinary": 0.95, "varied": 0.95}  # lookup / plain (the issue)
 FLOOR = 0.95  # every adaptive mode / plain on every prompt: "never more than a few percent"
@@ -194,6 +196,7 @@ def summary(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)

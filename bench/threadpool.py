@@ -35,6 +35,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.guarded import use_native_guard  # noqa: E402 (after the path above)
+
 PROMPT = b"Once upon a time, in a small village by the sea,"
 CONFIGS = {
     # name: (pattern, shared pool, extra environment)
@@ -148,6 +150,7 @@ def measure(pattern: str, pool_poll: bool | int, threads: int, rounds: int) -> d
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)

@@ -41,6 +41,7 @@ from app.engine.local.engine import Engine
 from app.engine.templates.override import AUTO, TemplateOverride
 from app.engine.tool_spec import NONE, REQUIRED, ToolRequest
 from app.models.default_model import ensure_default_model
+from bench.guarded import use_native_guard
 from tests.tool_templates import QWEN_TOOLS, TIME, WEATHER
 
 PARAMS = SamplingParams.greedy(60)
@@ -95,6 +96,7 @@ def definition_tokens(engine: Engine) -> int:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()

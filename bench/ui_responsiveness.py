@@ -27,6 +27,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.guarded import use_native_guard  # noqa: E402 (after the path above)
+
 
 def percentile(values: list[float], q: float) -> float:
     from app.engine.metrics import percentile as pct
@@ -35,6 +37,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main() -> None:
+    use_native_guard()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)

@@ -44,6 +44,7 @@ from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.models.default_model import ensure_default_model
+from bench.guarded import use_native_guard
 from tests.vision_model import MODEL_CACHE, image_part, projector_path
 
 PARAMS = SamplingParams.greedy(1)
@@ -140,6 +141,7 @@ def server(model: Path, rounds: int) -> float:
 
 
 def main() -> None:
+    use_native_guard()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()

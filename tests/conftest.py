@@ -80,6 +80,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         embedder_path()
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Every test ends with a full garbage collection (``_no_leftover_threads``). What
+    exists by now (the imported modules, the collected tests) lives the whole run, so it
+    is frozen out of those collections: each then walks only what the tests made."""
+    gc.freeze()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_thread_per_worker() -> Iterator[None]:
     """Windows and engines that take the default thread count use one per xdist worker."""

@@ -85,11 +85,12 @@ def test_nothing_is_called_for_an_owner_deleted_before_the_answer(qtbot: QtBot) 
 
     job = run_in_background(slow, r.on_done)
     other = Receiver()
-    run_in_background(lambda: "late", other.on_done, owner=r)  # an explicit owner too
+    # An explicit owner too; both answers come only after the owner is gone.
+    owned = run_in_background(slow, other.on_done, owner=r)
     parent.deleteLater()
     qtbot.waitUntil(lambda: not _alive(r), timeout=5000)
     release.set()
-    assert job.wait(5)
+    assert job.wait(5) and owned.wait(5)
     qtbot.wait(100)  # the queued answers arrive, and are dropped
     assert r.got == [] and other.got == []
 

@@ -850,7 +850,7 @@ def test_interleavings_real_engine_overflowing(
         Overflowing,
         settings=settings(
             max_examples=examples(3),
-            stateful_step_count=30,
+            stateful_step_count=15,  # after the six turns above, which overflow already
             deadline=None,
             suppress_health_check=list(HealthCheck),
         ),
