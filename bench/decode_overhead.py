@@ -109,7 +109,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    import llama_cpp
     from PySide6.QtWidgets import QApplication
 
     from bench.app_window import open_app_window
@@ -125,8 +124,10 @@ def main() -> None:
         PerfEngine,
     )
 
-    llm = llama_cpp.Llama(
-        str(model),
+    from tests.native import llama  # the native guard's verdicts, as the app's engine
+
+    llm = llama(
+        model,
         n_ctx=2048,
         n_batch=512,
         n_threads=args.threads,

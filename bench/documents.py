@@ -65,12 +65,12 @@ def corpus(folder: Path) -> list[tuple[ParsedDocument, list[Chunk]]]:
 
 
 def throughput(model: Path, texts: Sequence[str], threads: int, rounds: int) -> dict[str, Any]:
-    import llama_cpp
+    from tests.native import llama
 
     ours = Embedder.load(model, n_threads=threads)
     tokens = sum(min(ours.count_tokens(t), ours.max_tokens) for t in texts)
-    theirs = llama_cpp.Llama(
-        model_path=str(model),
+    theirs = llama(  # the native guard's verdicts, as the app's embedder
+        model,
         embedding=True,
         n_ctx=N_CTX,
         n_batch=N_CTX,

@@ -67,18 +67,18 @@ def _idle_cpu_ms(ms: float) -> float:
 def measure(pattern: str, pool_poll: bool | int, threads: int, rounds: int) -> dict[str, Any]:
     import llama_cpp
     import numpy as np
-    from llama_cpp import Llama
 
     from app.engine.native.libs import load_backends
     from app.engine.native.threadpool import SharedThreadPool, uses_openmp
     from app.models.default_model import ensure_default_model
     from tests.draft_model import draft_model_path
+    from tests.native import llama as guarded_llama
 
     load_backends()  # the CPU variant for this processor, before any model
 
     def load(path: Path) -> Any:
-        return Llama(
-            str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False
+        return guarded_llama(  # the native guard's verdicts, as the app's engine
+            path, n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False
         )
 
     def argmax(m: Any) -> int:

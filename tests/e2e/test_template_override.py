@@ -42,7 +42,7 @@ from tests.fakes.engine import FakeEngine
 from tests.fakes.window import fake_window
 from tests.hypothesis_budget import examples
 from tests.native import own_notes
-from tests.prompt_window import close, evaluated, open_window, send
+from tests.real_window import close, evaluated, open_window, send
 from tests.server_fixture import RunningServer
 from tests.unit.config.test_data_limits import model_keys
 from ui.chat.template_dialog import TemplateDialog

@@ -25,8 +25,8 @@ from app.engine.templates.override import AUTO, PLAIN, looks_like_base_model
 from app.gguf.info import read_gguf_info
 from tests.conftest import ROOT
 from tests.hypothesis_budget import examples
-from tests.prompt_window import close, evaluated, send
-from tests.prompt_window import open_window as _open_window
+from tests.real_window import close, evaluated, send
+from tests.real_window import open_window as _open_window
 from ui.window.main_window import MainWindow
 
 STORY = "Once upon a time, in a small village"

@@ -21,10 +21,10 @@ from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
 from app.engine.prompt.overflow import plan_drop, protected_head, reply_budget
 from app.util.errors import ContextOverflowError
+from tests import real_window
 from tests.conftest import TEST_LOAD
 from tests.hypothesis_budget import examples
 from tests.near_tie import assert_greedy, reply_gaps, reply_nll, token_text
-from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
 
 N_CTX = 512
@@ -313,15 +313,8 @@ def test_the_app_marks_dropped_messages_and_resumes_a_shifted_chat(
     sampling = params("truncate_middle", 48)
 
     def open_window() -> MainWindow:
-        dirs = data_dirs(data)
-        store = ConversationStore(dirs.root)
-        client = EngineClient(dirs.models, store=store)
-        load = replace(TEST_LOAD, n_ctx=N_CTX)
-        win = MainWindow(client, AppSettings(load=load, sampling=sampling), dirs, store)
-        qtbot.addWidget(win)
-        with qtbot.waitSignal(win.modelReady, timeout=60_000):
-            win.load_model(model_path)
-        return win
+        settings = AppSettings(load=replace(TEST_LOAD, n_ctx=N_CTX), sampling=sampling)
+        return real_window.open_window(qtbot, data, model_path, settings)
 
     def send(win: MainWindow, text: str) -> MessageMetrics:
         win.chat_input.setPlainText(text)

@@ -15,7 +15,8 @@ from app.documents.sources import sources_from_list
 from tests.document_files import write_pdf
 from tests.embed_model import embedder_path
 from tests.model.test_documents_real import BREAD, FACTS
-from tests.model.test_gui_real import real_window, reopen_and_send, send
+from tests.model.test_gui_real import reopen_and_send, send
+from tests.real_window import real_window
 from ui.chat.document_viewer import DocumentViewer
 
 

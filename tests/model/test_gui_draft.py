@@ -19,13 +19,12 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.session_cache import RestoreResult
 from app.chat.snapshot import read_header
-from app.chat.store import ConversationStore
 from app.config.paths import DataDirs, data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests.fakes.engine import FAKE_CAPABILITIES, FakeEngine
 from tests.fakes.window import WindowFactory, send
-from ui.engine.worker import EngineClient
+from tests.real_window import open_window
 from ui.settings import draft_control
 from ui.settings.draft_control import DraftControl
 from ui.window.main_window import MainWindow
@@ -304,22 +303,15 @@ def test_real_model_draft_round_trip(
 ) -> None:
     """The real engine with the real draft: choose it, send (acceptance shown), stop
     mid-reply, regenerate, then reopen the saved chat: the draft and the cache return."""
-    from tests.conftest import ONE_THREAD, chat_turns
+    from tests.conftest import ONE_THREAD
 
     dirs = data_dirs(tmp_path / "data")
-    chat_turns(dirs.root, model_path)
     library(dirs, draft_path)
     sampling = replace(SamplingParams.greedy(24), draft_model=True)
     settings = AppSettings(load=ONE_THREAD, sampling=sampling)
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, settings, dirs, store)
-    qtbot.addWidget(win)
+    win = open_window(qtbot, dirs.root, model_path, settings, turns_saved=True)
     ctl = control_of(win)
-    win.show()
     try:
-        with qtbot.waitSignal(win.modelReady, timeout=60_000):
-            win.load_model(model_path)
         qtbot.waitUntil(
             lambda: ctl.combo.findData(str(dirs.models / draft_path.name)) > 0, timeout=60_000
         )
@@ -350,8 +342,8 @@ def test_real_model_draft_round_trip(
         first = win.conversation.id
         assert ctl.loaded is not None
         chosen = str(ctl.loaded.path)
-        assert store.load(first).draft_path == chosen
-        header, _, _ = read_header(store.snapshot_path(first))
+        assert win.store.load(first).draft_path == chosen
+        header, _, _ = read_header(win.store.snapshot_path(first))
         assert header.draft["path"] == chosen  # recorded, and (below) no reason to refuse
 
         win.new_chat()
@@ -368,4 +360,4 @@ def test_real_model_draft_round_trip(
         assert m.draft_kind == "model" and m.evaluated_tokens < 40  # the cache was resumed
     finally:
         win.close()
-    assert not client.engine_thread.isRunning()
+    assert not win.client.engine_thread.isRunning()

@@ -10,7 +10,8 @@ from pathlib import Path
 from pytestqt.qtbot import QtBot
 
 from app.config.setting_records import SamplingParams
-from tests.model.test_gui_real import real_window, reopen_and_send, send
+from tests.model.test_gui_real import reopen_and_send, send
+from tests.real_window import real_window
 from tests.vision_model import IMAGE_TOKENS, image_bytes, projector_path
 
 

@@ -11,28 +11,19 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
-from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
-from tests.conftest import TEST_LOAD, chat_turns
-from ui.engine.worker import EngineClient
+from tests import real_window
+from tests.conftest import TEST_LOAD
 from ui.window.main_window import MainWindow
 
 LONG = SamplingParams.greedy(400)  # long enough to act while it streams
 
 
 def open_window(qtbot: QtBot, data: Path, model: Path) -> MainWindow:
-    dirs = data_dirs(data)
-    chat_turns(dirs.root, model)
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, AppSettings(load=TEST_LOAD, sampling=LONG), dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model)
-    return win
+    """A window in chat turns with long replies, on the data dir ``data``."""
+    settings = AppSettings(load=TEST_LOAD, sampling=LONG)
+    return real_window.open_window(qtbot, data, model, settings, turns_saved=True)
 
 
 @pytest.fixture()

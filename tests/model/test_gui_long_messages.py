@@ -26,7 +26,7 @@ from app.config.setting_records import SamplingParams
 from tests.fakes.engine import FakeEngine
 from tests.fakes.window import WindowFactory
 from tests.hypothesis_budget import examples
-from tests.model.test_gui_real import real_window
+from tests.real_window import real_window
 from ui.chat import long_text
 from ui.chat.chat_pane import ChatPane
 from ui.chat.conversation_list import ConversationList

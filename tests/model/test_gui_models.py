@@ -21,7 +21,9 @@ from app.models.hub import HubClient
 from app.models.library import Library
 from tests.conftest import TEST_LOAD
 from tests.fakes.engine import FakeEngine
+from tests.fakes.window import hub_services
 from tests.hub_server import HubServer, serving_hub
+from tests.real_window import close_and_wait, open_window
 from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
@@ -44,19 +46,10 @@ def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, model_path: Path) -> It
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]:
     dirs = data_dirs(tmp_path / "data")
-    store = ConversationStore(dirs.root)
-    services = HubServices(
-        HubClient(),
-        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
-        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
-    )
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, AppSettings(load=TEST_LOAD), dirs, store, services)
-    qtbot.addWidget(win)
-    win.show()
+    services = hub_services(dirs)
+    win = open_window(qtbot, dirs.root, None, AppSettings(load=TEST_LOAD), services=services)
     yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    close_and_wait(qtbot, win)
 
 
 def manager(qtbot: QtBot, win: MainWindow) -> ModelManager:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,35 +10,10 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
-from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
-from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
-from tests.conftest import TEST_LOAD, chat_turns
-from ui.engine.worker import EngineClient
+from tests.real_window import real_window
 from ui.window.main_window import MainWindow
-
-
-@contextmanager
-def real_window(
-    qtbot: QtBot, tmp_path: Path, model_path: Path, sampling: SamplingParams
-) -> Iterator[MainWindow]:
-    """The window on the real engine with the default model loaded, closed after."""
-    dirs = data_dirs(tmp_path / "data")
-    chat_turns(dirs.root, model_path)
-    settings = AppSettings(load=TEST_LOAD, sampling=sampling)
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, settings, dirs, store)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
-    yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
-    assert not client.engine_thread.isRunning()
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ from pytestqt.qtbot import QtBot
 
 from app.config.setting_records import SamplingParams
 from app.engine.templates.override import TemplateOverride
-from tests.model.test_gui_real import real_window
+from tests.real_window import real_window
 from tests.reasoning_templates import R1
 from ui.window.main_window import MainWindow
 

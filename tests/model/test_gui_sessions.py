@@ -11,14 +11,13 @@ from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from app.chat.store import ConversationStore
-from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
-from tests.conftest import TEST_LOAD, chat_turns
+from tests.conftest import TEST_LOAD
 from tests.fakes.engine import FakeEngine
 from tests.fakes.window import WindowFactory, send
 from tests.model.test_gui import LONG_REPLY
-from ui.engine.worker import EngineClient
+from tests.real_window import open_window
 from ui.window.main_window import MainWindow
 
 
@@ -210,18 +209,8 @@ def test_closing_mid_reply_saves_the_partial_reply(
 
 
 def real_window(qtbot: QtBot, data: Path, model_path: Path) -> MainWindow:
-    dirs = data_dirs(data)
-    chat_turns(dirs.root, model_path)
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(
-        client, AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(16)), dirs, store
-    )
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
-    return win
+    settings = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(16))
+    return open_window(qtbot, data, model_path, settings, turns_saved=True)
 
 
 def test_resume_after_relaunch_evaluates_no_old_tokens(

@@ -15,7 +15,8 @@ from pytestqt.qtbot import QtBot
 from app.chat.conversation import Message
 from app.config.setting_records import SamplingParams
 from app.mcp.host import McpHost
-from tests.model.test_gui_real import real_window, reopen_and_send, send
+from tests.model.test_gui_real import reopen_and_send, send
+from tests.real_window import real_window
 
 SERVER = Path(__file__).resolve().parents[1] / "mcp_server.py"
 # Integers keep the call short: a string's length is the model's to choose, and a base

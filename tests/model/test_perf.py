@@ -11,13 +11,11 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import Message, metrics_to_dict
 from app.chat.metrics_csv import COLUMNS, metrics_csv, read_metrics_csv
-from app.chat.store import ConversationStore
-from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD
-from ui.engine.worker import EngineClient
+from tests.real_window import open_window
 from ui.perf.perf_panel import PerfPanel
 from ui.window.main_window import MainWindow
 
@@ -80,18 +78,9 @@ def test_csv_round_trip() -> None:
 
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
-    dirs = data_dirs(tmp_path / "data")
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(
-        client, AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(120)), dirs, store
-    )
-    qtbot.addWidget(win)
-    win.resize(1400, 900)
+    settings = AppSettings(load=TEST_LOAD, sampling=SamplingParams.greedy(120))
+    win = open_window(qtbot, tmp_path / "data", model_path, settings, size=(1400, 900))
     win.perf_panel.show()  # the charts start closed
-    win.show()
-    with qtbot.waitSignal(win.modelReady, timeout=60_000):
-        win.load_model(model_path)
     yield win
     win.close()  # put off while a reply settles (at most 5 s)
     qtbot.waitUntil(lambda: win.closed, timeout=15_000)

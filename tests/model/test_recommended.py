@@ -19,13 +19,10 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QMessageBox, QScrollArea, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.chat.store import ConversationStore
 from app.config.paths import data_dirs
 from app.config.settings import AppSettings
-from app.models.downloader import FileFetcher
-from app.models.downloads import DownloadJob, DownloadQueue
+from app.models.downloads import DownloadJob
 from app.models.hub import HubClient
-from app.models.library import Library
 from app.models.names import check_file_name, check_repo_id
 from app.models.quant import RepoFile, quant_of
 from app.models.recommended import (
@@ -48,9 +45,10 @@ from app.models.recommended import (
     welcome_dismissed,
 )
 from tests.conftest import TEST_LOAD
+from tests.fakes.window import hub_services
 from tests.hub_server import HubServer, serving_hub
 from tests.hypothesis_budget import examples
-from ui.engine.worker import EngineClient
+from tests.real_window import close_and_wait, open_window
 from ui.models import recommended_view
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
@@ -350,12 +348,7 @@ def test_welcome_flag(tmp_path: Path) -> None:
 
 
 def _services(tmp_path: Path) -> HubServices:
-    dirs = data_dirs(tmp_path / "data")
-    return HubServices(
-        HubClient(),
-        Library(dirs.models, dirs.root / "library.json", hf_cache=False),
-        DownloadQueue(dirs.models, dirs.root / "downloads.json", FileFetcher(read_timeout=5)),
-    )
+    return hub_services(data_dirs(tmp_path / "data"))
 
 
 def test_tab_shows_fit_badges_from_the_memory_figure(
@@ -494,15 +487,11 @@ def test_download_and_use_pauses_resumes_and_cancels(
 
 @pytest.fixture()
 def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]:
-    dirs = data_dirs(tmp_path / "data")
-    store = ConversationStore(dirs.root)
-    client = EngineClient(dirs.models, store=store)
-    win = MainWindow(client, AppSettings(load=TEST_LOAD), dirs, store, _services(tmp_path))
-    qtbot.addWidget(win)
-    win.show()
+    services = _services(tmp_path)
+    root = tmp_path / "data"
+    win = open_window(qtbot, root, None, AppSettings(load=TEST_LOAD), services=services)
     yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    close_and_wait(qtbot, win)
 
 
 def _test_entry(size: int) -> Recommended:

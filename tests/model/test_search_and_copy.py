@@ -19,7 +19,7 @@ from app.chat.search_index import HIT_END, HIT_START, SearchIndex, fts_query
 from app.chat.store import ConversationStore
 from app.util.atomic import atomic_write_text
 from tests.hypothesis_budget import examples
-from tests.prompt_window import close, open_window
+from tests.real_window import close, open_window
 from ui.chat.message_header import stamp_text
 from ui.chat.transcript import TranscriptView
 from ui.window.main_window import MainWindow

@@ -14,8 +14,8 @@ from app.config.paths import data_dirs
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests.fakes.engine import FakeEngine
-from tests.prompt_window import ONE_THREAD, close, evaluated, send
-from tests.prompt_window import open_window as _open_window
+from tests.real_window import ONE_THREAD, close, evaluated, send
+from tests.real_window import open_window as _open_window
 from ui.engine.worker import EngineClient
 from ui.window.main_window import MainWindow
 
