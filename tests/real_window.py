@@ -17,6 +17,7 @@ from app.config.settings import AppSettings
 from app.engine.local.engine import Engine
 from tests.conftest import ONE_THREAD, TEST_LOAD
 from tests.conftest import chat_turns as save_chat_turns
+from tests.fakes.window import close_window
 from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
 from ui.window.main_window import MainWindow
@@ -61,13 +62,6 @@ def open_window(
     return win
 
 
-def close_and_wait(qtbot: QtBot, win: MainWindow) -> None:
-    """Close ``win`` (put off while a reply settles, at most 5 s); its engine thread ends."""
-    win.close()
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
-    assert not win.client.engine_thread.isRunning()
-
-
 @contextmanager
 def real_window(
     qtbot: QtBot, tmp_path: Path, model_path: Path, sampling: SamplingParams
@@ -76,7 +70,7 @@ def real_window(
     settings = AppSettings(load=TEST_LOAD, sampling=sampling)
     win = open_window(qtbot, tmp_path / "data", model_path, settings, turns_saved=True)
     yield win
-    close_and_wait(qtbot, win)
+    close_window(qtbot, win)
 
 
 def close(win: MainWindow) -> None:

@@ -15,6 +15,7 @@ from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from tests import real_window
 from tests.conftest import TEST_LOAD
+from tests.fakes.window import close_window
 from ui.window.main_window import MainWindow
 
 LONG = SamplingParams.greedy(400)  # long enough to act while it streams
@@ -30,8 +31,7 @@ def open_window(qtbot: QtBot, data: Path, model: Path) -> MainWindow:
 def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindow]:
     win = open_window(qtbot, tmp_path / "data", model_path)
     yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    close_window(qtbot, win)
 
 
 def start_streaming(qtbot: QtBot, win: MainWindow, text: str) -> None:

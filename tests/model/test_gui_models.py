@@ -21,9 +21,9 @@ from app.models.hub import HubClient
 from app.models.library import Library
 from tests.conftest import TEST_LOAD
 from tests.fakes.engine import FakeEngine
-from tests.fakes.window import hub_services
+from tests.fakes.window import close_window, hub_services
 from tests.hub_server import HubServer, serving_hub
-from tests.real_window import close_and_wait, open_window
+from tests.real_window import open_window
 from ui.engine.worker import EngineClient
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
@@ -49,7 +49,7 @@ def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]
     services = hub_services(dirs)
     win = open_window(qtbot, dirs.root, None, AppSettings(load=TEST_LOAD), services=services)
     yield win
-    close_and_wait(qtbot, win)
+    close_window(qtbot, win)
 
 
 def manager(qtbot: QtBot, win: MainWindow) -> ModelManager:

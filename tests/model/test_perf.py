@@ -15,6 +15,7 @@ from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics
 from tests.conftest import TEST_LOAD
+from tests.fakes.window import close_window
 from tests.real_window import open_window
 from ui.perf.perf_panel import PerfPanel
 from ui.window.main_window import MainWindow
@@ -82,8 +83,7 @@ def window(qtbot: QtBot, tmp_path: Path, model_path: Path) -> Iterator[MainWindo
     win = open_window(qtbot, tmp_path / "data", model_path, settings, size=(1400, 900))
     win.perf_panel.show()  # the charts start closed
     yield win
-    win.close()  # put off while a reply settles (at most 5 s)
-    qtbot.waitUntil(lambda: win.closed, timeout=15_000)
+    close_window(qtbot, win)
 
 
 def points(panel: PerfPanel) -> int:

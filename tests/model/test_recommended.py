@@ -45,10 +45,10 @@ from app.models.recommended import (
     welcome_dismissed,
 )
 from tests.conftest import TEST_LOAD
-from tests.fakes.window import hub_services
+from tests.fakes.window import close_window, hub_services
 from tests.hub_server import HubServer, serving_hub
 from tests.hypothesis_budget import examples
-from tests.real_window import close_and_wait, open_window
+from tests.real_window import open_window
 from ui.models import recommended_view
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
@@ -491,7 +491,7 @@ def window(qtbot: QtBot, tmp_path: Path, hub: HubServer) -> Iterator[MainWindow]
     root = tmp_path / "data"
     win = open_window(qtbot, root, None, AppSettings(load=TEST_LOAD), services=services)
     yield win
-    close_and_wait(qtbot, win)
+    close_window(qtbot, win)
 
 
 def _test_entry(size: int) -> Recommended:
