@@ -130,13 +130,17 @@ class Connection:
                 found = oversize_result(exc.error.data, MAX_RESULT_CHARS)
                 return dataclasses.replace(found, ms=(time.monotonic() - start) * 1000)
             if self._broken.is_set() or exc.error.code == CONNECTION_CLOSED:
-                return ToolResult(self._stopped_text(), is_error=True)
+                return ToolResult(await self._stopped_text(), is_error=True)
             why = redact_text(exc.error.message[:500])  # the SDK's may name a redirect's URL
             return ToolResult(f"The server refused the call: {why}", True)
         ms = (time.monotonic() - start) * 1000
         return tool_result(result, ms)
 
-    def _stopped_text(self) -> str:
+    async def _stopped_text(self) -> str:
+        # The closed stdout can be seen before the stderr thread has read the last lines
+        # the server wrote as it died; its pipe ends with the process, so wait that long.
+        if self.stderr is not None:
+            await asyncio.to_thread(self.stderr.join, 1.0)
         why = self._why or "it stopped"
         tail = self._tail()
         return f"The server {self.config.name} failed during the call: {why}.{tail}"
@@ -164,6 +168,8 @@ class Connection:
                 self.session = None
             if self.stopping:
                 return
+            if self.stderr is not None:  # its last lines, before they are shown
+                await asyncio.to_thread(self.stderr.join, 1.0)
             if self.state == "ready" and time.monotonic() - started > STABLE_S:
                 failures = 0
             failures += 1
