@@ -15,7 +15,15 @@ builds it the way llama.cpp's own releases are built instead:
   ``x64`` (any x86-64) up; the loader picks the best one this CPU runs, and
   ``LAMPLIGHT_CPU_VARIANT`` forces one;
 - ``GGML_BACKEND_DIR=llama_cpp/lib``: the modules are installed next to
-  ``libllama`` in the wheel.
+  ``libllama`` in the wheel;
+- ``LLAMA_OPENSSL=OFF``: llama.cpp's common library (its chat layer) would
+  otherwise need OpenSSL 3 on the user's machine, for downloads we never make.
+
+The sdist is unpacked and two libraries are added to the wheel's ``llama_cpp/lib``:
+llama.cpp's ``llama-common`` (built anyway, but installed outside the package) and
+Lamplight's chat shim (``packaging/chat_shim``: a C face of llama.cpp's chat layer
+for ctypes, ``app/engine/native/chat_shim.py``), compiled in the same CMake run so
+its C++ ABI is that of ``llama-common``.
 
 On macOS only ``GGML_NATIVE=OFF`` is set (Apple's compiler targets every Apple
 CPU by default; Metal comes from llama-cpp-python's own build). ``CMAKE_ARGS``
@@ -41,6 +49,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -64,8 +73,20 @@ PORTABLE = (
     # STRING: ggml declares it a PATH, and CMake would make a relative PATH given on the
     # command line absolute (the temporary source folder), installing the modules there.
     "-DGGML_BACKEND_DIR:STRING=llama_cpp/lib",
+    "-DLLAMA_OPENSSL=OFF",
 )
-MACOS = ("-DGGML_NATIVE=OFF",)
+MACOS = ("-DGGML_NATIVE=OFF", "-DLLAMA_OPENSSL=OFF")
+SHIM = ROOT / "packaging" / "chat_shim"
+# Appended to llama-cpp-python's CMakeLists.txt: the shim, and both libraries installed
+# into the package (its own install helper: llama_cpp/lib, rpath $ORIGIN).
+SHIM_CMAKE = """
+# Lamplight (packaging/llama_build.py): llama.cpp's chat layer for ctypes.
+if (LLAMA_BUILD AND TARGET llama-common)
+    add_subdirectory(lamplight_chat)
+    llama_cpp_python_install_target(llama-common)
+    llama_cpp_python_install_target(lamplight-chat)
+endif()
+"""
 STAMP_NAME = ".lamplight-llama-build"
 
 
@@ -90,9 +111,17 @@ def user_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lamplight"
 
 
+def shim_digest() -> str:
+    """The chat shim's sources, so a change to them is a new build."""
+    digest = hashlib.sha256()
+    for path in sorted(SHIM.iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def build_key(version: str = VERSION) -> str:
-    """Names one build: version, flags, OS and machine."""
-    text = "\n".join((version, *flags(), sys.platform, platform.machine()))
+    """Names one build: version, flags, the shim, OS and machine."""
+    text = "\n".join((version, *flags(), shim_digest(), sys.platform, platform.machine()))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -105,17 +134,39 @@ def cached_wheel(version: str = VERSION) -> Path | None:
     return found[0] if found else None
 
 
+def unpacked_sdist(python: str, work: Path, version: str = VERSION) -> Path:
+    """The llama-cpp-python sdist, downloaded and unpacked, with the chat shim added."""
+    cmd = [python, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
+    subprocess.run([*cmd, "-d", str(work), f"llama-cpp-python=={version}"], check=True)
+    sdist = next(work.glob("llama_cpp_python-*.tar.gz"))
+    with tarfile.open(sdist) as tar:
+        tar.extractall(work / "src", filter="data")
+    src = next((work / "src").glob("llama_cpp_python-*"))
+    add_shim(src)
+    return src
+
+
+def add_shim(src: Path) -> None:
+    """Copy the shim into the unpacked sdist and add it to its CMakeLists.txt."""
+    lists = src / "CMakeLists.txt"
+    text = lists.read_text(encoding="utf-8")
+    if "llama_cpp_python_install_target" not in text:
+        raise SystemExit("llama-cpp-python's CMakeLists.txt changed: no install helper")
+    shutil.copytree(SHIM, src / "lamplight_chat", dirs_exist_ok=True)
+    lists.write_text(text + SHIM_CMAKE, encoding="utf-8")
+
+
 def pip_wheel(python: str, cmake_args: str, out: Path, version: str = VERSION) -> Path:
-    """``pip wheel`` llama-cpp-python from source with ``cmake_args`` into ``out``."""
+    """``pip wheel`` llama-cpp-python from its sdist with ``cmake_args`` into ``out``."""
     env = {
         **os.environ,
         "CMAKE_ARGS": cmake_args,
         "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2),
     }
-    cmd = [python, "-m", "pip", "wheel", "--no-deps", "--no-binary", "llama-cpp-python"]
+    src = unpacked_sdist(python, out / "sdist", version)
     # --no-cache-dir: never a wheel pip built earlier with other flags.
-    cmd += ["--no-cache-dir", "-w", str(out), f"llama-cpp-python=={version}"]
-    subprocess.run(cmd, check=True, env=env)
+    cmd = [python, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "-w", str(out)]
+    subprocess.run([*cmd, str(src)], check=True, env=env)
     return next(out.glob("llama_cpp_python-*.whl"))
 
 

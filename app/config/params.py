@@ -9,6 +9,7 @@ in ``app.config.field_spec``, the records in ``app.config.setting_records``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import fields, replace
 from typing import Any
 
@@ -115,8 +116,12 @@ def template_variables(params: SamplingParams) -> dict[str, Any]:
     return value
 
 
-def grammar_for(params: SamplingParams) -> str:
-    """The GBNF text for the output format ('' for free text).
+def grammar_for(
+    params: SamplingParams, convert: Callable[[dict[str, Any]], str] | None = None
+) -> str:
+    """The GBNF text for the output format ('' for free text). ``convert`` turns a JSON
+    schema into GBNF (the engine passes llama.cpp's own converter); by default
+    llama-cpp-python's.
 
     Raises:
         SettingError: the JSON schema is not valid JSON or cannot be turned into a grammar.
@@ -137,6 +142,8 @@ def grammar_for(params: SamplingParams) -> str:
         if not isinstance(schema, dict):
             raise SettingError("json_schema", "The JSON schema must be a JSON object.")
         try:
+            if convert is not None:
+                return convert(schema)
             return str(json_schema_to_gbnf(json.dumps(schema)))
         except Exception as exc:  # the converter raises many types on odd schemas
             raise SettingError("json_schema", f"The JSON schema cannot be used: {exc}") from exc

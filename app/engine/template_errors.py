@@ -11,3 +11,8 @@ class ChatTemplateError(LamplightError, ValueError):
 
     A ``ValueError`` too, for callers that caught the template's errors as one.
     """
+
+
+class TemplateLimitError(ChatTemplateError):
+    """A template broke a limit (time, size, depth, memory): hostile, or broken beyond use.
+    Such a template is never handed to an engine without limits (llama.cpp's Jinja)."""

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, Token
+from app.engine.chat_format.native import available as native_available
 from app.engine.chat_message import ChatMessage
 from app.engine.local import engine as llama_module
 from app.engine.local.engine import Engine
@@ -82,9 +83,15 @@ def short_budgets(load_s: float = 0.3, render_s: float = 0.2) -> Iterator[None]:
 def test_real_hf_templates_render_in_the_sandbox(name: str) -> None:
     t, _ = timed_choose(REAL[name], "llama")
     if name in ("gemma-2-it.jinja", "mistral-7b-instruct-v0.1.jinja"):
-        # These raise on a system message: the built-in template is used, and the note says so.
-        assert t.name == "llama3" and t.note.startswith(FALLBACK)
-        assert "System role not supported" in t.note or "must alternate" in t.note
+        # These raise on a system message. llama.cpp's chat layer sees the template takes
+        # no system role and folds the system prompt into the first user turn, as
+        # llama-server does; the sandbox alone could only use the built-in template.
+        if t.native is None:
+            assert t.name == "llama3" and t.note.startswith(FALLBACK)
+            assert "System role not supported" in t.note or "must alternate" in t.note
+            return
+        assert t.name == "model's own" and not t.note
+        assert all(m.content in t.render(CHAT) for m in CHAT if m.role != "assistant")
         return
     assert t.name == "model's own" and not t.note
     text = t.render(CHAT)
@@ -205,6 +212,12 @@ HOSTILE = {
 }
 
 
+# Templates jinja2 fails on for want of a feature (or by its own rule), not for breaking a
+# limit: llama.cpp's Jinja engine renders them, as llama-server does (a system prompt folded
+# into the first user turn, ``append`` on a list, a division by zero as infinity).
+LLAMA_RENDERS = {"mutation", "python error", "system fails"}
+
+
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_template_falls_back_within_budget(name: str) -> None:
     # One case runs with the real budget; the others with a short one (same mechanism).
@@ -212,6 +225,10 @@ def test_hostile_template_falls_back_within_budget(name: str) -> None:
     with budgets:
         t, elapsed = timed_choose(HOSTILE[name])
         budget = template_sandbox.LOAD_BUDGET_S
+    if name in LLAMA_RENDERS and native_available():
+        assert t.native is not None and not t.note, t.note
+        assert elapsed < budget + GRACE_S + SLACK_S, f"{name} took {elapsed:.1f} s"
+        return
     assert t.name == "gemma" and t.note.startswith(FALLBACK), t.note
     assert elapsed < budget + GRACE_S + SLACK_S, f"{name} took {elapsed:.1f} s"
     # The fallback renders; the app keeps working.
@@ -601,7 +618,7 @@ def test_hostile_templates_in_the_model_file_fall_back_at_load(
             elapsed = time.perf_counter() - t0
             assert engine.template is not None
             if own:
-                assert loaded.template == "model's own (from the GGUF)"
+                assert loaded.template.startswith("model's own (from the GGUF")
                 assert own_notes(engine.load_notes) == ()
                 assert engine._chat.stop_ids == {1, 105, 106}
             else:

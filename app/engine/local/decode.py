@@ -22,6 +22,7 @@ from app.engine.local.draft.drafters import Drafter
 from app.engine.local.draft.length import RETRY, DraftLength
 from app.engine.local.sampler import build_sampler
 from app.engine.metrics import MessageMetrics
+from app.engine.native.chat_shim import load_shim
 from app.engine.native.handles import Native
 from app.engine.stopping import StopStringFilter
 from app.engine.templates.thinking import ThinkingControl
@@ -30,8 +31,7 @@ from app.util.errors import DecodeError
 from app.util.sysinfo import rss_bytes
 
 if TYPE_CHECKING:
-    from app.engine.tools.binding import ToolDecoding
-    from app.engine.tools.parser import ToolCallParser
+    from app.engine.tools.binding import CallParser, ToolDecoding
 
 Shown = Token | CallProgress  # what a sampled token shows: text, or a call's progress
 
@@ -53,7 +53,7 @@ class Reply:
         metrics: MessageMetrics,
         t0: float,
         thinking: ThinkingControl | None = None,
-        tools: ToolCallParser | None = None,
+        tools: CallParser | None = None,
     ) -> None:
         self._map = cmap
         self._token_bytes = token_bytes
@@ -314,7 +314,6 @@ def end_thinking(
     Raises:
         DecodeError: llama.cpp failed (what it evaluated is removed).
     """
-    import llama_cpp
 
     think, native, cmap = job.thinking, job.native, job.cmap
     assert think is not None
@@ -328,14 +327,30 @@ def end_thinking(
         if rc != 0:
             native.seq_rm(n_past)
             raise DecodeError(f"llama.cpp failed while ending the thinking (code {rc}).")
-    if job.params.output_format == "text":  # a grammar would refuse text it did not pick
-        for tok in tokens:
-            llama_cpp.llama_sampler_accept(sampler, tok)
+    if job.params.output_format == "text" and not _accept_text(sampler, native, tokens, text):
+        # A tool grammar refused the closing text (llama.cpp would have thrown through
+        # ctypes and ended the process): end the reply rather than sample from it.
+        job.metrics.notes.append("The reply's tool-call grammar refused the end of its thinking.")
+        return "stop"
     job.metrics.thinking_cut = why
     yield from reply.inject(shown, text, tokens)
     if drafter is not None:
         drafter.sync(cmap.tokens, job.stop)
     return ""
+
+
+def _accept_text(sampler: Any, native: Native, tokens: list[int], text: str) -> bool:
+    """The sampler chain (and its grammar) told of text the engine evaluated itself.
+    Through the chat shim, which catches a grammar's refusal; without it, token by token
+    (then only the Python path's lazy grammars, which accept it, are in the chain)."""
+    import llama_cpp
+
+    shim = load_shim()
+    if shim is not None:
+        return shim.grammar_prefill(sampler, native.vocab, text)
+    for tok in tokens:
+        llama_cpp.llama_sampler_accept(sampler, tok)
+    return True
 
 
 def loop_draft(

@@ -60,7 +60,7 @@ from app.engine.prompt.driver import PromptDriver
 from app.engine.prompt.pipeline import PromptRequest, record_drops
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.override import TemplateOverride
-from app.engine.templates.thinking import thinking_control
+from app.engine.templates.thinking import ThinkingControl, thinking_control
 from app.engine.tool_spec import ToolRequest
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack
@@ -484,9 +484,14 @@ class Engine:
         kv.mark_prompt(prompt)
 
         make_room = room_maker(prompter, kv, request, overflow, metrics, stop)
-        reasoning = chat.rendering.reasoning
-        think = thinking_control(reasoning, prompt.text, params, end_thinking, chat.markers)
-        calls = chat.calls(tools, prompt.text)
+        native = chat.native_reply(tools, prompt.text, params, end_thinking)
+        think: ThinkingControl | None
+        if native is not None:  # llama.cpp rendered the prompt: its parser reads the reply
+            think, calls = native
+        else:
+            reasoning = chat.rendering.reasoning
+            think = thinking_control(reasoning, prompt.text, params, end_thinking, chat.markers)
+            calls = chat.calls(tools, prompt.text)
         parts = (model, chat, kv, self._draft)
         yield from decode_reply(parts, params, seed, metrics, t0, stop, make_room, think, calls)
 

@@ -46,9 +46,9 @@ def decode_reply(
         metrics=metrics,
         t0=t0,
         stop=stop,
-        token_bytes=model.vocab.piece,
+        token_bytes=_pieces(model, chat.special_ids),
         rewind=kv.rewind,
-        template_stops=chat.template.stop_strings,
+        template_stops=(*chat.template.stop_strings, *chat.extra_stops),
         stop_ids=chat.stop_ids | model.vocab.stop_tokens(params.stop),
         drafter=drafter,
         length=length,
@@ -58,3 +58,12 @@ def decode_reply(
         tokenize=lambda text: model.tokenizer.tokenize(text, bos=False),
     )
     return decode(job)
+
+
+def _pieces(model: LoadedModel, special: frozenset[int]) -> Callable[[int], bytes]:
+    """Token bytes; the control tokens llama.cpp's parser reads (``special``) as their
+    text, so a marker such as ``[TOOL_CALLS]`` reaches it (and never the shown text)."""
+    piece = model.vocab.piece
+    if not special:
+        return piece
+    return lambda token: piece(token, token in special)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 from app.config.field_spec import SettingError
 from app.config.params import grammar_for
 from app.config.setting_records import SamplingParams
+from app.engine.chat_format.schema import schema_grammar
+from app.engine.native.chat_shim import load_shim
 from app.engine.native.handles import Native
 from app.engine.native.llama_log import RECENT_PROBLEMS
 
@@ -39,7 +41,7 @@ def build_sampler(
     """
     import llama_cpp
 
-    grammar = grammar_for(params)
+    grammar = grammar_for(params, schema_grammar)
     if grammar and tools is not None:
         raise SettingError(
             "output_format", "Tools cannot be offered in a reply with structured output."
@@ -127,11 +129,23 @@ def _tool_grammar(llm: Any, tools: ToolGrammar) -> Any:
         )
     else:
         g = llama_cpp.llama_sampler_init_grammar(vocab, tools.gbnf.encode("utf-8"), b"root")
+        if g and tools.prefill and not _prefilled(g, vocab, tools.prefill):
+            llama_cpp.llama_sampler_free(g)
+            log.warning("the tools' grammar refused the prompt's end: calls are not constrained")
+            return None
     if not g:
         detail = "; ".join(m for m in RECENT_PROBLEMS if "parse" in m or "error" in m)
         log.warning("the tools' grammar was refused (%s): calls are not constrained", detail)
         return None
     return g
+
+
+def _prefilled(sampler: Any, vocab: Any, text: str) -> bool:
+    """Feed ``sampler`` the prompt's end its grammar starts with (llama.cpp's chat formats
+    put the generation prompt in an eager grammar); through the chat shim, which catches
+    llama.cpp's exception for a refused token."""
+    shim = load_shim()
+    return shim is not None and shim.grammar_prefill(sampler, vocab, text)
 
 
 def add_choice(add: Callable[[Any], None], n_vocab: int, params: SamplingParams, seed: int) -> None:

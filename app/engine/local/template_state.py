@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from threading import Event
 
 from app.config.setting_records import SamplingParams
 from app.engine.local.vocab import Vocab
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.override import AUTO as AUTO_TEMPLATE
 from app.engine.templates.override import TemplateInputs, TemplateOverride, build_template
-from app.engine.templates.thinking import marker_ids, request_template
+from app.engine.templates.thinking import ThinkingControl, marker_ids, request_template
 from app.engine.tool_spec import ToolRequest
 from app.engine.tools.binding import ToolDecoding, bind_tools, tool_decoding
 from app.engine.tools.format import ToolFormat, detect_tool_format
+from app.engine.tools.native_reply import native_reply
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,9 @@ class TemplateState:
         self.bound: ChatTemplate | None = None
         self.markers: frozenset[int] = frozenset()
         self.tools: ToolRequest | None = None  # the last request's tools (bound in ``bound``)
+        # For a reply llama.cpp parses: the control tokens it must see as text, its stops.
+        self.special_ids: frozenset[int] = frozenset()
+        self.extra_stops: tuple[str, ...] = ()
         self.use(*auto)
 
     def build(self, override: TemplateOverride) -> tuple[ChatTemplate, frozenset[int]]:
@@ -92,6 +97,27 @@ class TemplateState:
     def tool_format(self, template: ChatTemplate) -> ToolFormat:
         """How ``template``'s model writes tool calls (the generic form when it knows none)."""
         return detect_tool_format(template.source, self._vocab.is_special)
+
+    def native_reply(
+        self, tools: ToolRequest | None, prompt: str, params: SamplingParams, end: Event | None
+    ) -> tuple[ThinkingControl, ToolDecoding | None] | None:
+        """The reply's thinking and calls read by llama.cpp's parser, when llama.cpp
+        rendered ``prompt``; None otherwise (the Python parsers read it)."""
+        found = None
+        if not self.rendering.completion:
+            found = native_reply(self.rendering, tools, prompt, params, end)
+        if found is None:
+            self.special_ids, self.extra_stops = frozenset(), ()
+            return None
+        ids = (self._one(t) for t in found.preserved)
+        self.special_ids = frozenset(i for i in ids if i is not None)
+        self.extra_stops = found.stops
+        return found.thinking, found.tools
+
+    def _one(self, text: str) -> int | None:
+        """The id of the one token ``text`` is, if it is one."""
+        ids = self._tokenize(text)
+        return ids[0] if len(ids) == 1 else None
 
     def calls(self, tools: ToolRequest | None, prompt: str) -> ToolDecoding | None:
         """The reply's tool parser and grammar (none when continuing text: no tools shown)."""

@@ -21,12 +21,36 @@ it is known not to be. The rules, each for a trap users of other apps report:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.stopping import partial_suffix
 
 Part = tuple[bool, str]
 """(True for thinking, text)."""
+
+
+class Splitter(Protocol):
+    """What the decode loop asks of a thinking splitter (this module's, or llama.cpp's
+    parser in ``chat_format.stream``)."""
+
+    @property
+    def fmt(self) -> ReasoningFormat: ...
+
+    @property
+    def inside(self) -> bool: ...
+
+    @property
+    def closed(self) -> bool: ...  # the block has ended
+
+    @property
+    def answered(self) -> bool: ...  # answer text other than whitespace was given out
+
+    def feed(self, text: str, marker: bool = False) -> list[Part]: ...
+
+    def flush(self) -> list[Part]: ...
+
+    def end_thinking(self) -> list[Part]: ...
 
 
 @dataclass

@@ -10,12 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.engine.chat_message import ChatMessage
 from app.engine.image_part import with_markers
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.template_errors import ChatTemplateError
+
+if TYPE_CHECKING:
+    from app.engine.templates.native_template import NativeRenderer
 
 Renderer = Callable[[Sequence[ChatMessage], bool, Mapping[str, Any]], str]
 """Messages, whether to add the generation prompt, and extra template variables
@@ -37,6 +40,8 @@ class ChatTemplate:
     # How replies mark their thinking (None: this template shows no sign of it).
     reasoning: ReasoningFormat | None = None
     source: str = ""  # a Jinja template's text ("" for a built-in one): its tool format
+    # llama.cpp renders it (and parses its replies): the renderer, for the reply's parser.
+    native: NativeRenderer | None = None
 
     def render(
         self,
@@ -70,8 +75,13 @@ def clean_text(text: str) -> str:
 OWN_NAME = "model's own"  # ChatTemplate.name of a template from the GGUF
 
 
+PYTHON_NAME = "model's own, in Python"  # the same template rendered by our sandbox
+
+
 def spoken_name(template: ChatTemplate) -> str:
     """``template`` named for a sentence: "the model's own" or "the built-in gemma"."""
+    if template.name == PYTHON_NAME:
+        return "the model's own (rendered in Python)"
     return "the model's own" if template.name == OWN_NAME else f"the built-in {template.name}"
 
 

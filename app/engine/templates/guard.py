@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TypeVar
 import jinja2
 from jinja2 import TemplateSyntaxError
 
-from app.engine.template_errors import ChatTemplateError
+from app.engine.template_errors import ChatTemplateError, TemplateLimitError
 
 T = TypeVar("T")
 
@@ -149,10 +149,14 @@ def run_bounded(fn: Callable[[], T], budget_s: float, limit: int) -> T:
     thread.join(budget_s + GRACE_S)
     if not box:
         _interrupt(thread)
-        raise ChatTemplateError(f"ran longer than {budget_s:g} s")
+        raise TemplateLimitError(f"ran longer than {budget_s:g} s")
     ok, value = box[0]
     if ok:
         return value  # type: ignore[no-any-return]
+    # Python's own compiler limits (blocks nested too deep) count as limits too.
+    is_syntax = isinstance(value, SyntaxError) and not isinstance(value, TemplateSyntaxError)
+    if isinstance(value, (Aborted, RecursionError, MemoryError)) or is_syntax:
+        raise TemplateLimitError(describe(value)) from None
     raise ChatTemplateError(describe(value)) from None
 
 

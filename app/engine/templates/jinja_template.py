@@ -15,9 +15,9 @@ from typing import Any
 
 from app.engine.chat_message import ChatMessage
 from app.engine.reasoning.format import detect_reasoning
-from app.engine.template_errors import ChatTemplateError
+from app.engine.template_errors import ChatTemplateError, TemplateLimitError
 from app.engine.templates.builtin import template_for_architecture
-from app.engine.templates.chat_template import OWN_NAME, ChatTemplate
+from app.engine.templates.chat_template import OWN_NAME, PYTHON_NAME, ChatTemplate
 
 # Special tokens that open or close a turn. A model's own template that uses one
 # also stops the reply on it: they detokenize to nothing, so a model that opens a
@@ -107,6 +107,87 @@ def jinja_template(
     owner: str = "The model's chat template",
     advice: str = "Edit or shorten the conversation, or start a new chat.",
 ) -> ChatTemplate:
+    """A template from the model's ``tokenizer.chat_template``: rendered by llama.cpp's chat
+    layer when the build has it (``native_template``), with the sandboxed rendering as its
+    fallback; else the sandboxed rendering alone.
+
+    Raises:
+        ChatTemplateError: the template cannot be used either way; the message says why.
+    """
+    try:
+        sandboxed: ChatTemplate | None = sandboxed_template(
+            source, bos_token, eos_token, has_token, owner, advice
+        )
+        failed: ChatTemplateError | None = None
+    except TemplateLimitError:
+        raise  # hostile: never handed to an engine without limits
+    except ChatTemplateError as exc:  # what jinja2 cannot do, llama.cpp's engine may
+        sandboxed, failed = None, exc
+    native = native_template(source, bos_token, eos_token, has_token, owner, advice, sandboxed)
+    if native is not None:
+        return native
+    if sandboxed is None:
+        assert failed is not None
+        raise failed
+    return sandboxed
+
+
+def _stops(source: str, eos_token: str, has: Callable[[str], bool]) -> tuple[str, ...]:
+    stops = (eos_token, *(t for t in TURN_MARKERS if t in source and t != eos_token and has(t)))
+    return tuple(s for s in stops if s)
+
+
+def native_template(
+    source: str,
+    bos_token: str,
+    eos_token: str,
+    has_token: Callable[[str], bool] | None,
+    owner: str,
+    advice: str,
+    fallback: ChatTemplate | None,
+) -> ChatTemplate | None:
+    """The template rendered by llama.cpp, when the build has its chat layer and the
+    template passes the load checks there; None otherwise."""
+    from app.engine.chat_format.native import NativeFormatter, available
+    from app.engine.native.chat_shim import ShimError
+    from app.engine.templates.native_template import NativeRenderer
+    from app.engine.templates.sandbox import LOAD_BUDGET_S
+
+    if not available():
+        return None
+    try:
+        formatter = NativeFormatter(source, bos_token, eos_token, deadline_s=LOAD_BUDGET_S)
+        behind = fallback.renderer if fallback is not None else None
+        renderer = NativeRenderer(formatter, bos_token, owner, advice, behind)
+        for _what, messages in _CHECKS:
+            text = renderer(messages, True, {})
+            if not text.strip() or any(m.content not in text for m in messages if m.role == "user"):
+                return None
+    except (ShimError, ChatTemplateError):
+        return None
+    if formatter.refused:  # a check hung or crashed llama.cpp: the sandbox rendered it
+        return None
+    has = has_token or (lambda _text: False)
+    template = ChatTemplate(
+        name=OWN_NAME,
+        reason="from the GGUF, read by llama.cpp",
+        stop_strings=_stops(source, eos_token, has),
+        renderer=renderer,
+        fallback=replace(fallback, name=PYTHON_NAME) if fallback is not None else None,
+        source=source,
+        native=renderer,
+    )
+    return replace(template, reasoning=detect_reasoning(template.render, source, has_token))
+
+
+def sandboxed_template(
+    source: str,
+    bos_token: str,
+    eos_token: str,
+    has_token: Callable[[str], bool] | None = None,
+    owner: str = "The model's chat template",
+    advice: str = "Edit or shorten the conversation, or start a new chat.",
+) -> ChatTemplate:
     """A template from the model's ``tokenizer.chat_template``, rendered in a sandbox.
 
     ``has_token`` tells which turn markers are single tokens of the vocabulary:
@@ -163,12 +244,10 @@ def jinja_template(
             ) from None
         return strip_bos(text)
 
-    has = has_token or (lambda _text: False)
-    stops = (eos_token, *(t for t in TURN_MARKERS if t in source and t != eos_token and has(t)))
     template = ChatTemplate(
         name=OWN_NAME,
         reason="from the GGUF",
-        stop_strings=tuple(s for s in stops if s),
+        stop_strings=_stops(source, eos_token, has_token or (lambda _text: False)),
         renderer=render,
     )
     return replace(

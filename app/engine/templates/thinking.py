@@ -21,7 +21,7 @@ from app.config.params import template_variables
 from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage
 from app.engine.reasoning.format import ReasoningFormat
-from app.engine.reasoning.splitter import ReasoningSplitter
+from app.engine.reasoning.splitter import ReasoningSplitter, Splitter
 from app.engine.templates.chat_template import ChatTemplate
 
 
@@ -86,7 +86,7 @@ class ThinkingControl:
     ``budget``: the most thinking tokens (0: no limit); ``end``: set by Stop thinking.
     """
 
-    splitter: ReasoningSplitter
+    splitter: Splitter
     budget: int = 0
     message: str = ""
     end: threading.Event | None = None

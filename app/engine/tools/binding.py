@@ -16,18 +16,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from app.engine.chat_message import ChatMessage
+from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.reasoning.format import ReasoningFormat
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.thinking import starts_inside
-from app.engine.tool_spec import NONE, ToolRequest
+from app.engine.tool_spec import CHOICES, NONE, REQUIRED, ToolRequest
 from app.engine.tools.format import ToolFormat
 
 if TYPE_CHECKING:
     from app.engine.tools.grammar import ToolGrammar
-    from app.engine.tools.parser import ToolCallParser
 
 GENERIC_INTRO = (
     "You can call the following tools. Each is described by a JSON object giving its "
@@ -57,8 +56,14 @@ def bind_tools(
         if not specs:
             return template  # the template renders past calls and results by itself
 
+        # llama.cpp's chat layer takes the choice (its grammar) and the parallel switch; it
+        # knows no named choice, so a named tool is "required" there.
+        assert tools is not None
+        choice = tools.choice if tools.choice in CHOICES else REQUIRED
+        asked = {"tools": specs, "tool_choice": choice, "parallel_tool_calls": tools.parallel}
+
         def native(messages: Sequence[ChatMessage], gen: bool, extra: Mapping[str, Any]) -> str:
-            return base(messages, gen, {"tools": specs, **extra})
+            return base(messages, gen, {**asked, **extra})
 
         renderer = native
     else:
@@ -115,12 +120,32 @@ def call_text(name: str, arguments: Mapping[str, Any]) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
+class CallParser(Protocol):
+    """What the decode loop asks of a reply's tool-call parser (``ToolCallParser``, or
+    llama.cpp's parser in ``chat_format.stream``)."""
+
+    problems: list[str]
+
+    @property
+    def calls(self) -> list[ToolCall]: ...
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def call_chars(self) -> int: ...
+
+    def feed(self, text: str) -> str: ...
+
+    def finish(self) -> str: ...
+
+
 @dataclass
 class ToolDecoding:
     """One reply's tool machinery: the parser of its answer text and the grammar the
     sampler uses (None: calls are parsed but not constrained)."""
 
-    parser: ToolCallParser
+    parser: CallParser
     grammar: ToolGrammar | None
 
 

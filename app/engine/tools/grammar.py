@@ -12,7 +12,8 @@ the grammar with that token. Token triggers fire anywhere, even in thinking, so 
 thinking template only patterns are used; they require the thinking block's close
 marker before the call marker.
 
-Each tool's arguments follow its JSON schema (llama-cpp-python's ``SchemaConverter``);
+Each tool's arguments follow its JSON schema (llama.cpp's own converter, numeric bounds
+included, when the build has it: ``chat_format/schema.py``; else llama-cpp-python's);
 a schema that cannot be converted, or is too large, allows any JSON object instead.
 """
 
@@ -26,6 +27,14 @@ from typing import Any
 
 from llama_cpp.llama_grammar import SchemaConverter
 
+from app.engine.chat_format.formatted import FormattedChat, TriggerKind
+from app.engine.chat_format.schema import (
+    MAX_SCHEMA_CHARS,
+    bounded_schema,
+    native_available,
+    prefixed_rules,
+    schema_grammar,
+)
 from app.engine.tool_spec import AUTO, ToolRequest, ToolSpec
 from app.engine.tools.format import (
     DS_CALL_BEGIN,
@@ -36,11 +45,9 @@ from app.engine.tools.format import (
     ToolFormat,
 )
 
-MAX_SCHEMA_CHARS = 64 * 1024  # a larger schema gets "any object"
-MAX_BOUND = 500  # length/item bounds above this are dropped (llama.cpp caps repeats)
 _ANY_OBJECT = {"type": "object"}
-_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
 _WS = "tool-ws"
+_SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'  # llama.cpp's ``space``
 _RULES_TAIL = {
     _WS: "[ \\t\\n]{0,4}",
     # Qwen3-Coder's raw parameter text: anything without "</" in it.
@@ -59,6 +66,7 @@ class ToolGrammar:
     patterns: tuple[str, ...]
     tokens: tuple[str, ...]
     lazy: bool
+    prefill: str = ""  # text the prompt holds that the grammar starts with (llama.cpp's)
 
 
 MAX_PARALLEL = 8  # calls in one turn, when parallel calls are allowed
@@ -83,7 +91,7 @@ def tool_grammar(
         return None
     named = request.named()
     tools = (named,) if named else request.tools
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _Converter()
     calls = [_call_rule(fmt, converter, i, tool) for i, tool in enumerate(tools)]
     one = " | ".join(f"tool-call-{i}" for i in range(len(calls)))
     body = _body(fmt, request.parallel)
@@ -116,7 +124,7 @@ def _body(fmt: ToolFormat, parallel: bool) -> str:
     return f"tool-one ({_WS} tool-one){more} {_WS}" if many else f"tool-one {_WS}"
 
 
-def _call_rule(fmt: ToolFormat, converter: SchemaConverter, i: int, tool: ToolSpec) -> str:
+def _call_rule(fmt: ToolFormat, converter: _Converter, i: int, tool: ToolSpec) -> str:
     """One call to ``tool`` in ``fmt``'s syntax."""
     name = _lit(json.dumps(tool.name, ensure_ascii=False))
     if fmt.family == "qwen3_coder":
@@ -153,11 +161,11 @@ def _call_rule(fmt: ToolFormat, converter: SchemaConverter, i: int, tool: ToolSp
     )
 
 
-def _xml_call(converter: SchemaConverter, i: int, tool: ToolSpec) -> str:
+def _xml_call(converter: _Converter, i: int, tool: ToolSpec) -> str:
     """Qwen3-Coder: ``<function=NAME>`` and one ``<parameter=P>`` block per argument."""
     head = f'"<tool_call>\\n<function=" {_lit(tool.name)} ">\\n"'
     tail = '"</function>\\n</tool_call>"'
-    schema = _clean(tool.parameters)
+    schema = bounded_schema(tool.parameters)
     props = schema.get("properties") if isinstance(schema, dict) else None
     if not isinstance(props, dict) or not props:
         return f"{head} tool-xml-any-param* {tail}"
@@ -176,11 +184,24 @@ def _xml_call(converter: SchemaConverter, i: int, tool: ToolSpec) -> str:
     return f"{head} {' '.join(parts)} {tail}"
 
 
-def _args_rule(
-    converter: SchemaConverter, name: str, schema: Any, fallback: Any = _ANY_OBJECT
-) -> str:
-    """A rule for values of ``schema``; ``fallback``'s (any object) when it will not convert."""
-    cleaned = _clean(schema)
+class _Converter(SchemaConverter):  # type: ignore[misc]  # llama_cpp is untyped
+    """llama-cpp-python's converter, plus the rules llama.cpp's own converter wrote."""
+
+    def __init__(self) -> None:
+        super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self.native: dict[str, str] = {}
+
+
+def _args_rule(converter: _Converter, name: str, schema: Any, fallback: Any = _ANY_OBJECT) -> str:
+    """A rule for values of ``schema``; ``fallback``'s (any object) when it will not convert.
+    llama.cpp's converter when the build has it (numeric bounds, patterns, formats)."""
+    cleaned = bounded_schema(schema)
+    if native_available():
+        try:
+            converter.native |= prefixed_rules(schema_grammar(cleaned), name)
+            return f"{name}-root"
+        except ValueError:
+            pass
     try:
         if len(json.dumps(cleaned)) > MAX_SCHEMA_CHARS:
             raise ValueError("schema too large")
@@ -190,22 +211,6 @@ def _args_rule(
         return str(converter.visit(resolved, name))
     except Exception:
         return str(converter.visit(dict(fallback), f"{name}-any"))
-
-
-def _clean(schema: Any, depth: int = 0) -> Any:
-    """``schema`` without bounds llama.cpp cannot expand; nesting past 32 is dropped."""
-    if depth > 32:
-        return {}
-    if isinstance(schema, dict):
-        out = {}
-        for k, v in schema.items():
-            if k in _BOUNDS and (not isinstance(v, int) or v > MAX_BOUND or v < 0):
-                continue
-            out[str(k)] = _clean(v, depth + 1)
-        return out
-    if isinstance(schema, list):
-        return [_clean(v, depth + 1) for v in schema]
-    return schema
 
 
 def _triggers(
@@ -249,8 +254,94 @@ def _lit(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _gbnf(root: str, rules: dict[str, str], converter: SchemaConverter) -> str:
+def _gbnf(root: str, rules: dict[str, str], converter: _Converter) -> str:
     lines = [f"root ::= {root}"]
-    lines += [f"{k} ::= {v}" for k, v in {**rules, **_RULES_TAIL}.items()]
-    lines.append(converter.format_grammar())
+    lines += [f"{k} ::= {v}" for k, v in {**rules, **_RULES_TAIL, **converter.native}.items()]
+    theirs = converter.format_grammar()
+    lines.append(theirs)
+    if not re.search(r"^space ::=", theirs, re.M):  # the call rules' own whitespace
+        lines.append(f"space ::= {_SPACE}")
     return "\n".join(lines) + "\n"
+
+
+def native_grammar(formatted: FormattedChat, forced: bool = False) -> ToolGrammar | None:
+    """The grammar llama.cpp's chat layer made for a request, armed as llama.cpp's
+    sampler arms it (``common_sampler_init``): a word is searched for, a full pattern
+    must match everything generated so far, and an eager grammar starts with the
+    generation prompt, which it is fed first (``prefill``). Unlike llama.cpp, which
+    keeps a lazy grammar asleep inside thinking with its reasoning-budget sampler, a
+    word here counts only after the thinking block ended (or never opened)."""
+    if not formatted.grammar:
+        return None
+    patterns: list[str] = []
+    for trigger in formatted.triggers:
+        if trigger.kind == TriggerKind.WORD:
+            patterns += _after_thinking(formatted, re.escape(trigger.value))
+        elif trigger.kind == TriggerKind.PATTERN:
+            patterns.append(trigger.value)
+        elif trigger.kind == TriggerKind.PATTERN_FULL:
+            value = trigger.value
+            patterns.append(
+                f"{'' if value.startswith('^') else '^'}{value}{'' if value.endswith('$') else '$'}"
+            )
+    if formatted.grammar_lazy:
+        return ToolGrammar(formatted.grammar, tuple(patterns), (), lazy=True)
+    gbnf = _call_at_once(formatted.grammar) if forced else formatted.grammar
+    return ToolGrammar(gbnf, (), (), lazy=False, prefill=formatted.generation_prompt)
+
+
+_CALL_WS = "lamplight-call-ws"  # whitespace before a forced call (the thinking's close)
+_UNTIL = re.compile(r"(?<![\w-])until-\d+\??(?![\w-])")
+
+
+def _call_at_once(gbnf: str) -> str:
+    """``gbnf`` with the free-text runs (``until-N``) at the top level of its root removed;
+    those inside parentheses (a thinking block, a channel) stay."""
+    lines = gbnf.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("root ::= "):
+            lines[i] = "root ::= " + _top_level_sub(line[len("root ::= ") :])
+    lines.append(f"{_CALL_WS} ::= [ \\t\\n]{{0,8}}")
+    return "\n".join(lines) + "\n"
+
+
+def _top_level_sub(body: str) -> str:
+    out: list[str] = []
+    depth, plain, i = 0, "", 0
+
+    def flush() -> None:
+        nonlocal plain
+        out.append(_UNTIL.sub(f" {_CALL_WS} ", plain) if depth == 0 else plain)
+        plain = ""
+
+    while i < len(body):
+        c = body[i]
+        if c in '"[':  # a literal or a character class: copied whole
+            flush()
+            close, j = ('"' if c == '"' else "]"), i + 1
+            while j < len(body) and body[j] != close:
+                j += 2 if body[j] == "\\" else 1
+            out.append(body[i : j + 1])
+            i = j + 1
+            continue
+        if c in "()":
+            flush()
+            depth += 1 if c == "(" else -1
+            out.append(c)
+        else:
+            plain += c
+        i += 1
+    flush()
+    return "".join(out)
+
+
+def _after_thinking(formatted: FormattedChat, word: str) -> list[str]:
+    """Patterns for ``word`` outside the thinking block (see ``_triggers``)."""
+    ends = [e for e in formatted.thinking_ends if e.strip()]
+    start = formatted.thinking_start.strip()
+    if not ends or not start or any(re.escape(e.strip()) == word.strip() for e in ends):
+        return [word]  # no block, or a call ends it (Qwen3.5's thinking may close on one)
+    out = [f"{re.escape(e)}[\\s\\S]*?({word})" for e in ends]
+    if not formatted.generation_prompt.rstrip().endswith(start):
+        out.append(f"^(?!\\s*{re.escape(start)})[\\s\\S]*?({word})")
+    return out

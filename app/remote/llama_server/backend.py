@@ -47,6 +47,7 @@ from app.engine.backend import (
     ModelInfo,
     ProgressFn,
 )
+from app.engine.chat_format.schema import schema_grammar
 from app.engine.chat_message import ChatMessage, ImagePart
 from app.engine.metrics import MessageMetrics
 from app.engine.native.hardware import HardwareInfo
@@ -58,6 +59,7 @@ from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.override import TemplateOverride
 from app.engine.templates.thinking import thinking_control
 from app.engine.tool_spec import ToolRequest
+from app.engine.tools.native_reply import native_reply
 from app.gguf.lora import LoraStack
 from app.remote.connection import Connection
 from app.remote.http import (
@@ -329,7 +331,7 @@ class LlamaServerBackend:
     ) -> Generator[EngineEvent, None, None]:
         stop = stop if stop is not None else threading.Event()
         t0 = time.perf_counter()
-        grammar = grammar_for(params)  # a bad schema fails before any request
+        grammar = grammar_for(params, schema_grammar)  # a bad schema fails before any request
         prompt, overflow, metrics, think = self._start(messages, params, stop, end_thinking)
         self._tools.start(self._templates.rendering, prompt.text, grammar)
         parts: list[str] = []  # the text streamed, markers and the text this side wrote
@@ -414,6 +416,12 @@ class LlamaServerBackend:
             metrics.notes.append(rendered.note)
         reasoning = prepared.template.reasoning
         control = thinking_control(reasoning, prompt.text, params, end_thinking)
+        native = native_reply(
+            prepared.template, self._tools.tools, prompt.text, params, end_thinking
+        )
+        self._tools.native = native
+        if native is not None:  # llama.cpp rendered the prompt: its parser reads the reply
+            control = native.thinking
         return prompt, overflow, metrics, ServerThinking(control) if control else None
 
     def _body(
@@ -436,7 +444,11 @@ class LlamaServerBackend:
             "n_predict": think.n_predict(n_predict, metrics) if think else n_predict,
             "n_keep": 0,
             **sampling_fields(params, metrics.seed or 0),
-            "stop": [s for s in (*params.stop, *self._templates.stop_strings()) if s],
+            "stop": [
+                s
+                for s in (*params.stop, *self._templates.stop_strings(), *self._tools.stops())
+                if s
+            ],
             "lora": self._slot.lora_body(),
         }
         return body | self._tools.grammar_fields(grammar)

@@ -37,6 +37,7 @@ from app.engine.templates.chat_template import ChatTemplate
 from app.engine.tool_spec import TOOL_CALLS, ToolRequest
 from app.engine.tools.binding import ToolDecoding, bind_tools, tool_decoding
 from app.engine.tools.format import ToolFormat, detect_tool_format
+from app.engine.tools.native_reply import NativeReply
 
 TRIGGER_WORD = 1  # llama.cpp's COMMON_GRAMMAR_TRIGGER_TYPE_WORD (a token when it is one)
 TRIGGER_PATTERN = 2  # COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN
@@ -51,6 +52,7 @@ class ServerTools:
         self.tools = tools
         self._has_token = has_token
         self.decoding: ToolDecoding | None = None
+        self.native: NativeReply | None = None  # llama.cpp reads the reply (set per request)
 
     def format(self, template: ChatTemplate) -> ToolFormat:
         """How ``template``'s model writes calls (the generic form when it knows none)."""
@@ -66,7 +68,12 @@ class ServerTools:
         Raises:
             SettingError: tools asked for together with structured output (``grammar``).
         """
-        self.decoding = tool_decoding(self.format(template), self.tools, template.reasoning, prompt)
+        if self.native is not None:
+            self.decoding = self.native.tools
+        else:
+            self.decoding = tool_decoding(
+                self.format(template), self.tools, template.reasoning, prompt
+            )
         if grammar and self.decoding is not None:
             raise SettingError(
                 "output_format", "Tools cannot be offered in a reply with structured output."
@@ -78,8 +85,11 @@ class ServerTools:
         g = self.decoding.grammar if self.decoding is not None else None
         if g is None:
             return {"grammar": grammar} if grammar else {}
-        if not g.lazy:
-            return {"grammar": g.gbnf}
+        if not g.lazy:  # an eager chat-format grammar starts with the generation prompt
+            if not g.prefill:
+                return {"grammar": g.gbnf}
+            # "tool_calls": the server feeds the grammar the generation prompt first.
+            return {"grammar": g.gbnf, "grammar_type": "tool_calls", "generation_prompt": g.prefill}
         triggers = [{"type": TRIGGER_PATTERN, "value": p} for p in g.patterns]
         triggers += [{"type": TRIGGER_WORD, "value": t} for t in g.tokens]
         if not triggers:  # the server refuses a lazy grammar with nothing to arm it
@@ -88,8 +98,16 @@ class ServerTools:
             "grammar": g.gbnf,
             "grammar_lazy": True,
             "grammar_triggers": triggers,
-            "preserved_tokens": list(g.tokens),
+            "preserved_tokens": list(dict.fromkeys((*g.tokens, *self.preserved()))),
         }
+
+    def preserved(self) -> tuple[str, ...]:
+        """Control tokens llama.cpp's parser reads as text (its markers)."""
+        return self.native.preserved if self.native is not None else ()
+
+    def stops(self) -> tuple[str, ...]:
+        """llama.cpp's extra stop strings for the reply's format."""
+        return self.native.stops if self.native is not None else ()
 
     def parse(
         self, events: Generator[EngineEvent, None, None]

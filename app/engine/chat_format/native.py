@@ -1,0 +1,109 @@
+"""A model's template read by llama.cpp's chat layer, in the chat-format worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.chat_format.formatted import FormattedChat
+from app.engine.chat_format.reply import ReplyParser
+from app.engine.native.chat_shim import ChatShim, load_shim
+from app.engine.native.chat_worker import ChatWorker, NativeTemplate
+
+_lock = threading.Lock()
+_worker: ChatWorker | None = None
+
+
+def available() -> bool:
+    """Whether this build has llama.cpp's chat layer (the shim)."""
+    return load_shim() is not None
+
+
+def shared_worker() -> ChatWorker:
+    """The process's chat-format worker, started on first use."""
+    global _worker
+    with _lock:
+        if _worker is None:
+            _worker = ChatWorker()
+        return _worker
+
+
+def close_worker() -> None:
+    global _worker
+    with _lock:
+        worker, _worker = _worker, None
+    if worker is not None:
+        worker.close()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """What a turn asks of the template (OpenAI-shaped messages and tools)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str = "auto"  # "auto" | "required" | "none"
+    parallel_tool_calls: bool = False
+    enable_thinking: bool = True
+    reasoning_format: str = "deepseek"  # thinking parsed out of the content
+    add_generation_prompt: bool = True
+    continue_final: int = 0  # common_chat_continuation: 0 none, 1 auto, 2 reasoning, 3 content
+    json_schema: str = ""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    now: float | None = None  # seconds since the epoch; None: now
+
+    def to_shim(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "tools": self.tools,
+            "tool_choice": self.tool_choice,
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "enable_thinking": self.enable_thinking,
+            "reasoning_format": self.reasoning_format,
+            "add_generation_prompt": self.add_generation_prompt,
+            "continue_final_message": self.continue_final,
+            "json_schema": self.json_schema,
+            "chat_template_kwargs": self.template_kwargs,
+            "now": time.time() if self.now is None else self.now,
+        }
+
+
+class NativeFormatter:
+    """One template (with the model's BOS and EOS text): apply requests, make parsers."""
+
+    def __init__(
+        self,
+        source: str,
+        bos: str = "",
+        eos: str = "",
+        *,
+        worker: ChatWorker | None = None,
+        shim: ChatShim | None = None,
+        deadline_s: float | None = None,
+    ) -> None:
+        found = shim or load_shim()
+        if found is None:
+            raise RuntimeError("llama.cpp's chat layer is not in this build")
+        self._shim = found
+        self._worker = worker or shared_worker()
+        self._template: NativeTemplate = self._worker.template(source, bos, eos, deadline_s)
+
+    @property
+    def refused(self) -> bool:
+        """The template hung or crashed the worker: llama.cpp does not render it again."""
+        return self._worker.refused(self._template)
+
+    @property
+    def caps(self) -> dict[str, Any]:
+        return dict(self._template.caps)
+
+    def apply(
+        self, request: ChatRequest | dict[str, Any], deadline_s: float | None = None
+    ) -> FormattedChat:
+        raw = request.to_shim() if isinstance(request, ChatRequest) else request
+        return FormattedChat.from_shim(self._worker.apply(self._template, raw, deadline_s))
+
+    def parser(self, formatted: FormattedChat, *, tools: bool = True) -> ReplyParser:
+        return ReplyParser(self._shim, formatted, tools=tools)

@@ -1,0 +1,94 @@
+"""llama.cpp's chat-layer cases (``tests/data/llama_chat``, written by
+``packaging/llama_chat_goldens.py``) and its way of comparing a parsed reply."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).parent / "data" / "llama_chat"
+TEMPLATES = DATA / "templates"
+FIXED_NOW = 1767225600  # the date the cases were dumped with (2026-01-01)
+
+
+def shim_path() -> Path | None:
+    """``LAMPLIGHT_CHAT_SHIM`` (a shim built by hand, while developing), else the build's."""
+    found = os.environ.get("LAMPLIGHT_CHAT_SHIM")
+    return Path(found) if found else None
+
+
+@cache
+def _rows(name: str) -> tuple[dict[str, Any], ...]:
+    text = (DATA / name).read_text(encoding="utf-8")
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+
+
+def parse_cases() -> tuple[dict[str, Any], ...]:
+    return _rows("cases.jsonl")
+
+
+def generation_prompt_cases() -> tuple[dict[str, Any], ...]:
+    return _rows("generation_prompts.jsonl")
+
+
+def schema_cases() -> tuple[dict[str, Any], ...]:
+    return _rows("schema_to_grammar.jsonl")
+
+
+@cache
+def template_source(name: str) -> str:
+    return (TEMPLATES / name).read_text(encoding="utf-8")
+
+
+def case_id(case: dict[str, Any], index: int) -> str:
+    return f"{index:03d}-{case['template'].removesuffix('.jinja')}"
+
+
+def request(case: dict[str, Any]) -> dict[str, Any]:
+    """The case's request as the shim reads it (the dump's date)."""
+    return {**case["inputs"], "now": FIXED_NOW}
+
+
+def comparable(msg: dict[str, Any]) -> dict[str, Any]:
+    """What ``assert_msg_equals`` (tests/test-chat.cpp) compares: content and reasoning
+    with the ends' whitespace stripped, each call's name, id and arguments as JSON."""
+    calls = []
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function", call)
+        args = fn.get("arguments") or ""
+        try:
+            args = json.loads(args) if args else args
+        except ValueError:
+            args = ""  # renormalize_json: partial JSON is left out of the comparison
+        calls.append({"name": fn.get("name", ""), "arguments": args, "id": call.get("id", "")})
+    return {
+        "content": _text(msg.get("content")).strip(),
+        "reasoning_content": _text(msg.get("reasoning_content")).strip(),
+        "tool_calls": calls,
+    }
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def grammar_trim(text: str) -> str:
+    """tests/test-json-schema-to-grammar.cpp's ``trim``: ends and each line's indent."""
+    return re.sub(r"(^|\n)[ \t]+", r"\1", text.strip(" \n\r\t"))
+
+
+def utf8_prefixes(text: str) -> list[str]:
+    """Every prefix of ``text`` at a byte, cut back to whole characters (as test-chat)."""
+    raw = text.encode("utf-8")
+    seen: list[str] = []
+    for end in range(1, len(raw) + 1):
+        prefix = raw[:end].decode("utf-8", "ignore")
+        if not seen or prefix != seen[-1]:
+            seen.append(prefix)
+    return seen

@@ -1,0 +1,125 @@
+"""llama.cpp's own chat-layer cases (its tests/test-chat.cpp, dumped as data) through the
+chat-format seam: the same prompt, grammar and triggers, and the same parse of every
+sample reply, streamed at every split (tests/data/llama_chat/README.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.engine.chat_format.formatted import FormattedChat
+from app.engine.chat_format.native import NativeFormatter
+from app.engine.chat_format.reply import ParsedReply
+from app.engine.native.chat_shim import ChatShim
+from app.engine.native.chat_worker import ChatWorker
+from tests import llama_chat
+
+CASES = llama_chat.parse_cases()
+PROMPTS = llama_chat.generation_prompt_cases()
+APPLIED = ("format", "prompt", "generation_prompt", "grammar", "grammar_lazy")
+APPLIED_LISTS = ("preserved_tokens", "additional_stops", "thinking_end_tags")
+
+
+@pytest.fixture(scope="module")
+def formatters(shim: ChatShim, worker: ChatWorker) -> dict[str, NativeFormatter]:
+    return {}
+
+
+def _formatter(
+    cache: dict[str, NativeFormatter], name: str, shim: ChatShim, worker: ChatWorker
+) -> NativeFormatter:
+    if name not in cache:
+        source = llama_chat.template_source(name)
+        cache[name] = NativeFormatter(source, worker=worker, shim=shim)
+    return cache[name]
+
+
+def _as_msg(reply: ParsedReply) -> dict[str, Any]:
+    calls = [
+        {"function": {"name": c.name, "arguments": c.arguments}, "id": c.id} for c in reply.calls
+    ]
+    return {"content": reply.content, "reasoning_content": reply.reasoning, "tool_calls": calls}
+
+
+def _same_apply(got: FormattedChat, want: dict[str, Any]) -> None:
+    mine = {
+        "format": got.format_name,
+        "prompt": got.prompt,
+        "generation_prompt": got.generation_prompt,
+        "grammar": got.grammar,
+        "grammar_lazy": got.grammar_lazy,
+        "preserved_tokens": list(got.preserved_tokens),
+        "additional_stops": list(got.stops),
+        "thinking_end_tags": list(got.thinking_ends),
+    }
+    for key in (*APPLIED, *APPLIED_LISTS):
+        assert mine[key] == want[key], key
+    triggers = [{"type": int(t.kind), "value": t.value} for t in got.triggers]
+    assert triggers == want["grammar_triggers"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[llama_chat.case_id(c, i) for i, c in enumerate(CASES)])
+def test_each_case_formats_and_parses_as_llama_cpp_does(
+    case: dict[str, Any],
+    shim: ChatShim,
+    worker: ChatWorker,
+    formatters: dict[str, NativeFormatter],
+) -> None:
+    fmt = _formatter(formatters, case["template"], shim, worker)
+    formatted = fmt.apply(llama_chat.request(case))
+    _same_apply(formatted, case["result"])
+    parser = fmt.parser(formatted)
+    try:
+        for prefix in llama_chat.utf8_prefixes(case["input"])[:-1]:
+            parser.update(prefix)  # every split: never an error, never raw markup
+        last = parser.finish(case["input"], cut=case["is_partial"])
+    finally:
+        parser.close()
+    assert last.matched
+    assert llama_chat.comparable(_as_msg(last)) == llama_chat.comparable(case["expect"])
+
+
+@pytest.mark.parametrize(
+    "case", PROMPTS, ids=[llama_chat.case_id(c, i) for i, c in enumerate(PROMPTS)]
+)
+def test_the_generation_prompt_is_llama_cpps(
+    case: dict[str, Any],
+    shim: ChatShim,
+    worker: ChatWorker,
+    formatters: dict[str, NativeFormatter],
+) -> None:
+    fmt = _formatter(formatters, case["template"], shim, worker)
+    formatted = fmt.apply(llama_chat.request(case))
+    assert formatted.generation_prompt == case["expected_generation_prompt"]
+    assert formatted.prompt.endswith(case["expected_generation_prompt"])
+    assert formatted.prompt == case["result"]["prompt"]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in llama_chat.TEMPLATES.glob("*.jinja")))
+def test_every_corpus_template_formats_a_chat_with_and_without_tools(
+    name: str, shim: ChatShim, worker: ChatWorker, formatters: dict[str, NativeFormatter]
+) -> None:
+    fmt = _formatter(formatters, name, shim, worker)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the weather in Oslo?"},
+    ]
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    plain = fmt.apply({"messages": messages, "now": llama_chat.FIXED_NOW})
+    assert "Oslo" in plain.prompt
+    with_tools = fmt.apply({"messages": messages, "tools": [tool], "now": llama_chat.FIXED_NOW})
+    assert "Oslo" in with_tools.prompt
+    if fmt.caps.get("supports_tool_calls"):
+        assert "weather" in with_tools.prompt

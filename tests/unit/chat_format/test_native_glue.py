@@ -1,0 +1,119 @@
+"""The glue between llama.cpp's chat layer and the engine: a request made from a render's
+variables, a grammar armed the way llama.cpp's sampler arms it, and a model's own
+template rendered by llama.cpp with the sandbox as its fallback."""
+
+from __future__ import annotations
+
+import re
+
+from app.engine.chat_format.formatted import FormattedChat, Trigger, TriggerKind
+from app.engine.chat_message import ChatMessage, ToolCall
+from app.engine.native.chat_shim import ChatShim
+from app.engine.templates.chat_template import PYTHON_NAME
+from app.engine.templates.jinja_template import jinja_template
+from app.engine.templates.native_template import native_request, openai_message
+from app.engine.tools.grammar import native_grammar
+from tests import llama_chat
+
+
+def _formatted(**kw: object) -> FormattedChat:
+    base = dict(
+        format_id=1,
+        format_name="peg-native",
+        prompt="",
+        generation_prompt="<|im_start|>assistant\n",
+        grammar='root ::= "x"',
+        grammar_lazy=True,
+        triggers=(),
+        preserved_tokens=(),
+        stops=(),
+        supports_thinking=False,
+        thinking_start="",
+        thinking_ends=(),
+        parser_spec="",
+    )
+    base.update(kw)
+    return FormattedChat(**base)  # type: ignore[arg-type]
+
+
+def test_a_word_trigger_counts_only_after_thinking() -> None:
+    f = _formatted(
+        triggers=(Trigger(TriggerKind.WORD, "<tool_call>"),),
+        thinking_start="<think>",
+        thinking_ends=("</think>",),
+    )
+    g = native_grammar(f)
+    assert g is not None and g.lazy and not g.tokens
+    inside = "<think>I could <tool_call> here"
+    after = "<think>Done.</think>\n<tool_call>"
+    never = "Straight away <tool_call>"
+    assert not any(re.search(p, inside) for p in g.patterns)
+    assert any(re.search(p, after) for p in g.patterns)
+    assert any(re.search(p, never) for p in g.patterns)
+
+
+def test_a_call_that_ends_thinking_triggers_anywhere() -> None:
+    f = _formatted(
+        triggers=(Trigger(TriggerKind.WORD, "<tool_call>"),),
+        thinking_start="<think>",
+        thinking_ends=("</think>", "<tool_call>"),
+    )
+    g = native_grammar(f)
+    assert g is not None and g.patterns == (re.escape("<tool_call>"),)
+
+
+def test_full_patterns_are_anchored_and_an_eager_grammar_is_prefilled() -> None:
+    f = _formatted(triggers=(Trigger(TriggerKind.PATTERN_FULL, "[\\s\\S]*?(<x>)"),))
+    g = native_grammar(f)
+    assert g is not None and g.patterns == ("^[\\s\\S]*?(<x>)$",)
+    eager = native_grammar(_formatted(grammar_lazy=False))
+    assert eager is not None and not eager.lazy and eager.prefill == "<|im_start|>assistant\n"
+    assert native_grammar(_formatted(grammar="")) is None
+
+
+def test_a_render_request_takes_tools_switches_and_variables_apart() -> None:
+    call = ToolCall("call_1", "weather", '{"city": "Oslo"}')
+    messages = [
+        ChatMessage("user", "Weather?"),
+        ChatMessage("assistant", "", "Looking.", (call,)),
+        ChatMessage("tool", "Sunny", tool_call_id="call_1", name="weather"),
+    ]
+    extra = {
+        "tools": [{"type": "function", "function": {"name": "weather"}}],
+        "tool_choice": "required",
+        "parallel_tool_calls": True,
+        "enable_thinking": False,
+        "reasoning_effort": "auto",
+        "custom": 3,
+    }
+    req = native_request(messages, True, extra)
+    assert req.tool_choice == "required" and req.parallel_tool_calls
+    assert req.enable_thinking is False and len(req.tools) == 1
+    assert req.template_kwargs == {"custom": 3}  # "auto" effort: the template's default
+    assert openai_message(messages[1])["reasoning_content"] == "Looking."
+    assert (
+        openai_message(messages[1])["tool_calls"][0]["function"]["arguments"] == '{"city": "Oslo"}'
+    )
+    assert openai_message(messages[2])["tool_call_id"] == "call_1"
+
+
+def test_a_model_s_template_renders_through_llama_cpp_with_the_sandbox_behind(
+    shim: ChatShim,
+) -> None:
+    source = llama_chat.template_source("Qwen3.5-4B.jinja")
+    t = jinja_template(source, "", "<|im_end|>")
+    assert t.native is not None and t.reason.endswith("read by llama.cpp")
+    assert t.fallback is not None and t.fallback.name == PYTHON_NAME
+    assert t.reasoning is not None and t.reasoning.open == "<think>"
+    prompt = t.render([ChatMessage("user", "hi")], True)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n")
+    assert t.native.formatted_for(prompt) is not None
+
+
+def test_tools_in_a_list_and_mapped_render_where_the_sandbox_refused(shim: ChatShim) -> None:
+    # Templates that want a ``tools`` list and map over it (Command R+ tool_use):
+    # the sandbox refuses them; llama.cpp renders them.
+    source = llama_chat.template_source("CohereForAI-c4ai-command-r-plus-tool_use.jinja")
+    t = jinja_template(source, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")
+    assert t.native is not None
+    assert "hi" in t.render([ChatMessage("user", "hi")], True)
