@@ -13,6 +13,7 @@ from typing import Any
 DATA = Path(__file__).parent / "data" / "llama_chat"
 TEMPLATES = DATA / "templates"
 FIXED_NOW = 1767225600  # the date the cases were dumped with (2026-01-01)
+R1_DISTILL = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"  # opens thinking, no switch
 
 
 def shim_path() -> Path | None:

@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished, Token
+from app.engine.chat_format.native import available as native_available
 from app.engine.chat_message import ChatMessage
 from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
 from app.remote.openai.wire import ReplyStream
+from tests import llama_chat
 from tests.e2e.test_remote_openai import chunk, json_response, scripted, sse
 from tests.hypothesis_budget import examples
 from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR, use
@@ -206,7 +208,8 @@ def test_llama_server_keeps_to_the_thinking_budget(
     m = done.metrics
     assert m.reasoning_tokens == budget  # never more than the budget
     assert m.thinking_cut == "budget" and done.reasoning.endswith("Answer now.")
-    assert done.text.strip() and any(not t.reasoning for t in tokens)
+    assert done.text.strip(), (m.stop_reason, server_backend._slot.map.text[-200:], m.notes)
+    assert any(not t.reasoning for t in tokens)
     assert "</think>" in server_backend._slot.map.text  # the block was closed in the slot
     assert m.first_answer_ms > 0
 
@@ -228,8 +231,17 @@ def test_llama_server_stop_thinking(server_backend: LlamaServerBackend) -> None:
 
 
 def test_llama_server_thinking_off(server_backend: LlamaServerBackend) -> None:
-    use(server_backend, R1)  # no switch: "off" writes the empty block itself
     params = replace(GREEDY, thinking="off", max_tokens=8)
+    if native_available():  # llama.cpp closes the block of the real R1 distill template
+        use(
+            server_backend,
+            llama_chat.template_source(llama_chat.R1_DISTILL),
+        )
+        _tokens, done = run_server(server_backend, [ChatMessage("user", "Hi.")], params)
+        assert done.reasoning == "" and done.metrics.reasoning_tokens == 0
+        assert "<think>\n</think>" in server_backend._slot.map.text
+        return
+    use(server_backend, R1)  # no switch: "off" writes the empty block itself
     _tokens, done = run_server(server_backend, [ChatMessage("user", "Hi.")], params)
     assert done.reasoning == "" and done.metrics.reasoning_tokens == 0
     assert "<think>\n</think>\n\n" in server_backend._slot.map.text

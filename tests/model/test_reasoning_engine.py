@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from app.config.setting_records import SamplingParams
+from app.engine.chat_format.native import available as native_available
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.templates.override import AUTO
+from tests import llama_chat
 from tests.conftest import TEST_LOAD
 from tests.reasoning_templates import GPT_OSS, MAGISTRAL, QWEN3, R1, THINK_GRAMMAR, run, use
 
@@ -100,10 +102,19 @@ def test_switch_off_and_on(reasoning: Engine) -> None:
     _t, off = run(reasoning, msgs, replace(GREEDY, thinking="off", max_tokens=8))
     assert reasoning._kv.map.text.count("<think>\n\n</think>\n\n") == 1  # the template's own off
     assert off.reasoning == "" and off.metrics.reasoning_tokens == 0
-    use(reasoning, R1)  # no switch: "off" writes the empty block itself
-    _t, off = run(reasoning, msgs, replace(GREEDY, thinking="off", max_tokens=8))
-    assert "<think>\n</think>\n\n" in reasoning._kv.map.text
+    if native_available():
+        # llama.cpp's chat layer closes a block the template opens with no switch (the real
+        # R1 distill template), as llama-server does.
+        use(reasoning, llama_chat.template_source(llama_chat.R1_DISTILL))
+        _t, off = run(reasoning, msgs, replace(GREEDY, thinking="off", max_tokens=8))
+        assert "<think>\n</think>" in reasoning._kv.map.text
+    else:
+        use(reasoning, R1)  # no switch: "off" writes the empty block itself
+        _t, off = run(reasoning, msgs, replace(GREEDY, thinking="off", max_tokens=8))
+        assert "<think>\n</think>\n\n" in reasoning._kv.map.text
     assert off.reasoning == "" and off.text.strip()
+    if native_available():
+        return  # llama.cpp, like llama-server, opens no block a template does not open
     # "on" with no switch, where the model would not think: the block is opened for it.
     use(reasoning, QWEN3.replace("enable_thinking", "no_such_switch"))
     params = replace(GREEDY, thinking="on", max_tokens=8)

@@ -36,14 +36,19 @@ class NativeStream:
         self.last = ParsedReply()
         self.final: ParsedReply | None = None
         self._reasoning = ""  # given out so far
+        self.closed_by_engine = False  # the engine wrote the block's end itself
         self._content = ""
         self._starts_inside = starts_inside
+
+    @property
+    def saw_end(self) -> bool:
+        return any(e and e in self.text for e in self._ends)
 
     @property
     def inside(self) -> bool:
         """In the thinking block: it opened (or the prompt opened it) and has not ended."""
         last = self.last
-        if last.content.strip() or last.calls or any(e and e in self.text for e in self._ends):
+        if last.content.strip() or last.calls or self.closed_by_engine or self.saw_end:
             return False
         return bool(last.reasoning) or self._starts_inside
 
@@ -55,6 +60,7 @@ class NativeStream:
         """Text the engine evaluated itself (the end of a thinking block): parsed, and its
         thinking counted as given out (the caller shows its own words for it)."""
         self.text += text
+        self.closed_by_engine = True
         self.last = self._parser.update(self.text)
         self._reasoning = self.last.reasoning
 
@@ -108,7 +114,12 @@ class NativeSplitter:
 
     @property
     def closed(self) -> bool:
-        return bool(self.stream.last.reasoning) and not self.stream.inside
+        """The block ended: its close was written (or the engine wrote it), or thinking
+        gave way to the answer or a call."""
+        stream = self.stream
+        if stream.inside:
+            return False
+        return stream.closed_by_engine or bool(stream.last.reasoning) or stream.saw_end
 
     @property
     def answered(self) -> bool:

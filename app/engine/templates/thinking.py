@@ -33,9 +33,13 @@ def request_template(template: ChatTemplate, params: SamplingParams) -> ChatTemp
     """
     extra = template_variables(params)
     fmt = template.reasoning
-    if fmt is not None:
-        extra = {**extra, **fmt.extra(params.thinking, params.reasoning_effort)}
-    write = _writes_block(fmt, params.thinking)
+    if template.native is not None:  # llama.cpp takes the switches and writes the block
+        extra = {**extra, **_native_switches(params)}
+        write = ""
+    else:
+        if fmt is not None:
+            extra = {**extra, **fmt.extra(params.thinking, params.reasoning_effort)}
+        write = _writes_block(fmt, params.thinking)
     if (not extra and not write) or template.completion:
         return template
     base = template.renderer
@@ -52,6 +56,17 @@ def request_template(template: ChatTemplate, params: SamplingParams) -> ChatTemp
         renderer=renderer,
         fallback=request_template(fallback, params) if fallback is not None else None,
     )
+
+
+def _native_switches(params: SamplingParams) -> dict[str, Any]:
+    """The switches llama.cpp's chat layer reads: ``enable_thinking`` (it knows how each
+    family turns thinking on and off) and the effort; "auto" leaves the template's own."""
+    out: dict[str, Any] = {}
+    if params.thinking in ("on", "off"):
+        out["enable_thinking"] = params.thinking == "on"
+    if params.reasoning_effort and params.reasoning_effort != "auto":
+        out["reasoning_effort"] = params.reasoning_effort
+    return out
 
 
 def _writes_block(fmt: ReasoningFormat | None, thinking: str) -> str:
