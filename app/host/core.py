@@ -298,8 +298,10 @@ class EngineCore:
             if len(self.lora_wanted) and self.engine.capabilities.lora:
                 self.apply_lora()
             self.loading = False
-            listener.model_loaded(info)
+            # Local before ready (as a remote connect says "connected" first): whoever
+            # waits for the model finds the server's status already gone.
             listener.connection_state("local", "")
+            listener.model_loaded(info)
             self.apply_draft(cancel=cancel)
 
     def _load_failed(self, message: str) -> None:

@@ -35,7 +35,10 @@ def request_template(template: ChatTemplate, params: SamplingParams) -> ChatTemp
     fmt = template.reasoning
     if template.native is not None:  # llama.cpp takes the switches and writes the block
         extra = {**extra, **_native_switches(params)}
-        write = ""
+        # ...but a template with no switch of its own that opens the block whatever it is
+        # told gets it closed here for "off", as before (its replies then take the Python
+        # reading: the prompt is no longer the one llama.cpp rendered). "on" opens nothing.
+        write = _writes_block(fmt, params.thinking) if params.thinking == "off" else ""
     else:
         if fmt is not None:
             extra = {**extra, **fmt.extra(params.thinking, params.reasoning_effort)}
