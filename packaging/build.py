@@ -178,6 +178,7 @@ def smoke(cli: Path, data: Path, env: dict[str, str], prefix: list[str]) -> dict
         "generated_tokens": tokens,
         "model": result["model"],
         "cpu_variant": variant,
+        "chat_format": result.get("chat_format", ""),
         "decode_tok_s": tok_s,
         "native_checks": native_checks(data),
     }

@@ -116,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.engine.native.projector_probe import main as probe_projector
 
         return probe_projector(argv[1:])
+    if argv and argv[0] == "chat-format-worker":  # the frozen app's llama.cpp template child
+        from app.engine.native.chat_worker import main as chat_format_worker
+
+        return chat_format_worker(argv[1:])
     if argv and argv[0] == "parse-document":  # the frozen app's bounded document reader
         from app.documents.parse_child import main as parse_document
 
@@ -272,6 +276,9 @@ def smoke_test(dirs: DataDirs, settings: AppSettings, model: str | None) -> int:
 
             backends = loaded()
             self.result["cpu_variant"] = backends.cpu_variant if backends else ""
+            from app.engine.chat_format.native import self_check
+
+            self.result["chat_format"] = self_check()
             self.result["model"] = {
                 "name": info.name,
                 "path": str(info.path),

@@ -235,6 +235,9 @@ def test_frozen_app_builds_and_passes_its_smoke_test(tmp_path: Path) -> None:
     assert summary["ok"]
     assert summary["smoke"]["generated_tokens"] > 0
     assert summary["smoke"]["model"]["backend"]
+    # llama.cpp's chat layer is bundled, and its template child (`lamplight
+    # chat-format-worker`) starts from the frozen app.
+    assert summary["smoke"]["chat_format"] == "llama.cpp", summary["smoke"]
     # The bundle carries every CPU module and runs on the baseline one (no AVX at all on
     # x86-64): it does not need the builder's CPU.
     if platform.machine().lower() in ("x86_64", "amd64"):

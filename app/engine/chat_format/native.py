@@ -107,3 +107,18 @@ class NativeFormatter:
 
     def parser(self, formatted: FormattedChat, *, tools: bool = True) -> ReplyParser:
         return ReplyParser(self._shim, formatted, tools=tools)
+
+
+def self_check() -> str:
+    """ "llama.cpp" when a template renders through the worker (the frozen app's smoke test
+    proves the shim is bundled and its child starts); else why not."""
+    from app.engine.native.chat_shim import ShimError, unavailable_reason
+
+    if not available():
+        return unavailable_reason()
+    try:
+        fmt = NativeFormatter("{{ messages[0].content }}")
+        prompt = fmt.apply(ChatRequest([{"role": "user", "content": "ok"}])).prompt
+    except ShimError as exc:
+        return f"the chat-format worker failed: {exc}"
+    return "llama.cpp" if prompt == "ok" else f"unexpected render {prompt[:40]!r}"
