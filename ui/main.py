@@ -102,28 +102,39 @@ def hub_services(dirs: DataDirs) -> HubServices:
     return HubServices(HubClient(), library, queue, dirs.root)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "serve":
+def _sub_command(argv: Sequence[str]) -> int | None:
+    """Run ``argv``'s sub-command (``lamplight serve``, or one of the bounded child
+    processes the frozen app starts itself); None for the app itself. The imports stay
+    written out, so PyInstaller sees them."""
+    command = argv[0] if argv else ""
+    if command == "serve":
         from ui.api.serve import main as serve
 
         return serve(argv[1:])
-    if argv and argv[0] == "probe-native-path":  # the frozen app's native-path check child
+    if command == "probe-native-path":  # the native-path check child
         from app.engine.native.path_probe import main as probe
 
         return probe(argv[1:])
-    if argv and argv[0] == "probe-projector":  # the frozen app's projector check child
+    if command == "probe-projector":  # the projector check child
         from app.engine.native.projector_probe import main as probe_projector
 
         return probe_projector(argv[1:])
-    if argv and argv[0] == "chat-format-worker":  # the frozen app's llama.cpp template child
+    if command == "chat-format-worker":  # llama.cpp's template child
         from app.engine.native.chat_worker import main as chat_format_worker
 
         return chat_format_worker(argv[1:])
-    if argv and argv[0] == "parse-document":  # the frozen app's bounded document reader
+    if command == "parse-document":  # the bounded document reader
         from app.documents.parse_child import main as parse_document
 
         return parse_document(argv[1:])
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    code = _sub_command(argv)
+    if code is not None:
+        return code
     args = parse_args(argv)
     # Qt aborts (exit 134, no word why) when its platform plugin cannot load: say why first.
     if not args.smoke_test and (problem := desktop_libs.window_problem()) is not None:
