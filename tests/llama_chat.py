@@ -8,7 +8,10 @@ import os
 import re
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.engine.chat_format.native import NativeFormatter
 
 DATA = Path(__file__).parent / "data" / "llama_chat"
 TEMPLATES = DATA / "templates"
@@ -93,3 +96,20 @@ def utf8_prefixes(text: str) -> list[str]:
         if not seen or prefix != seen[-1]:
             seen.append(prefix)
     return seen
+
+
+def read_streamed(fmt: NativeFormatter, case: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The case's reply read by the seam, fed at every split (each partial parse must not
+    fail), as an OpenAI message; and whether the final text matched the format."""
+    parser = fmt.parser(fmt.apply(request(case)))
+    try:
+        for prefix in utf8_prefixes(case["input"])[:-1]:
+            parser.update(prefix)
+        got = parser.finish(case["input"], cut=case["is_partial"])
+    finally:
+        parser.close()
+    calls = [
+        {"function": {"name": c.name, "arguments": c.arguments}, "id": c.id} for c in got.calls
+    ]
+    msg = {"content": got.content, "reasoning_content": got.reasoning, "tool_calls": calls}
+    return msg, got.matched

@@ -30,14 +30,6 @@ def shared_worker() -> ChatWorker:
         return _worker
 
 
-def close_worker() -> None:
-    global _worker
-    with _lock:
-        worker, _worker = _worker, None
-    if worker is not None:
-        worker.close()
-
-
 @dataclass(frozen=True)
 class ChatRequest:
     """What a turn asks of the template (OpenAI-shaped messages and tools)."""

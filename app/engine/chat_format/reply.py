@@ -32,10 +32,9 @@ class ParsedReply:
     reasoning: str = ""
     calls: tuple[ParsedCall, ...] = ()
     matched: bool = True  # False: the final text did not follow the format
-    finished: bool = False  # the final parse (or its fallback), not a partial one
 
     @classmethod
-    def from_shim(cls, d: dict[str, Any], *, finished: bool, matched: bool = True) -> ParsedReply:
+    def from_shim(cls, d: dict[str, Any]) -> ParsedReply:
         calls = []
         for call in d.get("tool_calls") or []:
             fn = call.get("function", call) if isinstance(call, dict) else {}
@@ -49,8 +48,6 @@ class ParsedReply:
             content=str(content),
             reasoning=str(d.get("reasoning_content") or ""),
             calls=tuple(calls),
-            matched=matched,
-            finished=finished,
         )
 
 
@@ -72,7 +69,7 @@ class ReplyParser:
     def update(self, text: str) -> ParsedReply:
         """The reply so far; on a refusal the last good parse stands."""
         with contextlib.suppress(ShimError):
-            self.last = self._parse(text, partial=True, finished=False)
+            self.last = self._parse(text, partial=True)
         return self.last
 
     def finish(self, text: str, *, cut: bool = False) -> ParsedReply:
@@ -80,14 +77,14 @@ class ReplyParser:
         as partial (an unfinished call stays a call, never raw syntax)."""
         if not cut:
             try:
-                return self._parse(text, partial=False, finished=True)
+                return self._parse(text, partial=False)
             except ShimError:
                 pass
         try:
-            found = self._parse(text, partial=True, finished=True)
+            found = self._parse(text, partial=True)
         except ShimError:
-            found = ParsedReply(content=text, finished=True)
-        return ParsedReply(found.content, found.reasoning, found.calls, cut, True)
+            found = ParsedReply(content=text)
+        return ParsedReply(found.content, found.reasoning, found.calls, matched=cut)
 
     def close(self) -> None:
         with self._lock:
@@ -95,12 +92,12 @@ class ReplyParser:
         if handle is not None:
             self._shim.parser_free(handle)
 
-    def _parse(self, text: str, *, partial: bool, finished: bool) -> ParsedReply:
+    def _parse(self, text: str, *, partial: bool) -> ParsedReply:
         with self._lock:
             if self._handle is None:
                 raise ShimError("the parser is closed")
             answer = self._shim.parse(self._handle, text, partial)
-        return ParsedReply.from_shim(answer, finished=finished)
+        return ParsedReply.from_shim(answer)
 
     def __del__(self) -> None:
         if getattr(self, "_handle", None) is not None:

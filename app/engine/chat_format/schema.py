@@ -46,11 +46,6 @@ def _huge_repeat(pattern: str) -> bool:
     return False
 
 
-def native_available() -> bool:
-    """Whether llama.cpp's converter is in this build."""
-    return load_shim() is not None
-
-
 def schema_grammar(schema: dict[str, Any]) -> str:
     """The GBNF (root rule ``root``) for values of ``schema``.
 

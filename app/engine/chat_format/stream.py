@@ -39,10 +39,20 @@ class NativeStream:
         self.closed_by_engine = False  # the engine wrote the block's end itself
         self._content = ""
         self._starts_inside = starts_inside
+        self._saw_end = False
+        self._longest_end = max((len(e) for e in ends), default=0)
 
     @property
     def saw_end(self) -> bool:
-        return any(e and e in self.text for e in self._ends)
+        """A thinking end tag was written (found once, in the new text and just before it:
+        ``inside`` is asked every token)."""
+        return self._saw_end
+
+    def _append(self, text: str) -> None:
+        self.text += text
+        if not self._saw_end:
+            tail = self.text[-(len(text) + self._longest_end) :]
+            self._saw_end = any(e and e in tail for e in self._ends)
 
     @property
     def inside(self) -> bool:
@@ -53,13 +63,13 @@ class NativeStream:
         return bool(last.reasoning) or self._starts_inside
 
     def add(self, piece: str) -> list[Part]:
-        self.text += piece
+        self._append(piece)
         return self._give(self._parser.update(self.text))
 
     def add_silently(self, text: str) -> None:
         """Text the engine evaluated itself (the end of a thinking block): parsed, and its
         thinking counted as given out (the caller shows its own words for it)."""
-        self.text += text
+        self._append(text)
         self.closed_by_engine = True
         self.last = self._parser.update(self.text)
         self._reasoning = self.last.reasoning

@@ -79,10 +79,6 @@ class ChatWorker:
         self._caps: dict[str, dict[str, Any]] = {}  # template key -> what llama.cpp says
         self._next = 0
 
-    @staticmethod
-    def available(lib: Path | None = None) -> bool:
-        return load_shim(lib) is not None
-
     def template(
         self, source: str, bos: str = "", eos: str = "", deadline_s: float | None = None
     ) -> NativeTemplate:

@@ -40,6 +40,10 @@ TURN_MARKERS = (
     "<｜Assistant｜>",
 )
 
+# How a failed render is worded for the model's own template (a user's names itself).
+OWNER = "The model's chat template"
+ADVICE = "Edit or shorten the conversation, or start a new chat."
+
 # The check renders at load: each must succeed, be non-empty and contain every user
 # message, or the model's template is not used.
 _CHECK_USER = "Lamplight check: what is 2 + 2?"
@@ -81,6 +85,16 @@ def _message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
+def _check_failure(text: str, messages: Sequence[ChatMessage], what: str) -> str:
+    """Why a load check's render is not usable ("" when it is): empty, or a user message
+    left out."""
+    if not text.strip():
+        return f"renders an empty prompt for {what}"
+    if any(m.content not in text for m in messages if m.role == "user"):
+        return f"leaves the user's message out of {what}"
+    return ""
+
+
 def _variables(
     messages: Sequence[ChatMessage],
     gen: bool,
@@ -104,8 +118,8 @@ def jinja_template(
     bos_token: str,
     eos_token: str,
     has_token: Callable[[str], bool] | None = None,
-    owner: str = "The model's chat template",
-    advice: str = "Edit or shorten the conversation, or start a new chat.",
+    owner: str = OWNER,
+    advice: str = ADVICE,
 ) -> ChatTemplate:
     """A template from the model's ``tokenizer.chat_template``: rendered by llama.cpp's chat
     layer when the build has it (``native_template``), with the sandboxed rendering as its
@@ -159,9 +173,8 @@ def native_template(
         formatter = NativeFormatter(source, bos_token, eos_token, deadline_s=LOAD_BUDGET_S)
         behind = fallback.renderer if fallback is not None else None
         renderer = NativeRenderer(formatter, bos_token, owner, advice, behind)
-        for _what, messages in _CHECKS:
-            text = renderer(messages, True, {})
-            if not text.strip() or any(m.content not in text for m in messages if m.role == "user"):
+        for what, messages in _CHECKS:
+            if _check_failure(renderer(messages, True, {}), messages, what):
                 return None
     except (ShimError, ChatTemplateError):
         return None
@@ -185,8 +198,8 @@ def sandboxed_template(
     bos_token: str,
     eos_token: str,
     has_token: Callable[[str], bool] | None = None,
-    owner: str = "The model's chat template",
-    advice: str = "Edit or shorten the conversation, or start a new chat.",
+    owner: str = OWNER,
+    advice: str = ADVICE,
 ) -> ChatTemplate:
     """A template from the model's ``tokenizer.chat_template``, rendered in a sandbox.
 
@@ -202,6 +215,7 @@ def sandboxed_template(
         LOAD_BUDGET_S,
         RENDER_BUDGET_S,
         compile_template,
+        input_chars,
         output_limit,
     )
 
@@ -220,20 +234,15 @@ def sandboxed_template(
                 )
             except Exception as exc:
                 raise Rejected(f"fails on {what} ({describe(exc)})") from exc
-            if not text.strip():
-                raise Rejected(f"renders an empty prompt for {what}")
-            if any(m.content not in text for m in messages if m.role == "user"):
-                raise Rejected(f"leaves the user's message out of {what}")
+            if why := _check_failure(text, messages, what):
+                raise Rejected(why)
         return compiled
 
     compiled = run_bounded(check, LOAD_BUDGET_S, output_limit(len(source)))
 
     def render(messages: Sequence[ChatMessage], gen: bool, extra: Mapping[str, Any]) -> str:
         variables = _variables(messages, gen, bos_token, eos_token, extra)
-        size = sum(
-            len(m.content) + len(m.reasoning) + sum(len(c.arguments) for c in m.tool_calls)
-            for m in messages
-        ) + len(str(extra.get("tools") or ""))
+        size = input_chars(messages, extra)
         try:
             text = run_bounded(
                 lambda: compiled.render(**variables), RENDER_BUDGET_S, output_limit(size)

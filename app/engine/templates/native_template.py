@@ -51,15 +51,6 @@ def openai_message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def input_chars(messages: Sequence[ChatMessage], extra: Mapping[str, Any]) -> int:
-    """How much text a render is given (its output may be a bounded multiple of it)."""
-    size = sum(
-        len(m.content) + len(m.reasoning) + sum(len(c.arguments) for c in m.tool_calls)
-        for m in messages
-    )
-    return size + len(str(extra.get("tools") or ""))
-
-
 def native_request(
     messages: Sequence[ChatMessage], gen: bool, extra: Mapping[str, Any]
 ) -> ChatRequest:
@@ -109,7 +100,7 @@ class NativeRenderer:
         self._recent: OrderedDict[str, tuple[FormattedChat, ChatRequest]] = OrderedDict()
 
     def __call__(self, messages: Sequence[ChatMessage], gen: bool, extra: Mapping[str, Any]) -> str:
-        from app.engine.templates.sandbox import RENDER_BUDGET_S, output_limit
+        from app.engine.templates.sandbox import RENDER_BUDGET_S, input_chars, output_limit
 
         request = native_request(messages, gen, extra)
         try:

@@ -35,7 +35,7 @@ import re
 import string
 import time
 import types
-from collections.abc import Callable, Iterable, MappingView
+from collections.abc import Callable, Iterable, Mapping, MappingView, Sequence
 from datetime import datetime
 from itertools import repeat
 from typing import Any, NoReturn, TypeVar
@@ -50,6 +50,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace, generate_lorem_ipsum, pass_environment
 
 # Re-exported: callers of the sandbox see one module.
+from app.engine.chat_message import ChatMessage
 from app.engine.templates.guard import Aborted as _Aborted
 from app.engine.templates.guard import Guard as _Guard
 from app.engine.templates.guard import Raised as _Raised
@@ -69,6 +70,15 @@ MAX_INT_BITS = 8192
 REMOVED_FILTERS = frozenset({"striptags", "urlize", "wordwrap"})
 # Filters whose numbers are sizes or counts of what they build.
 COUNTED_FILTERS = frozenset({"center", "indent", "batch", "slice"})
+
+
+def input_chars(messages: Sequence[ChatMessage], extra: Mapping[str, Any]) -> int:
+    """How much text a render is given (its output may be a bounded multiple of it)."""
+    size = sum(
+        len(m.content) + len(m.reasoning) + sum(len(c.arguments) for c in m.tool_calls)
+        for m in messages
+    )
+    return size + len(str(extra.get("tools") or ""))
 
 
 def output_limit(input_chars: int) -> int:

@@ -63,11 +63,12 @@ def request_template(template: ChatTemplate, params: SamplingParams) -> ChatTemp
 
 def _native_switches(params: SamplingParams) -> dict[str, Any]:
     """The switches llama.cpp's chat layer reads: ``enable_thinking`` (it knows how each
-    family turns thinking on and off) and the effort; "auto" leaves the template's own."""
+    family turns thinking on and off) and the effort (``native_request`` leaves an "auto"
+    effort out: the template's own default)."""
     out: dict[str, Any] = {}
     if params.thinking in ("on", "off"):
         out["enable_thinking"] = params.thinking == "on"
-    if params.reasoning_effort and params.reasoning_effort != "auto":
+    if params.reasoning_effort:
         out["reasoning_effort"] = params.reasoning_effort
     return out
 

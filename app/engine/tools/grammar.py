@@ -28,10 +28,10 @@ from typing import Any
 from llama_cpp.llama_grammar import SchemaConverter
 
 from app.engine.chat_format.formatted import FormattedChat, TriggerKind
+from app.engine.chat_format.native import available as native_available
 from app.engine.chat_format.schema import (
     MAX_SCHEMA_CHARS,
     bounded_schema,
-    native_available,
     prefixed_rules,
     schema_grammar,
 )

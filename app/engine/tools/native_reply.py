@@ -41,6 +41,9 @@ def native_reply(
     formatted = renderer.formatted_for(prompt, tools=active) if renderer is not None else None
     if renderer is None or formatted is None or template.completion:
         return None
+    named = tools.named() if active and tools is not None else None
+    if named is not None:  # that tool alone: its grammar and its parser
+        formatted = renderer.only_tool(prompt, named.name) or formatted
     parser = renderer.formatter.parser(formatted, tools=active)
     stream = NativeStream(parser, formatted.thinking_ends, opens_thinking(formatted))
     fmt = template.reasoning or native_reasoning(formatted)
@@ -50,15 +53,6 @@ def native_reply(
     decoding = None
     if active:
         assert tools is not None
-        named = tools.named()
-        if named is not None:  # that tool alone: its grammar and its parser
-            formatted = renderer.only_tool(prompt, named.name) or formatted
-            parser.close()
-            parser = renderer.formatter.parser(formatted, tools=True)
-            stream = NativeStream(parser, formatted.thinking_ends, opens_thinking(formatted))
-            control = ThinkingControl(
-                NativeSplitter(stream, fmt), params.thinking_budget, params.budget_message, end
-            )
         # Mistral's templates want call ids of exactly 9 letters and digits.
         prefix = "" if "[TOOL_CALLS]" in formatted.preserved_tokens else "call_"
         forced = named is not None or tools.choice == REQUIRED

@@ -10,7 +10,6 @@ import pytest
 
 from app.engine.chat_format.formatted import FormattedChat
 from app.engine.chat_format.native import NativeFormatter
-from app.engine.chat_format.reply import ParsedReply
 from app.engine.native.chat_shim import ChatShim
 from app.engine.native.chat_worker import ChatWorker
 from tests import llama_chat
@@ -33,13 +32,6 @@ def _formatter(
         source = llama_chat.template_source(name)
         cache[name] = NativeFormatter(source, worker=worker, shim=shim)
     return cache[name]
-
-
-def _as_msg(reply: ParsedReply) -> dict[str, Any]:
-    calls = [
-        {"function": {"name": c.name, "arguments": c.arguments}, "id": c.id} for c in reply.calls
-    ]
-    return {"content": reply.content, "reasoning_content": reply.reasoning, "tool_calls": calls}
 
 
 def _same_apply(got: FormattedChat, want: dict[str, Any]) -> None:
@@ -67,17 +59,10 @@ def test_each_case_formats_and_parses_as_llama_cpp_does(
     formatters: dict[str, NativeFormatter],
 ) -> None:
     fmt = _formatter(formatters, case["template"], shim, worker)
-    formatted = fmt.apply(llama_chat.request(case))
-    _same_apply(formatted, case["result"])
-    parser = fmt.parser(formatted)
-    try:
-        for prefix in llama_chat.utf8_prefixes(case["input"])[:-1]:
-            parser.update(prefix)  # every split: never an error, never raw markup
-        last = parser.finish(case["input"], cut=case["is_partial"])
-    finally:
-        parser.close()
-    assert last.matched
-    assert llama_chat.comparable(_as_msg(last)) == llama_chat.comparable(case["expect"])
+    _same_apply(fmt.apply(llama_chat.request(case)), case["result"])
+    got, matched = llama_chat.read_streamed(fmt, case)  # every split: never an error
+    assert matched
+    assert llama_chat.comparable(got) == llama_chat.comparable(case["expect"])
 
 
 @pytest.mark.parametrize(
