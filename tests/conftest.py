@@ -74,10 +74,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if WORKER is None and getattr(session.config.option, "numprocesses", None):
         from tests.draft_model import draft_model_path
         from tests.embed_model import embedder_path
+        from tests.marked_model import marked_model_path
 
         ensure_default_model(MODEL_CACHE)
         draft_model_path()
         embedder_path()
+        marked_model_path()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

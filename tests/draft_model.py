@@ -25,7 +25,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ AGREEING_BLOCKS = 15
 # Bump when build_draft changes what it writes, so cached drafts are rebuilt.
 BUILDER_VERSION = 1
 _BLOCK = re.compile(r"blk\.(\d+)\.")
+Added = tuple[str, str, float]  # a control token appended: (text, like token, scale)
 
 
 @functools.lru_cache(maxsize=2)
@@ -62,6 +63,7 @@ def build_draft(
     tokens: Mapping[int, str] | None = None,
     drop: Iterable[str] = (),
     blocks: Iterable[int] | None = None,
+    added: Sequence[Added] = (),
 ) -> Path:
     """Write a draft model for ``target`` to ``out``: its first ``n_blocks`` blocks.
 
@@ -70,6 +72,9 @@ def build_draft(
             type; a new key gets one from its Python type).
         tokens: token strings to change, by id (a vocabulary that differs).
         drop: metadata keys to leave out.
+        added: control tokens appended to the vocabulary, each ``(text, like, scale)``:
+            its embedding row is the row of the token ``like``, scaled by ``scale`` (Q8_0),
+            so the tied head scores it as that token, stronger.
 
     Returns:
         ``out``. The file appears complete or not at all.
@@ -99,6 +104,7 @@ def build_draft(
     alignment = reader.fields.get("general.alignment")
     if alignment is not None:
         writer.data_alignment = int(alignment.contents())
+    like: list[int] = []  # the rows the added tokens copy
     try:
         for field in reader.fields.values():
             key = field.name
@@ -111,6 +117,11 @@ def build_draft(
                 value = list(value)
                 for index, text in tokens.items():
                     value[index] = text
+            if key == "tokenizer.ggml.tokens" and added:
+                ids = {text: i for i, text in enumerate(value)}
+                like = [ids[a[1]] for a in added]
+            if key in _ADDED and added:
+                value = [*value, *(_ADDED[key](a[0]) for a in added)]
             elif (
                 sub_type is not None
                 and sub_type != gguf.GGUFValueType.STRING
@@ -123,14 +134,15 @@ def build_draft(
             writer.add_key_value(key, value, _value_type(value))
 
         kept = [(_renamed(t.name, renumber), t) for t in reader.tensors]
-        kept = [(name, t) for name, t in kept if name]
-        for name, t in kept:
-            writer.add_tensor_info(name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+        rows = [(i, a[2]) for i, a in zip(like, added, strict=True)]
+        kept = [(name, t, _with_rows(name, t, rows)) for name, t in kept if name]
+        for name, t, data in kept:
+            writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, t.tensor_type)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for _name, t in kept:
-            writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+        for _name, _t, data in kept:
+            writer.write_tensor_data(data, tensor_endianess=reader.endianess)
         writer.flush()
         assert writer.fout is not None
         for fh in writer.fout:
@@ -172,22 +184,27 @@ def draft_model_path(n_blocks: int = DRAFT_BLOCKS) -> Path:
     return cached_draft(target, MODEL_CACHE / f"{target.stem}.draft-{n_blocks}blk.gguf", n_blocks)
 
 
-def cached_draft(target: Path, out: Path, n_blocks: int = DRAFT_BLOCKS) -> Path:
-    """``build_draft(target, out, n_blocks)`` unless ``out`` was built from this very
-    ``target`` (same size and mtime) by this builder; a stamp file beside ``out`` says."""
+def cached_draft(
+    target: Path, out: Path, n_blocks: int = DRAFT_BLOCKS, added: Sequence[Added] = ()
+) -> Path:
+    """``build_draft(target, out, n_blocks, added=added)`` unless ``out`` was built from
+    this very ``target`` (same size and mtime) by this builder; a stamp file beside
+    ``out`` says."""
     stamp = out.with_name(f".{out.name}.built.json")
     st = target.stat()
-    key = {
+    key: dict[str, Any] = {
         "target": target.name,
         "target_size": st.st_size,
         "target_mtime_ns": st.st_mtime_ns,
         "n_blocks": n_blocks,
         "builder": BUILDER_VERSION,
     }
+    if added:
+        key["added"] = [list(a) for a in added]
     with _locked(out.with_name(f".{out.name}.lock")):
         if _stamp_matches(stamp, key, out):
             return out
-        build_draft(target, out, n_blocks)
+        build_draft(target, out, n_blocks, added=added)
         from app.util.atomic import atomic_write_text
 
         key["size"] = out.stat().st_size
@@ -219,6 +236,32 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+# Per-token metadata of an appended control token (llama.cpp's LLAMA_TOKEN_TYPE_CONTROL).
+_ADDED: dict[str, Callable[[str], Any]] = {
+    "tokenizer.ggml.tokens": lambda text: text,
+    "tokenizer.ggml.scores": lambda _text: 0.0,
+    "tokenizer.ggml.token_type": lambda _text: 3,
+}
+
+
+def _with_rows(name: str, tensor: Any, rows: Sequence[tuple[int, float]]) -> Any:
+    """The tensor's data with a row appended per ``(row to copy, scale)`` when it is the
+    token embedding (rows are whole quantized blocks: appending bytes appends tokens)."""
+    import gguf
+    import numpy as np
+
+    data = tensor.data
+    if not rows or name != "token_embd.weight":
+        return data
+    assert tensor.tensor_type == gguf.GGMLQuantizationType.Q8_0, tensor.tensor_type
+    new = data[[i for i, _ in rows]].copy()
+    blocks = new.reshape(len(rows), -1, 34)  # Q8_0: an fp16 scale, then 32 int8
+    scales = blocks[:, :, :2].copy().view(np.float16)
+    scales *= np.array([s for _, s in rows], dtype=np.float16)[:, None, None]
+    blocks[:, :, :2] = scales.view(np.uint8)
+    return np.concatenate([data, blocks.reshape(new.shape)])
 
 
 def _renamed(name: str, renumber: Mapping[int, int]) -> str:

@@ -5,47 +5,44 @@ among them; the numeric bounds of a schema hold."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 
-from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, Token
-from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
+from app.engine.local.vocab import Vocab
 from app.engine.templates.override import AUTO, TemplateOverride
-from app.engine.tool_spec import ToolRequest, ToolSpec
+from app.engine.tool_spec import ToolRequest
 from tests import llama_chat
+from tests.chat_families import (
+    ASK,
+    FAMILIES,
+    GREEDY,
+    NAMED,
+    assert_named_call,
+    tools_given_to_llama_cpp,
+)
+from tests.conftest import TEST_LOAD
+from tests.marked_model import GEMMA_VOCAB, marked_model_path
 
-DAYS = ToolSpec(
-    "forecast",
-    "The weather in Oslo for the next days.",
-    {
-        "type": "object",
-        # No string: llama.cpp's XML formats (Qwen3.5, Seed-OSS) take a string parameter
-        # as free text up to its close tag, which a base model never writes.
-        "properties": {"days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["days"],
-    },
-)
-OTHER = ToolSpec("get_time", "The time now.", {"type": "object", "properties": {}})
-ASK = [ChatMessage("user", "What will the weather be in Oslo for the next 1600 days?")]
-# Thinking off: a base model never ends a thinking block by itself.
-GREEDY = replace(SamplingParams.greedy(max_tokens=96), thinking="off")
-FAMILIES = (
-    "Qwen3.5-4B.jinja",
-    "Qwen-Qwen2.5-7B-Instruct.jinja",
-    "mistralai-Mistral-Nemo-Instruct-2407.jinja",
-    "meta-llama-Llama-3.1-8B-Instruct.jinja",
+# Families whose call markers are control tokens in their models' vocabularies.
+# (Not a family with a free string in its call, Command R7B's "tool_call_id": the marked
+# model, whose markers outscore "<" everywhere, fills a free string with them.)
+CONTROL_FAMILIES = (
     "deepseek-ai-DeepSeek-V3.1.jinja",
-    "GLM-4.6.jinja",
-    "ByteDance-Seed-OSS.jinja",
-    "unsloth-Apriel-1.5.jinja",
-    "google-gemma-4-31B-it.jinja",
+    "mistralai-Mistral-Nemo-Instruct-2407.jinja",
 )
+
+
+@pytest.fixture(scope="module")
+def marked_engine() -> Iterator[Engine]:
+    """gemma with the markers as control tokens (``tests/marked_model.py``)."""
+    engine = Engine()
+    engine.load(marked_model_path(), TEST_LOAD)
+    yield engine
+    engine.unload()
 
 
 @pytest.fixture()
@@ -74,13 +71,34 @@ def test_a_named_call_is_made_and_read_the_way_llama_cpp_does(
     source = llama_chat.template_source(name)
     formats_engine.set_template(TemplateOverride("custom", source=source))
     assert formats_engine.template is not None and formats_engine.template.native is not None
-    request = ToolRequest((DAYS, OTHER), choice="forecast", parallel=False)
-    tokens, done = _run(formats_engine, request)
-    assert done.metrics.stop_reason == "tool_calls", (done.text, done.metrics.notes)
-    (call,) = done.tool_calls
-    args = json.loads(call.arguments)
-    assert call.name == "forecast"
-    assert 1 <= args["days"] <= 7  # the schema's bounds hold (the Python grammar lost them)
-    shown = "".join(t.text for t in tokens)
-    for marker in ("<tool_call>", "[TOOL_CALLS]", "<function", "forecast"):
-        assert marker not in shown, shown  # the call's syntax never reaches the answer
+    with tools_given_to_llama_cpp() as given:
+        tokens, done = _run(formats_engine, NAMED)
+    assert any("forecast" in names for names in given), given
+    assert_named_call(tokens, done, name)
+
+
+@pytest.mark.parametrize("name", CONTROL_FAMILIES)
+def test_call_markers_made_as_control_tokens_reach_the_parser_only(
+    name: str, marked_engine: Engine
+) -> None:
+    """The grammar makes the model write each marker as its one control token; the
+    engine gives the parser their text (llama.cpp would write none) and shows none."""
+    marked_engine.set_template(TemplateOverride("custom", source=llama_chat.template_source(name)))
+    pieces: list[tuple[int, bool]] = []
+    piece = Vocab.piece
+
+    def spy(self: Vocab, token: int, special: bool = False) -> bytes:
+        pieces.append((token, special))
+        return piece(self, token, special)
+
+    try:
+        with tools_given_to_llama_cpp() as given, pytest.MonkeyPatch.context() as patch:
+            patch.setattr(Vocab, "piece", spy)
+            tokens, done = _run(marked_engine, NAMED)
+    finally:
+        marked_engine.set_template(AUTO)
+        marked_engine.reset()
+    assert any("forecast" in names for names in given), given
+    assert_named_call(tokens, done, name)
+    # The call's markers were written as the marked model's control tokens, as text.
+    assert any(t >= GEMMA_VOCAB and special for t, special in pieces), pieces

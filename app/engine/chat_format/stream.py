@@ -190,8 +190,8 @@ class NativeCalls:
             if _whole(call.arguments) and (final.matched or i < last):
                 whole.append(call)
             else:  # the reply ended inside it: never run, never shown as syntax
-                name = call.name or "a tool"
-                self.problems.append(f"The call to {name} was cut off before it was complete.")
+                who = f"a call to '{call.name}'" if call.name else "a tool call"
+                self.problems.append(f"The model's reply ended inside {who}; it was not run.")
         # llama.cpp's grammars allow several calls whatever the request said: one when the
         # request asked for one (OpenAI's parallel_tool_calls=false), at most MAX_CALLS.
         keep = 1 if not self._parallel else MAX_CALLS

@@ -16,7 +16,7 @@ from app.engine.templates.override import TemplateInputs, TemplateOverride, buil
 from app.engine.templates.thinking import ThinkingControl, marker_ids, request_template
 from app.engine.tool_spec import ToolRequest
 from app.engine.tools.binding import ToolDecoding, bind_tools, tool_decoding
-from app.engine.tools.format import ToolFormat, detect_tool_format
+from app.engine.tools.format import ToolFormat, template_tool_format
 from app.engine.tools.native_reply import native_reply
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class TemplateState:
 
     def tool_format(self, template: ChatTemplate) -> ToolFormat:
         """How ``template``'s model writes tool calls (the generic form when it knows none)."""
-        return detect_tool_format(template.source, self._vocab.is_special)
+        return template_tool_format(template, self._vocab.is_special)
 
     def native_reply(
         self, tools: ToolRequest | None, prompt: str, params: SamplingParams, end: Event | None
@@ -107,7 +107,12 @@ class TemplateState:
         if not self.rendering.completion:
             found = native_reply(self.rendering, tools, prompt, params, end)
         if found is None:
-            self.special_ids, self.extra_stops = frozenset(), ()
+            # The Python parser reads the calls: their markers as text (a control token,
+            # Mistral's [TOOL_CALLS] say, is otherwise written as nothing).
+            calls = tools is not None and tools.active and not self.rendering.completion
+            markers = self.tool_format(self.rendering).markers if calls else ()
+            self.special_ids = frozenset(i for i in map(self._one, markers) if i is not None)
+            self.extra_stops = ()
             return None
         ids = (self._one(t) for t in found.preserved)
         self.special_ids = frozenset(i for i in ids if i is not None)

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.engine.templates.chat_template import ChatTemplate
 
 DS_CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 DS_CALLS_END = "<｜tool▁calls▁end｜>"
@@ -52,6 +56,16 @@ class ToolFormat:
     def open(self) -> str:
         """The marker the grammar writes to start a call."""
         return self.opens[0] if self.opens else ""
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """Every marker of a call (those a vocabulary may have as control tokens)."""
+        extra = {
+            "mistral": ("[ARGS]", "[CALL_ID]"),
+            "gpt_oss": ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"),
+            "deepseek": (DS_CALL_END, DS_SEP),
+        }.get(self.family, ())
+        return tuple(m for m in (*self.opens, self.close, *extra) if m)
 
 
 HERMES = ToolFormat("hermes", True, ("<tool_call>",), "</tool_call>")
@@ -122,20 +136,29 @@ def _safe(has_token: Callable[[str], bool], text: str) -> bool:
         return False
 
 
-def detect_tool_format(source: str, has_token: Callable[[str], bool]) -> ToolFormat:
+def template_tool_format(template: ChatTemplate, has_token: Callable[[str], bool]) -> ToolFormat:
+    """How ``template``'s model writes calls. Where llama.cpp renders the template, llama.cpp
+    says whether it takes tools (it renders it with and without them and compares: Gemma 4,
+    DeepSeek V3.1+, Kimi, MiniMax, Command R7B... whose sources the word test below misses);
+    the family found here then only reads a reply llama.cpp did not render."""
+    native = template.native
+    if native is None:
+        return detect_tool_format(template.source, has_token)
+    if not native.formatter.caps.get("supports_tool_calls"):
+        return detect_tool_format("", has_token)  # the generic form
+    found = detect_tool_format(template.source, has_token, gated=False)
+    return found if found.native else replace(HERMES, marker_tokens=found.marker_tokens)
+
+
+def detect_tool_format(
+    source: str, has_token: Callable[[str], bool], gated: bool = True
+) -> ToolFormat:
     """The family a chat template's ``source`` writes calls in; ``has_token(text)``: the
     model's vocabulary has ``text`` as one token. A template that never mentions
-    ``tools`` (or none at all) gets the generic fallback."""
-    family = _family(source, has_token) if source and "tools" in source else "generic"
+    ``tools`` (or none at all) gets the generic fallback (unless not ``gated``: llama.cpp
+    found that it takes them)."""
+    mentions = bool(source) and ("tools" in source or not gated)
+    family = _family(source, has_token) if mentions else "generic"
     fmt = FAMILIES[family]
-    tokens = tuple(m for m in _TOKEN_MARKERS if m in _markers(fmt) and _safe(has_token, m))
+    tokens = tuple(m for m in _TOKEN_MARKERS if m in fmt.markers and _safe(has_token, m))
     return replace(fmt, marker_tokens=tokens)
-
-
-def _markers(fmt: ToolFormat) -> tuple[str, ...]:
-    extra = {
-        "mistral": ("[ARGS]", "[CALL_ID]"),
-        "gpt_oss": ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"),
-        "deepseek": (DS_CALL_END, DS_SEP),
-    }.get(fmt.family, ())
-    return (*fmt.opens, fmt.close, *extra)

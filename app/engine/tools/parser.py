@@ -48,6 +48,11 @@ class _Bad(Exception):
     """A malformed call: the message is for the user."""
 
 
+class _Cut(_Bad):
+    """A call the reply ended inside (stopped, cut at the token limit): reported as a call
+    that did not finish, never shown as raw syntax."""
+
+
 class _NotCall(Exception):
     """What looked like a call is the model's text after all."""
 
@@ -171,6 +176,10 @@ class ToolCallParser:
             end = _raw_end(text, at, self.fmt)
             hint = _NAME_HINT.search(text, at, min(end, at + 4096))
             who = f"a call to '{hint.group(1)}'" if hint else "a tool call"
+            unclosed = bool(self.fmt.close) and not text.endswith(self.fmt.close, at, end)
+            if isinstance(e, _Cut) or (unclosed and end == len(text)):
+                self.problems.append(f"The model's reply ended inside {who}; it was not run.")
+                return end
             self.problems.append(f"The model wrote {who} that {e}")
             pieces.append(text[at:end])
             return end
@@ -306,7 +315,7 @@ def _scan_json(text: str, start: int) -> int:
                 return j + 1
     if stop < len(text):
         raise _Bad(f"is longer than {MAX_CALL_CHARS // 1024} KiB")
-    raise _Bad("is not valid JSON: it ends before its last brace")
+    raise _Cut("is not valid JSON: it ends before its last brace")
 
 
 def _named(obj: Any, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> Found:
@@ -358,15 +367,22 @@ def _qwen3_coder(
             break
         key = cur.until(">", 256)
         if key is None:
-            raise _Bad(f"to '{name}' has an unfinished parameter")
+            raise _Cut(f"to '{name}' has an unfinished parameter")
         value = cur.until("</parameter>")
-        if value is None:  # the reply ended inside the last value
-            value, cur.pos = cur.text[cur.pos :], len(cur.text)
+        if value is None:
+            raise _Cut(f"to '{name}' has an unfinished parameter")
         args[key.strip()] = _xml_value(value, props.get(key.strip()))
-    cur.take("</function>")
+    if not cur.take("</function>") and _ends_in(cur, "<parameter=", "</function>"):
+        raise _Cut(f"to '{name}' has no end")
     cur.ws()
     cur.take("</tool_call>")
     return [(name, args, "")]
+
+
+def _ends_in(cur: _Cursor, *markers: str) -> bool:
+    """Whether the text left is (a start of) one of ``markers``: the reply ended there."""
+    rest = cur.text[cur.pos :]
+    return any(m.startswith(rest) for m in markers)
 
 
 def _properties(schema: Any) -> dict[str, Any]:

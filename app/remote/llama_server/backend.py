@@ -451,6 +451,8 @@ class LlamaServerBackend:
             ],
             "lora": self._slot.lora_body(),
         }
+        if preserved := self._tools.preserved():
+            body["preserved_tokens"] = list(preserved)
         return body | self._tools.grammar_fields(grammar)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:

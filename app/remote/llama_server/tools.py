@@ -36,7 +36,7 @@ from app.engine.backend import (
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.tool_spec import TOOL_CALLS, ToolRequest
 from app.engine.tools.binding import ToolDecoding, bind_tools, tool_decoding
-from app.engine.tools.format import ToolFormat, detect_tool_format
+from app.engine.tools.format import ToolFormat, template_tool_format
 from app.engine.tools.native_reply import NativeReply
 
 TRIGGER_WORD = 1  # llama.cpp's COMMON_GRAMMAR_TRIGGER_TYPE_WORD (a token when it is one)
@@ -53,10 +53,11 @@ class ServerTools:
         self._has_token = has_token
         self.decoding: ToolDecoding | None = None
         self.native: NativeReply | None = None  # llama.cpp reads the reply (set per request)
+        self._markers: tuple[str, ...] = ()  # what the reply's parsers read (set by start)
 
     def format(self, template: ChatTemplate) -> ToolFormat:
         """How ``template``'s model writes calls (the generic form when it knows none)."""
-        return detect_tool_format(template.source, self._has_token)
+        return template_tool_format(template, self._has_token)
 
     def bind(self, template: ChatTemplate) -> ChatTemplate:
         """``template`` rendering the request's tools (and past calls and results)."""
@@ -70,10 +71,14 @@ class ServerTools:
         """
         if self.native is not None:
             self.decoding = self.native.tools
+            self._markers = self.native.preserved
         else:
-            self.decoding = tool_decoding(
-                self.format(template), self.tools, template.reasoning, prompt
-            )
+            fmt = self.format(template)
+            self.decoding = tool_decoding(fmt, self.tools, template.reasoning, prompt)
+            r = template.reasoning
+            thinking = (r.open, r.close) if r is not None else ()
+            calls = fmt.markers if self.decoding is not None else ()
+            self._markers = tuple(m for m in (*calls, *thinking) if m)
         if grammar and self.decoding is not None:
             raise SettingError(
                 "output_format", "Tools cannot be offered in a reply with structured output."
@@ -98,12 +103,15 @@ class ServerTools:
             "grammar": g.gbnf,
             "grammar_lazy": True,
             "grammar_triggers": triggers,
-            "preserved_tokens": list(dict.fromkeys((*g.tokens, *self.preserved()))),
         }
 
     def preserved(self) -> tuple[str, ...]:
-        """Control tokens llama.cpp's parser reads as text (its markers)."""
-        return self.native.preserved if self.native is not None else ()
+        """The markers the reply's parsers read, which llama-server must write as text
+        where they are control tokens (it writes those as nothing otherwise): llama.cpp's
+        for its format; else the Python family's call markers, the thinking markers and
+        the grammar's token triggers."""
+        g = self.decoding.grammar if self.decoding is not None else None
+        return tuple(dict.fromkeys((*(g.tokens if g is not None else ()), *self._markers)))
 
     def stops(self) -> tuple[str, ...]:
         """llama.cpp's extra stop strings for the reply's format."""

@@ -12,6 +12,7 @@ from app.engine.native.chat_shim import ChatShim
 from app.engine.templates.chat_template import PYTHON_NAME
 from app.engine.templates.jinja_template import jinja_template
 from app.engine.templates.native_template import native_request, openai_message
+from app.engine.tools.format import detect_tool_format, template_tool_format
 from app.engine.tools.grammar import native_grammar
 from tests import llama_chat
 
@@ -117,3 +118,30 @@ def test_tools_in_a_list_and_mapped_render_where_the_sandbox_refused(shim: ChatS
     t = jinja_template(source, "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>")
     assert t.native is not None
     assert "hi" in t.render([ChatMessage("user", "hi")], True)
+
+
+# Templates whose sources never say "tools" the way the word test looks for, or say it in
+# a shape of their own: llama.cpp finds that they take tools by rendering them.
+TAKES_TOOLS = (
+    "deepseek-ai-DeepSeek-V3.1.jinja",
+    "google-gemma-4-31B-it.jinja",
+    "moonshotai-Kimi-K2.jinja",
+    "MiniMax-M2.jinja",
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
+    "LFM2.5-8B-A1B.jinja",
+)
+
+
+def test_llama_cpp_says_which_templates_take_tools(shim: ChatShim) -> None:
+    del shim  # the build has the chat layer
+    for name in TAKES_TOOLS:
+        template = jinja_template(llama_chat.template_source(name), "", "")
+        assert template.native is not None
+        assert detect_tool_format(template.source, lambda _t: False).family == "generic"
+        fmt = template_tool_format(template, lambda _t: False)
+        assert fmt.native, name  # the tools go to the template, not the generic prompt
+    deepseek = jinja_template(llama_chat.template_source(TAKES_TOOLS[0]), "", "")
+    assert template_tool_format(deepseek, lambda _t: False).family == "deepseek"
+    # A template llama.cpp finds takes no tools gets the generic form.
+    gemma2 = jinja_template(llama_chat.template_source("google-gemma-2-2b-it.jinja"), "", "")
+    assert not template_tool_format(gemma2, lambda _t: False).native

@@ -93,7 +93,7 @@ def test_a_call_cut_off_is_reported_not_run_and_not_shown(
     out = _run(splitter, calls, list(cut))
     assert out["calls"] == []
     assert "<tool_call>" not in out["answer"] and "<function" not in out["answer"]
-    assert any("weather" in p and "cut off" in p for p in calls.problems)
+    assert any("weather" in p and "ended inside" in p for p in calls.problems)
 
 
 def test_a_reply_that_breaks_the_format_keeps_its_text(shim: ChatShim, worker: ChatWorker) -> None:
