@@ -148,6 +148,23 @@ def test_a_stopped_reply_makes_no_call(tools_engine: Engine) -> None:
     assert done.tool_calls == ()
 
 
+@pytest.mark.parametrize("template", ["generic", "qwen"])
+def test_a_call_cut_at_the_token_limit_is_a_note_never_syntax(
+    tools_engine: Engine, template: str
+) -> None:
+    """The reply runs out of tokens inside its call: no call is made, none of its syntax
+    is in the answer, and the note says the reply ended inside the call (through the
+    generic form's Python parser, and Qwen 2.5's template's through llama.cpp's)."""
+    if template == "qwen":
+        tools_engine.set_template(TemplateOverride("custom", source=QWEN_TOOLS))
+    request = ToolRequest((TIME, WEATHER), choice="get_weather", parallel=False)
+    tokens, done = run(tools_engine, ASK, replace(GREEDY, max_tokens=12), request)
+    assert done.metrics.stop_reason == "max_tokens" and done.tool_calls == ()
+    shown = "".join(t.text for t in tokens)
+    assert "<tool_call>" not in shown and "get_weather" not in shown, shown
+    assert any("ended inside" in n and "not run" in n for n in done.metrics.notes), done.metrics
+
+
 def test_tools_with_structured_output_are_refused(tools_engine: Engine) -> None:
     from app.config.field_spec import SettingError
 

@@ -31,7 +31,7 @@ class NativeStream:
 
     def __init__(self, parser: ReplyParser, ends: tuple[str, ...], starts_inside: bool):
         self._parser = parser
-        self._ends = ends
+        self.ends = ends  # the thinking block's end tags
         self.text = ""
         self.last = ParsedReply()
         self.final: ParsedReply | None = None
@@ -52,7 +52,7 @@ class NativeStream:
         self.text += text
         if not self._saw_end:
             tail = self.text[-(len(text) + self._longest_end) :]
-            self._saw_end = any(e and e in tail for e in self._ends)
+            self._saw_end = any(e and e in tail for e in self.ends)
 
     @property
     def inside(self) -> bool:
@@ -180,6 +180,18 @@ class NativeCalls:
             self._calls = self._read()
         return self._calls
 
+    def _held_back(self, content: str) -> bool:
+        """Whether the reply's answer text goes on past its parsed content: the start of
+        a call the parser read as none (a format whose answer is bare text, Hermes's)."""
+        if self._stream.inside:
+            return False  # the reply ended inside its thinking
+        text = self._stream.text
+        for end in self._stream.ends:
+            if end and end in text:
+                text = text[text.rindex(end) + len(end) :]
+        answer, said = text.strip(), content.strip()
+        return answer.startswith(said) and len(answer) > len(said)
+
     def _read(self) -> list[ToolCall]:
         final = self._stream.final
         if final is None:
@@ -192,6 +204,10 @@ class NativeCalls:
             else:  # the reply ended inside it: never run, never shown as syntax
                 who = f"a call to '{call.name}'" if call.name else "a tool call"
                 self.problems.append(f"The model's reply ended inside {who}; it was not run.")
+        if not final.calls and self._held_back(final.content):
+            # Ended before a call had a name: the parser keeps its start out of the
+            # answer, and it is no call either.
+            self.problems.append("The model's reply ended inside a tool call; it was not run.")
         # llama.cpp's grammars allow several calls whatever the request said: one when the
         # request asked for one (OpenAI's parallel_tool_calls=false), at most MAX_CALLS.
         keep = 1 if not self._parallel else MAX_CALLS

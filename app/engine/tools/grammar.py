@@ -264,15 +264,19 @@ def _gbnf(root: str, rules: dict[str, str], converter: _Converter) -> str:
     return "\n".join(lines) + "\n"
 
 
-def native_grammar(formatted: FormattedChat, forced: bool = False) -> ToolGrammar | None:
+def native_grammar(
+    formatted: FormattedChat, forced: bool = False, parallel: bool = True
+) -> ToolGrammar | None:
     """The grammar llama.cpp's chat layer made for a request, armed as llama.cpp's
     sampler arms it (``common_sampler_init``): a word is searched for, a full pattern
     must match everything generated so far, and an eager grammar starts with the
     generation prompt, which it is fed first (``prefill``). Unlike llama.cpp, which
     keeps a lazy grammar asleep inside thinking with its reasoning-budget sampler, a
-    word here counts only after the thinking block ended (or never opened)."""
+    word here counts only after the thinking block ended (or never opened); and not
+    ``parallel``, one call block where llama.cpp's repeats it."""
     if not formatted.grammar:
         return None
+    grammar = formatted.grammar if parallel else _one_call(formatted.grammar)
     patterns: list[str] = []
     for trigger in formatted.triggers:
         if trigger.kind == TriggerKind.WORD:
@@ -285,9 +289,20 @@ def native_grammar(formatted: FormattedChat, forced: bool = False) -> ToolGramma
                 f"{'' if value.startswith('^') else '^'}{value}{'' if value.endswith('$') else '$'}"
             )
     if formatted.grammar_lazy:
-        return ToolGrammar(formatted.grammar, tuple(patterns), (), lazy=True)
-    gbnf = _call_at_once(formatted.grammar) if forced else formatted.grammar
+        return ToolGrammar(grammar, tuple(patterns), (), lazy=True)
+    gbnf = _call_at_once(grammar) if forced else grammar
     return ToolGrammar(gbnf, (), (), lazy=False, prefill=formatted.generation_prompt)
+
+
+# llama.cpp's Hermes-shaped formats (Qwen 2.5/3, QwQ, Hermes, Granite 4: 11 of the corpus)
+# repeat the call block whatever ``parallel_tool_calls`` says: the model writes a second
+# call that is then dropped, and its tokens must be taken back out of the cache.
+_REPEATED_CALLS = "tool-calls ::= (tool-call space)+"
+
+
+def _one_call(gbnf: str) -> str:
+    single = "tool-calls ::= tool-call space"
+    return "\n".join(single if line == _REPEATED_CALLS else line for line in gbnf.splitlines())
 
 
 _CALL_WS = "lamplight-call-ws"  # whitespace before a forced call (the thinking's close)

@@ -57,5 +57,5 @@ def native_reply(
         prefix = "" if "[TOOL_CALLS]" in formatted.preserved_tokens else "call_"
         forced = named is not None or tools.choice == REQUIRED
         calls = NativeCalls(stream, prefix, parallel=tools.parallel)
-        decoding = ToolDecoding(calls, native_grammar(formatted, forced))
+        decoding = ToolDecoding(calls, native_grammar(formatted, forced, tools.parallel))
     return NativeReply(control, decoding, formatted.preserved_tokens, formatted.stops)

@@ -145,3 +145,25 @@ def test_llama_cpp_says_which_templates_take_tools(shim: ChatShim) -> None:
     # A template llama.cpp finds takes no tools gets the generic form.
     gemma2 = jinja_template(llama_chat.template_source("google-gemma-2-2b-it.jinja"), "", "")
     assert not template_tool_format(gemma2, lambda _t: False).native
+
+
+def test_one_call_block_when_calls_are_not_parallel(shim: ChatShim) -> None:
+    """llama.cpp's Hermes-shaped grammars repeat the call block even with
+    ``parallel_tool_calls`` false; not parallel, the grammar takes one block."""
+    del shim
+    from app.engine.chat_format.native import ChatRequest, NativeFormatter
+    from tests.tool_templates import TIME, WEATHER
+
+    fmt = NativeFormatter(llama_chat.template_source("Qwen-Qwen2.5-7B-Instruct.jinja"))
+    request = ChatRequest(
+        messages=[{"role": "user", "content": "hi"}],
+        tools=[WEATHER.openai(), TIME.openai()],
+        tool_choice="required",
+    )
+    formatted = fmt.apply(request)
+    assert "tool-calls ::= (tool-call space)+" in formatted.grammar.splitlines()
+    one = native_grammar(formatted, forced=True, parallel=False)
+    many = native_grammar(formatted, forced=True, parallel=True)
+    assert one is not None and many is not None
+    assert "tool-calls ::= tool-call space" in one.gbnf.splitlines()
+    assert "tool-calls ::= (tool-call space)+" in many.gbnf.splitlines()
