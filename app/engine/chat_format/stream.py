@@ -151,9 +151,14 @@ class NativeCalls:
     given is already free of call markup; the calls come from the final parse."""
 
     def __init__(
-        self, stream: NativeStream, id_prefix: str = "call_", parallel: bool = True
+        self,
+        stream: NativeStream,
+        id_prefix: str = "call_",
+        parallel: bool = True,
+        openers: tuple[str, ...] = (),
     ) -> None:
         self._stream = stream
+        self._openers = tuple(o.strip() for o in openers if o.strip())  # how a call starts
         self._prefix = id_prefix
         self._parallel = parallel
         self._calls: list[ToolCall] | None = None
@@ -180,17 +185,21 @@ class NativeCalls:
             self._calls = self._read()
         return self._calls
 
-    def _held_back(self, content: str) -> bool:
-        """Whether the reply's answer text goes on past its parsed content: the start of
-        a call the parser read as none (a format whose answer is bare text, Hermes's)."""
-        if self._stream.inside:
+    def _held_back(self, final: ParsedReply) -> bool:
+        """Whether what follows the reply's answer (or its thinking, when it has no
+        answer) is the start of a call, which the parser read as none."""
+        if self._stream.inside or not self._openers:
             return False  # the reply ended inside its thinking
         text = self._stream.text
-        for end in self._stream.ends:
-            if end and end in text:
-                text = text[text.rindex(end) + len(end) :]
-        answer, said = text.strip(), content.strip()
-        return answer.startswith(said) and len(answer) > len(said)
+        for said in (final.content.strip(), final.reasoning.strip()):
+            if said and said in text:
+                text = text[text.rindex(said) + len(said) :]
+                break
+        rest = text.strip()
+        closes = [e.strip() for e in self._stream.ends if e.strip().startswith("</")]
+        while any(rest.startswith(c) for c in closes):
+            rest = rest[len(next(c for c in closes if rest.startswith(c))) :].strip()
+        return bool(rest) and any(rest.startswith(o) or o.startswith(rest) for o in self._openers)
 
     def _read(self) -> list[ToolCall]:
         final = self._stream.final
@@ -204,7 +213,7 @@ class NativeCalls:
             else:  # the reply ended inside it: never run, never shown as syntax
                 who = f"a call to '{call.name}'" if call.name else "a tool call"
                 self.problems.append(f"The model's reply ended inside {who}; it was not run.")
-        if not final.calls and self._held_back(final.content):
+        if not final.calls and self._held_back(final):
             # Ended before a call had a name: the parser keeps its start out of the
             # answer, and it is no call either.
             self.problems.append("The model's reply ended inside a tool call; it was not run.")

@@ -294,6 +294,18 @@ def native_grammar(
     return ToolGrammar(gbnf, (), (), lazy=False, prefill=formatted.generation_prompt)
 
 
+_RULE_START = re.compile(r'^(tool-calls|tool-call) ::= \(?"((?:[^"\\]|\\.)*)"', re.MULTILINE)
+
+
+def call_openers(formatted: FormattedChat) -> tuple[str, ...]:
+    """How a call starts in ``formatted``'s format: its trigger words and the first
+    literal of its call rule (``"<tool_call>\\n"``, ``"[TOOL_CALLS]"``)."""
+    words = [t.value for t in formatted.triggers if t.kind == TriggerKind.WORD]
+    for m in _RULE_START.finditer(formatted.grammar):
+        words.append(json.loads(f'"{m.group(2)}"'))
+    return tuple(dict.fromkeys(w for w in words if w.strip()))
+
+
 # llama.cpp's Hermes-shaped formats (Qwen 2.5/3, QwQ, Hermes, Granite 4: 11 of the corpus)
 # repeat the call block whatever ``parallel_tool_calls`` says: the model writes a second
 # call that is then dropped, and its tokens must be taken back out of the cache.

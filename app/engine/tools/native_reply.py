@@ -14,7 +14,7 @@ from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.thinking import ThinkingControl
 from app.engine.tool_spec import NONE, REQUIRED, ToolRequest
 from app.engine.tools.binding import ToolDecoding
-from app.engine.tools.grammar import native_grammar
+from app.engine.tools.grammar import call_openers, native_grammar
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,6 @@ def native_reply(
         # Mistral's templates want call ids of exactly 9 letters and digits.
         prefix = "" if "[TOOL_CALLS]" in formatted.preserved_tokens else "call_"
         forced = named is not None or tools.choice == REQUIRED
-        calls = NativeCalls(stream, prefix, parallel=tools.parallel)
+        calls = NativeCalls(stream, prefix, tools.parallel, call_openers(formatted))
         decoding = ToolDecoding(calls, native_grammar(formatted, forced, tools.parallel))
     return NativeReply(control, decoding, formatted.preserved_tokens, formatted.stops)

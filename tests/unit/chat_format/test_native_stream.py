@@ -14,6 +14,7 @@ from app.engine.chat_format.stream import NativeCalls, NativeSplitter, NativeStr
 from app.engine.chat_format.thinking import native_reasoning, opens_thinking
 from app.engine.native.chat_shim import ChatShim
 from app.engine.native.chat_worker import ChatWorker
+from app.engine.tools.grammar import call_openers
 from tests import llama_chat
 
 WEATHER = {
@@ -50,7 +51,8 @@ def _stream(
     stream = NativeStream(
         fmt.parser(formatted, tools=tools), formatted.thinking_ends, opens_thinking(formatted)
     )
-    return NativeSplitter(stream, native_reasoning(formatted)), NativeCalls(stream)
+    calls = NativeCalls(stream, openers=call_openers(formatted))
+    return NativeSplitter(stream, native_reasoning(formatted)), calls
 
 
 def _run(splitter: NativeSplitter, calls: NativeCalls, pieces: list[str]) -> dict[str, Any]:
@@ -94,6 +96,22 @@ def test_a_call_cut_off_is_reported_not_run_and_not_shown(
     assert out["calls"] == []
     assert "<tool_call>" not in out["answer"] and "<function" not in out["answer"]
     assert any("weather" in p and "ended inside" in p for p in calls.problems)
+
+
+def test_a_reply_cut_before_its_call_has_a_name_is_reported(
+    shim: ChatShim, worker: ChatWorker
+) -> None:
+    """llama.cpp's parser keeps the start of a call out of the answer but reads no call
+    from it: the note says the reply ended inside one; a whole answer gets no note."""
+    splitter, calls = _stream("Qwen3.5-4B.jinja", shim, worker)
+    cut = QWEN_REPLY[: QWEN_REPLY.index("<function=") + 4]
+    out = _run(splitter, calls, list(cut))
+    assert out["calls"] == [] and "<tool_call>" not in out["answer"]
+    assert calls.problems == ["The model's reply ended inside a tool call; it was not run."]
+    splitter, calls = _stream("Qwen3.5-4B.jinja", shim, worker)
+    whole = QWEN_REPLY[: QWEN_REPLY.index("<tool_call>")]
+    out = _run(splitter, calls, list(whole))
+    assert out["calls"] == [] and calls.problems == []
 
 
 def test_a_reply_that_breaks_the_format_keeps_its_text(shim: ChatShim, worker: ChatWorker) -> None:
