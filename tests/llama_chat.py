@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.engine.chat_format.native import NativeFormatter
+    from app.engine.chat_format.reply import ParsedReply
+    from app.engine.native.chat_shim import ChatShim
+    from app.engine.native.chat_worker import ChatWorker
 
 DATA = Path(__file__).parent / "data" / "llama_chat"
 TEMPLATES = DATA / "templates"
@@ -108,8 +111,23 @@ def read_streamed(fmt: NativeFormatter, case: dict[str, Any]) -> tuple[dict[str,
         got = parser.finish(case["input"], cut=case["is_partial"])
     finally:
         parser.close()
+    return message(got), got.matched
+
+
+def message(got: ParsedReply) -> dict[str, Any]:
+    """A reply the seam read, as an OpenAI message (what ``comparable`` takes)."""
     calls = [
         {"function": {"name": c.name, "arguments": c.arguments}, "id": c.id} for c in got.calls
     ]
-    msg = {"content": got.content, "reasoning_content": got.reasoning, "tool_calls": calls}
-    return msg, got.matched
+    return {"content": got.content, "reasoning_content": got.reasoning, "tool_calls": calls}
+
+
+def formatter(
+    cache: dict[str, NativeFormatter], name: str, shim: ChatShim, worker: ChatWorker
+) -> NativeFormatter:
+    """The corpus template ``name``'s formatter, made once per ``cache``."""
+    if name not in cache:
+        from app.engine.chat_format.native import NativeFormatter
+
+        cache[name] = NativeFormatter(template_source(name), worker=worker, shim=shim)
+    return cache[name]

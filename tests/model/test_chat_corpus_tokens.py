@@ -45,15 +45,6 @@ def formatters() -> Iterator[tuple[dict[str, NativeFormatter], ChatShim, ChatWor
     worker.close()
 
 
-def _formatter(
-    found: tuple[dict[str, NativeFormatter], ChatShim, ChatWorker], name: str
-) -> NativeFormatter:
-    cache, shim, worker = found
-    if name not in cache:
-        cache[name] = NativeFormatter(llama_chat.template_source(name), worker=worker, shim=shim)
-    return cache[name]
-
-
 def _one(llm: Any, text: str) -> int | None:
     ids = llm.tokenize(text.encode(), add_bos=False, special=True)
     return int(ids[0]) if len(ids) == 1 else None
@@ -90,17 +81,15 @@ def read_by_token(
         got = parser.finish(text, cut=cut)
     finally:
         parser.close()
-    calls = [
-        {"function": {"name": c.name, "arguments": c.arguments}, "id": c.id} for c in got.calls
-    ]
-    return {"content": got.content, "reasoning_content": got.reasoning, "tool_calls": calls}, text
+    return llama_chat.message(got), text
 
 
 @pytest.mark.parametrize("case", CASES, ids=[llama_chat.case_id(c, i) for i, c in enumerate(CASES)])
 def test_each_case_read_token_by_token_with_markers_as_control_tokens(
     case: dict[str, Any], marked: Any, formatters: Any
 ) -> None:
-    fmt = _formatter(formatters, case["template"])
+    cache, shim, worker = formatters
+    fmt = llama_chat.formatter(cache, case["template"], shim, worker)
     formatted = fmt.apply(llama_chat.request(case))
     # The ids the engine writes as text: the format's preserved tokens.
     special = {i for i in (_one(marked, t) for t in formatted.preserved_tokens) if i is not None}

@@ -158,7 +158,7 @@ class NativeCalls:
         openers: tuple[str, ...] = (),
     ) -> None:
         self._stream = stream
-        self._openers = tuple(o.strip() for o in openers if o.strip())  # how a call starts
+        self._openers = openers  # how a call starts (``tools.grammar.call_openers``)
         self._prefix = id_prefix
         self._parallel = parallel
         self._calls: list[ToolCall] | None = None
@@ -197,8 +197,8 @@ class NativeCalls:
                 break
         rest = text.strip()
         closes = [e.strip() for e in self._stream.ends if e.strip().startswith("</")]
-        while any(rest.startswith(c) for c in closes):
-            rest = rest[len(next(c for c in closes if rest.startswith(c))) :].strip()
+        while close := next((c for c in closes if rest.startswith(c)), ""):
+            rest = rest[len(close) :].strip()
         return bool(rest) and any(rest.startswith(o) or o.startswith(rest) for o in self._openers)
 
     def _read(self) -> list[ToolCall]:

@@ -299,11 +299,11 @@ _RULE_START = re.compile(r'^(tool-calls|tool-call) ::= \(?"((?:[^"\\]|\\.)*)"', 
 
 def call_openers(formatted: FormattedChat) -> tuple[str, ...]:
     """How a call starts in ``formatted``'s format: its trigger words and the first
-    literal of its call rule (``"<tool_call>\\n"``, ``"[TOOL_CALLS]"``)."""
+    literal of its call rule (``"<tool_call>\\n"``, ``"[TOOL_CALLS]"``), ends stripped."""
     words = [t.value for t in formatted.triggers if t.kind == TriggerKind.WORD]
     for m in _RULE_START.finditer(formatted.grammar):
         words.append(json.loads(f'"{m.group(2)}"'))
-    return tuple(dict.fromkeys(w for w in words if w.strip()))
+    return tuple(dict.fromkeys(w.strip() for w in words if w.strip()))
 
 
 # llama.cpp's Hermes-shaped formats (Qwen 2.5/3, QwQ, Hermes, Granite 4: 11 of the corpus)

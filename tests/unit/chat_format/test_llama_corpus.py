@@ -25,15 +25,6 @@ def formatters(shim: ChatShim, worker: ChatWorker) -> dict[str, NativeFormatter]
     return {}
 
 
-def _formatter(
-    cache: dict[str, NativeFormatter], name: str, shim: ChatShim, worker: ChatWorker
-) -> NativeFormatter:
-    if name not in cache:
-        source = llama_chat.template_source(name)
-        cache[name] = NativeFormatter(source, worker=worker, shim=shim)
-    return cache[name]
-
-
 def _same_apply(got: FormattedChat, want: dict[str, Any]) -> None:
     mine = {
         "format": got.format_name,
@@ -58,7 +49,7 @@ def test_each_case_formats_and_parses_as_llama_cpp_does(
     worker: ChatWorker,
     formatters: dict[str, NativeFormatter],
 ) -> None:
-    fmt = _formatter(formatters, case["template"], shim, worker)
+    fmt = llama_chat.formatter(formatters, case["template"], shim, worker)
     _same_apply(fmt.apply(llama_chat.request(case)), case["result"])
     got, matched = llama_chat.read_streamed(fmt, case)  # every split: never an error
     assert matched
@@ -74,7 +65,7 @@ def test_the_generation_prompt_is_llama_cpps(
     worker: ChatWorker,
     formatters: dict[str, NativeFormatter],
 ) -> None:
-    fmt = _formatter(formatters, case["template"], shim, worker)
+    fmt = llama_chat.formatter(formatters, case["template"], shim, worker)
     formatted = fmt.apply(llama_chat.request(case))
     assert formatted.generation_prompt == case["expected_generation_prompt"]
     assert formatted.prompt.endswith(case["expected_generation_prompt"])
@@ -85,7 +76,7 @@ def test_the_generation_prompt_is_llama_cpps(
 def test_every_corpus_template_formats_a_chat_with_and_without_tools(
     name: str, shim: ChatShim, worker: ChatWorker, formatters: dict[str, NativeFormatter]
 ) -> None:
-    fmt = _formatter(formatters, name, shim, worker)
+    fmt = llama_chat.formatter(formatters, name, shim, worker)
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is the weather in Oslo?"},

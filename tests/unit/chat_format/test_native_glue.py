@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from app.engine.chat_format.formatted import FormattedChat, Trigger, TriggerKind
+from app.engine.chat_format.native import ChatRequest, NativeFormatter
 from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.native.chat_shim import ChatShim
 from app.engine.templates.chat_template import PYTHON_NAME
@@ -15,6 +16,7 @@ from app.engine.templates.native_template import native_request, openai_message
 from app.engine.tools.format import detect_tool_format, template_tool_format
 from app.engine.tools.grammar import native_grammar
 from tests import llama_chat
+from tests.tool_templates import TIME, WEATHER
 
 
 def _formatted(**kw: object) -> FormattedChat:
@@ -151,9 +153,6 @@ def test_one_call_block_when_calls_are_not_parallel(shim: ChatShim) -> None:
     """llama.cpp's Hermes-shaped grammars repeat the call block even with
     ``parallel_tool_calls`` false; not parallel, the grammar takes one block."""
     del shim
-    from app.engine.chat_format.native import ChatRequest, NativeFormatter
-    from tests.tool_templates import TIME, WEATHER
-
     fmt = NativeFormatter(llama_chat.template_source("Qwen-Qwen2.5-7B-Instruct.jinja"))
     request = ChatRequest(
         messages=[{"role": "user", "content": "hi"}],
