@@ -131,3 +131,36 @@ def formatter(
 
         cache[name] = NativeFormatter(template_source(name), worker=worker, shim=shim)
     return cache[name]
+
+
+def one_per_template() -> list[tuple[int, dict[str, Any]]]:
+    """For each corpus template, its richest case a client of the llama-server backend can
+    ask for: one user message, a whole reply, no template kwargs or schema; with thinking
+    parsed out (the backend's ``deepseek``/``auto`` reading) unless the case expects none.
+    Calls and thinking first, then the shortest reply (each costs server time)."""
+    best: dict[str, tuple[tuple[bool, bool, int], int]] = {}
+    for index, case in enumerate(parse_cases()):
+        inputs, expect = case["inputs"], case["expect"]
+        if (
+            len(inputs["messages"]) != 1
+            or case["is_partial"]
+            or inputs["chat_template_kwargs"]
+            or inputs["json_schema"]
+            or inputs["continue_final_message"]
+            or (inputs["reasoning_format"] == "none" and expect.get("reasoning_content"))
+        ):
+            continue
+        key = (
+            bool(expect.get("tool_calls")),
+            bool(expect.get("reasoning_content")),
+            -len(case["input"]),
+        )
+        if case["template"] not in best or key > best[case["template"]][0]:
+            best[case["template"]] = (key, index)
+    return [(i, parse_cases()[i]) for _key, i in sorted(best.values(), key=lambda b: b[1])]
+
+
+def gbnf_literal(text: str) -> str:
+    """A grammar that takes exactly ``text`` (GBNF reads UTF-8 in its literals)."""
+    escapes = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+    return 'root ::= "' + "".join(escapes.get(ch, ch) for ch in text) + '"'

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.engine.chat_format.formatted import FormattedChat
 from app.engine.chat_format.reply import ReplyParser
-from app.engine.native.chat_shim import ChatShim, load_shim
+from app.engine.native.chat_shim import ChatShim, ShimError, load_shim
 from app.engine.native.chat_worker import ChatWorker, NativeTemplate
 
 _lock = threading.Lock()
@@ -62,6 +62,12 @@ class ChatRequest:
         }
 
 
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}},
+}
+
+
 class NativeFormatter:
     """One template (with the model's BOS and EOS text): apply requests, make parsers."""
 
@@ -81,6 +87,15 @@ class NativeFormatter:
         self._shim = found
         self._worker = worker or shared_worker()
         self._template: NativeTemplate = self._worker.template(source, bos, eos, deadline_s)
+        # llama.cpp derives the reply's shape from past turns as the template renders them,
+        # EOS text included: Mistral Small 3.2 ends a call with {{ eos_token }}, so its
+        # parser and grammar would want "</s>" after every call, which no engine writes
+        # (the EOS token ends the reply). The reply's side comes from an apply without
+        # it, as in llama.cpp's own tests; the prompt keeps the model's EOS.
+        self._reply: NativeTemplate | None = None
+        self._takes_tools: bool | None = None
+        if eos and "eos_token" in source:
+            self._reply = self._worker.template(source, bos, "", deadline_s)
 
     @property
     def refused(self) -> bool:
@@ -91,11 +106,30 @@ class NativeFormatter:
     def caps(self) -> dict[str, Any]:
         return dict(self._template.caps)
 
+    def takes_tools(self) -> bool:
+        """Whether llama.cpp reads this template's calls: it renders past calls (its caps),
+        or it lists tools and llama.cpp's own handler for the family gives a call grammar
+        (LFM2, whose template writes past calls as plain text)."""
+        if self._takes_tools is None:
+            caps = self._template.caps
+            self._takes_tools = bool(caps.get("supports_tool_calls"))
+            if not self._takes_tools and caps.get("supports_tools"):
+                probe = ChatRequest([{"role": "user", "content": "?"}], tools=[_PROBE_TOOL])
+                try:
+                    self._takes_tools = bool(self.apply(probe).grammar)
+                except ShimError:  # a template that fails here takes none
+                    self._takes_tools = False
+        return self._takes_tools
+
     def apply(
         self, request: ChatRequest | dict[str, Any], deadline_s: float | None = None
     ) -> FormattedChat:
         raw = request.to_shim() if isinstance(request, ChatRequest) else request
-        return FormattedChat.from_shim(self._worker.apply(self._template, raw, deadline_s))
+        formatted = FormattedChat.from_shim(self._worker.apply(self._template, raw, deadline_s))
+        if self._reply is None or not raw.get("add_generation_prompt", True):
+            return formatted  # a history render: its prompt is all that is used
+        reply = FormattedChat.from_shim(self._worker.apply(self._reply, raw, deadline_s))
+        return replace(reply, prompt=formatted.prompt)
 
     def parser(self, formatted: FormattedChat, *, tools: bool = True) -> ReplyParser:
         return ReplyParser(self._shim, formatted, tools=tools)

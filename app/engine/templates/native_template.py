@@ -116,10 +116,12 @@ class NativeRenderer:
             raise self._failed("it renders far more text than the conversation holds")
         if self._bos and prompt.startswith(self._bos):
             prompt = prompt[len(self._bos) :]  # llama.cpp adds BOS itself
-        self._recent[prompt] = (formatted, request)
-        self._recent.move_to_end(prompt)
-        while len(self._recent) > _RECENT:
-            self._recent.popitem(last=False)
+        if gen:  # only a reply's prompt: where the generation prompt is empty (Mistral
+            # Small 3.2), the same text rendered without it has another parser.
+            self._recent[prompt] = (formatted, request)
+            self._recent.move_to_end(prompt)
+            while len(self._recent) > _RECENT:
+                self._recent.popitem(last=False)
         return prompt
 
     def _failed(self, why: str) -> ChatTemplateError:

@@ -144,7 +144,7 @@ def template_tool_format(template: ChatTemplate, has_token: Callable[[str], bool
     native = template.native
     if native is None:
         return detect_tool_format(template.source, has_token)
-    if not native.formatter.caps.get("supports_tool_calls"):
+    if not native.formatter.takes_tools():
         return detect_tool_format("", has_token)  # the generic form
     found = detect_tool_format(template.source, has_token, gated=False)
     return found if found.native else replace(HERMES, marker_tokens=found.marker_tokens)

@@ -99,3 +99,36 @@ def test_every_corpus_template_formats_a_chat_with_and_without_tools(
     assert "Oslo" in with_tools.prompt
     if fmt.caps.get("supports_tool_calls"):
         assert "weather" in with_tools.prompt
+
+
+WITH_EOS = [
+    (i, c) for i, c in enumerate(CASES) if "eos_token" in llama_chat.template_source(c["template"])
+]
+
+
+@pytest.mark.parametrize(
+    ("index", "case"), WITH_EOS, ids=[llama_chat.case_id(c, i) for i, c in WITH_EOS]
+)
+def test_a_models_eos_text_stays_in_the_prompt_and_out_of_the_replys_shape(
+    index: int, case: dict[str, Any], shim: ChatShim, worker: ChatWorker
+) -> None:
+    # llama.cpp's tests render without BOS/EOS text; a model has them. Mistral Small 3.2
+    # ends a past call with {{ eos_token }}, and llama.cpp's analysis took "</s>" for the
+    # end of every call: its calls were read as text.
+    source = llama_chat.template_source(case["template"])
+    fmt = NativeFormatter(source, "<s>", "</s>", worker=worker, shim=shim)
+    got, matched = llama_chat.read_streamed(fmt, case)
+    assert matched
+    assert llama_chat.comparable(got) == llama_chat.comparable(case["expect"])
+
+
+def test_the_prompt_keeps_the_models_eos_text(shim: ChatShim, worker: ChatWorker) -> None:
+    source = llama_chat.template_source("Mistral-Small-3.2-24B-Instruct-2506.jinja")
+    fmt = NativeFormatter(source, "<s>", "</s>", worker=worker, shim=shim)
+    past = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Again"},
+    ]
+    formatted = fmt.apply({"messages": past, "now": llama_chat.FIXED_NOW})
+    assert "Hello!</s>" in formatted.prompt  # what the model was trained on

@@ -113,6 +113,22 @@ def test_a_model_s_template_renders_through_llama_cpp_with_the_sandbox_behind(
     assert t.native.formatted_for(prompt) is not None
 
 
+def test_a_reply_s_apply_is_not_replaced_by_a_render_of_the_same_text_without_one(
+    shim: ChatShim,
+) -> None:
+    # Mistral Small 3.2 has no generation prompt: a history render (no generation prompt,
+    # for the overflow and the next turn's prewarm) gives the very text of the reply's
+    # prompt, and must not replace the reply's apply.
+    source = llama_chat.template_source("Mistral-Small-3.2-24B-Instruct-2506.jinja")
+    t = jinja_template(source, "<s>", "</s>")
+    assert t.native is not None
+    messages = [ChatMessage("user", "hi")]
+    prompt = t.render(messages, True)
+    assert t.render(messages, False) == prompt
+    found = t.native.formatted_for(prompt)
+    assert found is not None and t.native._recent[prompt][1].add_generation_prompt
+
+
 def test_tools_in_a_list_and_mapped_render_where_the_sandbox_refused(shim: ChatShim) -> None:
     # Templates that want a ``tools`` list and map over it (Command R+ tool_use):
     # the sandbox refuses them; llama.cpp renders them.
@@ -131,6 +147,10 @@ TAKES_TOOLS = (
     "MiniMax-M2.jinja",
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja",
     "LFM2.5-8B-A1B.jinja",
+    # These list tools but write past calls as text (no supports_tool_calls): llama.cpp
+    # has its own handler for them, and its call grammar says it reads their calls.
+    "LFM2-8B-A1B.jinja",
+    "LFM2.5-Instruct.jinja",
 )
 
 
