@@ -131,8 +131,9 @@ class ModelInfo:
     # How its replies mark their thinking (None: no sign of it; a server's may still
     # send reasoning apart, as OpenAI-compatible servers do).
     reasoning: ReasoningFormat | None = None
-    # How its replies write tool calls ("hermes", "llama3", ...; "" when not known or a
-    # server parses them), for the UI to show.
+    # Who reads its tool calls: "llama.cpp" (its chat layer, for the template in use), or
+    # the family the Python parser reads ("hermes", "llama3", ...); "" when not known or
+    # a server parses them.
     tool_format: str = ""
     projector: str = ""  # the vision projector's file name ("" when it sees no images)
 

@@ -440,7 +440,7 @@ def server_backend(tool_server: RunningServer) -> Iterator[LlamaServerBackend]:
     try:
         backend.set_template(TemplateOverride("custom", source=QWEN_TOOLS))
         assert backend.capabilities.tools and backend.model is not None
-        assert backend.model.tool_format == "hermes"
+        assert backend.model.tool_format == "llama.cpp"
         yield backend
     finally:
         backend.unload()

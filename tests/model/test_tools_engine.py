@@ -105,7 +105,7 @@ def test_required_with_the_template_s_own_format_then_the_follow_up_reads_only_t
     tools_engine: Engine,
 ) -> None:
     info = tools_engine.set_template(TemplateOverride("custom", source=QWEN_TOOLS))
-    assert info.tool_format == "hermes", info
+    assert info.tool_format == "llama.cpp", info  # its own format, read by llama.cpp
     request = ToolRequest((WEATHER, TIME), choice=REQUIRED, parallel=False)
     _tokens, done = run(tools_engine, ASK, GREEDY, request)
     assert done.metrics.stop_reason == TOOL_CALLS
@@ -129,7 +129,7 @@ def test_nothing_in_the_thinking_is_a_call_and_the_call_comes_after_it(
     tools_engine: Engine,
 ) -> None:
     info = tools_engine.set_template(TemplateOverride("custom", source=THINKING_TOOLS))
-    assert info.reasoning is not None and info.tool_format == "hermes"
+    assert info.reasoning is not None and info.tool_format == "llama.cpp"
     params = replace(GREEDY, thinking_budget=10, max_tokens=120)
     request = ToolRequest((WEATHER,), choice=REQUIRED, parallel=False)
     tokens, done = run(tools_engine, ASK, params, request)

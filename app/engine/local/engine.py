@@ -285,7 +285,7 @@ class Engine:
             template=template.label,
             notes=chat.notes,
             reasoning=template.reasoning,
-            tool_format=chat.tool_format(template).family,
+            tool_format=chat.tool_format(template).label,
         )
 
     # -- LoRA ------------------------------------------------------------------------------

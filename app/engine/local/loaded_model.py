@@ -119,7 +119,7 @@ class LoadedModel:
                 (gguf.name, gguf.path.name), has_template=bool(gguf.chat_template)
             ),
             reasoning=template.reasoning,
-            tool_format=chat.tool_format(template).family,
+            tool_format=chat.tool_format(template).label,
             projector=self.projector.path.name if self.projector is not None else "",
         )
 

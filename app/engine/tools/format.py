@@ -42,7 +42,9 @@ class ToolFormat:
     a reply that starts with ``{`` may be a call (llama3); ``native``: the template
     knows the format (False: the generic fallback the prompt asks for);
     ``marker_tokens``: which of the markers are single tokens of the model's vocabulary
-    (grammar token triggers; filled in by ``detect_tool_format``).
+    (grammar token triggers; filled in by ``detect_tool_format``); ``by_llama``:
+    llama.cpp's chat layer reads the calls (the family is then only the fallback for a
+    reply llama.cpp did not render).
     """
 
     family: str
@@ -51,6 +53,12 @@ class ToolFormat:
     close: str = ""
     bare_json: bool = False
     marker_tokens: tuple[str, ...] = ()
+    by_llama: bool = False
+
+    @property
+    def label(self) -> str:
+        """Who reads the calls, as the model's info names it."""
+        return "llama.cpp" if self.by_llama else self.family
 
     @property
     def open(self) -> str:
@@ -147,7 +155,8 @@ def template_tool_format(template: ChatTemplate, has_token: Callable[[str], bool
     if not native.formatter.takes_tools():
         return detect_tool_format("", has_token)  # the generic form
     found = detect_tool_format(template.source, has_token, gated=False)
-    return found if found.native else replace(HERMES, marker_tokens=found.marker_tokens)
+    fallback = found if found.native else replace(HERMES, marker_tokens=found.marker_tokens)
+    return replace(fallback, by_llama=True)
 
 
 def detect_tool_format(

@@ -202,7 +202,7 @@ class LlamaServerBackend:
             info,
             capabilities=self.capabilities,
             adapters=tuple(a["path"] for a in self._slot.adapters),
-            tool_format=self._tools.format(template).family,
+            tool_format=self._tools.format(template).label,
         )
         log.info("connected to llama-server %s (%s, n_ctx %d)", where(conn.url), info.name, n_ctx)
         return self._info
@@ -225,7 +225,7 @@ class LlamaServerBackend:
             template=template.label,
             notes=notes,
             reasoning=template.reasoning,
-            tool_format=self._tools.format(template).family,
+            tool_format=self._tools.format(template).label,
         )
         return self._info
 

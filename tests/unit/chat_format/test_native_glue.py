@@ -162,11 +162,13 @@ def test_llama_cpp_says_which_templates_take_tools(shim: ChatShim) -> None:
         assert detect_tool_format(template.source, lambda _t: False).family == "generic"
         fmt = template_tool_format(template, lambda _t: False)
         assert fmt.native, name  # the tools go to the template, not the generic prompt
+        assert fmt.label == "llama.cpp"  # what the model's info says reads the calls
     deepseek = jinja_template(llama_chat.template_source(TAKES_TOOLS[0]), "", "")
     assert template_tool_format(deepseek, lambda _t: False).family == "deepseek"
     # A template llama.cpp finds takes no tools gets the generic form.
     gemma2 = jinja_template(llama_chat.template_source("google-gemma-2-2b-it.jinja"), "", "")
     assert not template_tool_format(gemma2, lambda _t: False).native
+    assert template_tool_format(gemma2, lambda _t: False).label == "generic"
 
 
 def test_one_call_block_when_calls_are_not_parallel(shim: ChatShim) -> None:
