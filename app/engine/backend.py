@@ -97,6 +97,9 @@ class Capabilities:
     # Images in user turns (``ChatMessage.images``): a projector is loaded, or a server
     # says it takes them.
     vision: bool = False
+    # How the model remembers the conversation: "attention", "sliding-window", "hybrid"
+    # (recurrent layers with attention) or "recurrent"; "" where not known (a server).
+    memory: str = ""
     why_not: dict[str, str] = field(default_factory=dict)
 
 

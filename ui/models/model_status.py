@@ -17,6 +17,27 @@ def vision_text(info: ModelInfo | None) -> str:
     return "sees images" if info.projector or info.capabilities.vision else ""
 
 
+_MEMORY = {
+    "attention": "a KV cache",
+    "sliding-window": "a KV cache, with sliding-window layers",
+    "hybrid": "recurrent layers with attention layers (hybrid)",
+    "recurrent": "a recurrent state, no KV cache",
+}
+
+
+def memory_text(info: ModelInfo | None) -> str:
+    """How the model in use remembers the conversation, and what that turns off
+    ("" where the engine does not say: a server)."""
+    if info is None or not info.capabilities.memory:
+        return ""
+    caps = info.capabilities
+    words = _MEMORY.get(caps.memory, caps.memory)
+    text = f"Memory: {words}"
+    if not caps.draft_model and caps.memory in ("hybrid", "recurrent"):
+        text += f". Drafting is off: {caps.why_not.get('draft_model', '')}"
+    return text
+
+
 class ModelStatus:
     """Widgets in ``bar`` that say which model is loaded, or how its load is going."""
 
@@ -59,7 +80,8 @@ class ModelStatus:
             + (f" · {vision}" if vision else "")
         )
         where = f"\nVision projector: {info.projector}" if info.projector else ""
-        self.label.setToolTip(f"{info.path}{where}")
+        memory = memory_text(info)
+        self.label.setToolTip(f"{info.path}{where}" + (f"\n{memory}" if memory else ""))
         self.backend.setText(info.backend)
 
     def failed(self, still: ModelInfo | None) -> None:

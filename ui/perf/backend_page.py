@@ -39,7 +39,9 @@ class BackendPage(QDialog):
         parent: QWidget | None = None,
         verdicts: PathVerdicts | None = None,
         on_change: Callable[[], None] | None = None,
+        memory: str = "",
     ) -> None:
+        """``memory``: how the model in use remembers the conversation (``memory_text``)."""
         super().__init__(parent)
         self.setObjectName("backendPage")
         self.setWindowTitle("Hardware and backends")
@@ -54,6 +56,10 @@ class BackendPage(QDialog):
         self.cpu = QLabel(cpu_text(backend), self)
         self.cpu.setObjectName("cpuVariant")
         self.cpu.setWordWrap(True)
+        self.memory = QLabel(memory, self)
+        self.memory.setObjectName("modelMemory")
+        self.memory.setWordWrap(True)
+        self.memory.setVisible(bool(memory))
         self.paths = QTableWidget(len(RiskyPath), 4, self)
         self.paths.setObjectName("nativePaths")
         self.paths.setHorizontalHeaderLabels(["Native path", "On this computer", "Why", ""])
@@ -88,6 +94,7 @@ class BackendPage(QDialog):
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
         layout.addWidget(self.cpu)
+        layout.addWidget(self.memory)
         layout.addWidget(self.paths)
         layout.addWidget(self.paths_note)
         layout.addWidget(self.devices, 1)

@@ -36,6 +36,7 @@ from ui.common.context import Context
 from ui.models import projector_choice
 from ui.models.hub_workers import HubServices
 from ui.models.model_manager import ModelManager
+from ui.models.model_status import memory_text
 from ui.models.recent_models import RecentModels
 from ui.perf.backend_page import BackendPage, system_info
 from ui.remote.remote_control import RemoteControl
@@ -376,7 +377,8 @@ def show_backend_page(ctx: Context) -> BackendPage:
     from app.engine.native.paths import PathVerdicts
 
     verdicts = PathVerdicts(store_file(ctx.dirs.root), machine_key())
-    page = BackendPage(detect_hardware(), system_info(), ctx.parent, verdicts)
+    memory = memory_text(ctx.model.info)
+    page = BackendPage(detect_hardware(), system_info(), ctx.parent, verdicts, memory=memory)
     page.show()
     return page
 

@@ -20,6 +20,7 @@ from app.engine.backend import CallProgress, EngineEvent, Finished, Token
 from app.engine.context_map import ContextMap
 from app.engine.local.draft.drafters import Drafter
 from app.engine.local.draft.length import RETRY, DraftLength
+from app.engine.local.guess_check import GuessCheck, take_back
 from app.engine.local.sampler import build_sampler
 from app.engine.metrics import MessageMetrics
 from app.engine.native.chat_shim import load_shim
@@ -325,7 +326,7 @@ def end_thinking(
     for start in range(0, len(tokens), native.n_batch):
         rc = native.decode(tokens[start : start + native.n_batch])
         if rc != 0:
-            native.seq_rm(n_past)
+            take_back(native, cmap, n_past)
             raise DecodeError(f"llama.cpp failed while ending the thinking (code {rc}).")
     if job.params.output_format == "text" and not _accept_text(sampler, native, tokens, text):
         # A tool grammar refused the closing text (llama.cpp would have thrown through
@@ -357,7 +358,7 @@ def loop_draft(
     job: DecodeJob, sampler: Any, reply: Reply, drafter: Drafter, length: DraftLength
 ) -> Generator[Shown, None, str]:
     """Speculative decoding: ``drafter`` guesses, the target checks the guesses in one batch
-    (``_Checker``: every token is still the target's own sample). Rejected guesses are
+    (``GuessCheck``: every token is still the target's own sample). Rejected guesses are
     removed from the KV cache. A step with no guesses (``length`` says 0, or the drafter
     has none) is a plain one-token step, as in :func:`loop_plain`.
     """
@@ -366,7 +367,7 @@ def loop_draft(
     native, cmap, params, metrics, stop = job.native, job.cmap, job.params, job.metrics, job.stop
     ctx, vocab, n_ctx = native.ctx, native.vocab, native.n_ctx()
     k_max = max(1, length.k_max)
-    check = _Checker(native, sampler, k_max, job.stop_ids)
+    check = GuessCheck(native, cmap, sampler, k_max, job.stop_ids)
     sample = llama_cpp.llama_sampler_sample
     perf = time.perf_counter
     metrics.draft_kind = drafter.kind
@@ -425,7 +426,7 @@ def loop_draft(
             metrics.accepted_tokens += used
             drafter.rewind(used)
             if used < len(draft):
-                native.seq_rm(n_past + 1 + used)
+                check.reject(n_past + 1 + used)
             ended = reply.ended(params.max_tokens)
             if ended:
                 return ended
@@ -433,83 +434,6 @@ def loop_draft(
     finally:
         check.close()
         _finish_draft(length, metrics)
-
-
-class _Checker:
-    """The target's side of speculative decoding: evaluate a token and its guesses in
-    one batch, and sample each position to see how many guesses hold.
-
-    The sampled token and up to ``length.next()`` guesses are evaluated in one
-    batch, with logits for each position. Each position is then sampled with the
-    target's own sampler chain, in order, and a guess is kept while it equals what
-    was sampled; the first sample that differs is the next token. So every token
-    of the reply is drawn from the target's distribution by the same sampler with
-    the same random draws as plain decoding (greedy or sampled, penalties and
-    grammars included): the drafter only decides how much is evaluated at once.
-    What can differ is arithmetic: llama.cpp's CPU kernels round a batch of
-    positions slightly differently from one token at a time, so logits differ in
-    the last bits and a greedy choice between two near-equal tokens can flip (see
-    docs/NOTES.md).
-    """
-
-    def __init__(self, native: Native, sampler: Any, k_max: int, stop_ids: frozenset[int]) -> None:
-        import llama_cpp
-
-        self._native = native
-        self._sampler = sampler
-        self._stop_ids = stop_ids
-        self._batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
-
-    def close(self) -> None:
-        import llama_cpp
-
-        llama_cpp.llama_batch_free(self._batch)
-
-    def plain(self, token: int, n_past: int) -> None:
-        """Evaluate ``token`` alone.
-
-        Raises:
-            DecodeError: llama.cpp failed (what it evaluated is removed).
-        """
-        rc = self._native.decode_one(token)
-        if rc != 0:
-            self._native.seq_rm(n_past)
-            raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
-
-    def guesses(self, pending: int, draft: list[int], n_past: int, left: int) -> tuple[int, int]:
-        """Evaluate ``pending`` and ``draft``; returns how many guesses the target's own
-        samples agree with (at most ``left - 1``, the reply's room), and the next token.
-
-        Raises:
-            DecodeError: llama.cpp failed (what it evaluated is removed).
-        """
-        import llama_cpp
-
-        batch = self._batch
-        batch.n_tokens = 1 + len(draft)
-        for i, tok in enumerate((pending, *draft)):
-            batch.token[i] = tok
-            batch.pos[i] = n_past + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = True
-        native = self._native
-        rc = llama_cpp.llama_decode(native.ctx, batch)
-        if rc != 0:
-            native.seq_rm(n_past)
-            raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
-        # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
-        sample, is_eog = llama_cpp.llama_sampler_sample, llama_cpp.llama_vocab_is_eog
-        kept = 0
-        nxt = sample(self._sampler, native.ctx, 0)
-        for i, guess in enumerate(draft):
-            if nxt != guess or nxt in self._stop_ids or is_eog(native.vocab, nxt):
-                break
-            kept += 1
-            if kept >= left:
-                break  # the reply ends with this guess: nothing to sample after it
-            nxt = sample(self._sampler, native.ctx, i + 1)
-        return kept, nxt
 
 
 def _finish_draft(length: DraftLength, metrics: MessageMetrics) -> None:

@@ -65,6 +65,7 @@ class LoadedModel:
         # LoRA: the loaded adapters and the applied stack.
         self.adapters = AdapterSet(path)
         self.n_swa = self.native.n_swa()
+        self.memory = self.native.memory_kind()  # recurrent state cannot be cut back
         self.can_shift = self.native.can_shift()  # llama_memory_can_shift: drops need no re-reading
         # What the engine puts before the template's text (BOS, if the model wants it).
         self.head = head_tokens(llm)

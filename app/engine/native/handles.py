@@ -12,6 +12,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# How a model remembers the conversation (``Native.memory_kind``).
+RECURRENT, HYBRID, SLIDING_WINDOW, ATTENTION = "recurrent", "hybrid", "sliding-window", "attention"
+# Why drafting is off on a recurrent state: llama.cpp cannot cut it back to before a
+# rejected guess (``llama_memory_seq_rm`` refuses), and a reply sampled from a state that
+# still holds the guess is not the model's reply.
+NO_ROLLBACK = (
+    "this model's memory holds a recurrent state: a rejected guess cannot be taken back "
+    "out of it, and drafting would change the reply"
+)
+
 
 @dataclass(frozen=True)
 class Perf:
@@ -63,6 +73,19 @@ class Native:
         import llama_cpp
 
         return int(llama_cpp.llama_model_n_swa(self.model))
+
+    def memory_kind(self) -> str:
+        """How the model remembers the conversation: "recurrent" (a state per sequence,
+        Mamba), "hybrid" (recurrent layers with attention layers: Qwen3.5, LFM2,
+        Granite-4-H), "sliding-window" (attention layers that see a window) or
+        "attention" (a plain KV cache)."""
+        import llama_cpp
+
+        if llama_cpp.llama_model_is_recurrent(self.model):
+            return RECURRENT
+        if llama_cpp.llama_model_is_hybrid(self.model):
+            return HYBRID
+        return SLIDING_WINDOW if self.n_swa() > 0 else ATTENTION
 
     def can_shift(self) -> bool:
         """Whether cached positions can be shifted (``llama_memory_can_shift``)."""

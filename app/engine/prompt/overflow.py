@@ -178,15 +178,20 @@ class Overflow:
         n_a = max(n_a, self._head_len())
         if n_a >= n_b:
             return True
-        if self.can_shift:
-            llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, n_b)
+        if self.can_shift and llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, n_b):
             llama_cpp.llama_memory_seq_add(self.mem, 0, n_b, -1, n_a - n_b)
             cmap.drop(n_a, n_b, ca, cb)
             return True
         tail = cmap.tokens[n_b:]
-        llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, -1)
+        cut = llama_cpp.llama_memory_seq_rm(self.mem, 0, n_a, -1)
         cmap.drop(n_a, n_b, ca, cb)
         del cmap.tokens[n_a:]
+        if not cut:
+            # A recurrent state cannot be cut back: what stays is read again from the
+            # start (its marks stay valid: the same tokens go back in the same places).
+            tail = [*cmap.tokens, *tail]
+            llama_cpp.llama_memory_clear(self.mem, True)
+            del cmap.tokens[:]
         if not self.refill(tail):
             return False
         self.reread_tokens += len(tail)

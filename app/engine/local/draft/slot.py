@@ -16,7 +16,7 @@ from app.engine.backend import DraftInfo, LoadCancelled, ProgressFn
 from app.engine.local.draft.drafters import Drafter, ModelDrafter, NgramDrafter
 from app.engine.local.draft.length import DraftCosts, DraftLength
 from app.engine.metrics import MessageMetrics
-from app.engine.native.handles import Native
+from app.engine.native.handles import HYBRID, NO_ROLLBACK, RECURRENT, Native
 from app.engine.native.threadpool import SharedThreadPool, ThreadPoolUnavailable
 from app.util.errors import DraftError, ModelFileError, ModelLoadError
 
@@ -64,10 +64,11 @@ class DraftSlot:
         self.info = None
 
     def choose(
-        self, params: SamplingParams, flash: bool, metrics: MessageMetrics
+        self, params: SamplingParams, flash: bool, metrics: MessageMetrics, memory: str = ""
     ) -> tuple[Drafter | None, DraftLength | None]:
         """The drafter for a reply with ``params`` (None: plain decoding) and its length;
-        notes in ``metrics`` say why a drafter asked for is not used."""
+        notes in ``metrics`` say why a drafter asked for is not used (``memory``: the
+        model's, ``Native.memory_kind``)."""
         drafter: Drafter | None = None
         if params.draft_model and self.drafter is not None:
             drafter = self.drafter
@@ -78,6 +79,9 @@ class DraftSlot:
                 "no draft model is loaded"
                 + (": prompt lookup drafted instead" * (params.speculative and not flash))
             )
+        if drafter is not None and memory in (RECURRENT, HYBRID):
+            metrics.notes.append(f"drafting is off: {NO_ROLLBACK}")
+            drafter = None
         if drafter is not None and flash:
             metrics.notes.append(
                 "drafting is off with flash attention, whose batched evaluation rounds "

@@ -1,0 +1,139 @@
+"""Hybrid and recurrent models on the real engine (issue 43), with tiny random models of
+the real architectures (``tests/arch_models.py``: mamba2, lfm2, qwen35): the engine
+knows how each remembers the conversation, drafting never changes a reply, an overflow
+never fails, and a removal llama.cpp refuses is never ignored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from pytestqt.qtbot import QtBot
+
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.engine.backend import Finished
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.engine.local.guess_check import take_back
+from app.engine.native.handles import ATTENTION, HYBRID, NO_ROLLBACK, RECURRENT, SLIDING_WINDOW
+from app.engine.templates.override import TemplateOverride
+from app.util.errors import DraftError
+from tests.arch_models import ARCHS, arch_model_path
+
+PLAIN = TemplateOverride(
+    "custom",
+    source="{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}",
+)
+GREEDY = SamplingParams.greedy(max_tokens=30)
+MEMORY = {"mamba2": RECURRENT, "lfm2": HYBRID, "qwen35": HYBRID}
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_engine(request: pytest.FixtureRequest) -> Iterator[tuple[str, Engine]]:
+    engine = Engine()
+    # A byte vocabulary: 256 tokens of context fill in a few turns.
+    engine.load(arch_model_path(request.param), LoadConfig(n_ctx=256, n_threads=1))
+    engine.set_template(PLAIN)
+    yield request.param, engine
+    engine.unload()
+
+
+def reply(engine: Engine, messages: list[ChatMessage], params: SamplingParams) -> Finished:
+    events = list(engine.generate(messages, params))
+    done = events[-1]
+    assert isinstance(done, Finished) and sum(isinstance(e, Finished) for e in events) == 1
+    return done
+
+
+def test_the_engine_says_how_each_model_remembers(
+    arch_engine: tuple[str, Engine], engine: Engine
+) -> None:
+    arch, tiny = arch_engine
+    caps = tiny.capabilities
+    assert caps.memory == MEMORY[arch]
+    assert not caps.draft_model and caps.why_not["draft_model"] == NO_ROLLBACK
+    # The default model (Gemma 3) has sliding-window layers and a KV cache that rewinds.
+    assert engine.capabilities.memory == SLIDING_WINDOW and engine.capabilities.draft_model
+    assert ATTENTION not in (caps.memory, engine.capabilities.memory)
+
+
+def test_drafting_is_off_with_its_reason_and_the_reply_is_the_plain_one(
+    arch_engine: tuple[str, Engine],
+) -> None:
+    _arch, tiny = arch_engine
+    ask = [ChatMessage("user", "Hello there, how are you today? " * 2)]
+    tiny.reset()
+    plain = reply(tiny, ask, GREEDY)
+    tiny.reset()
+    drafted = reply(tiny, ask, replace(GREEDY, speculative=True))
+    # Before: prompt lookup's rejected guesses stayed in the state (the reply changed, or
+    # llama.cpp failed with code -1).
+    assert drafted.text == plain.text
+    assert drafted.metrics.drafted_tokens == 0
+    assert f"drafting is off: {NO_ROLLBACK}" in drafted.metrics.notes
+    with pytest.raises(DraftError, match="recurrent state"):
+        tiny.set_draft(arch_model_path("mamba2"))
+
+
+def test_an_overflow_reads_the_kept_part_again_and_never_fails(
+    arch_engine: tuple[str, Engine],
+) -> None:
+    # The app's flow: each reply, then the next turn's opening read ahead (prewarm), so
+    # the cache holds the chat when the context fills and the oldest turns are dropped.
+    _arch, tiny = arch_engine
+    tiny.reset()
+    params = replace(GREEDY, overflow="rolling")
+    chat = [ChatMessage("user", "Hi")]
+    drops = []
+    for turn in range(10):
+        done = reply(tiny, chat, params)
+        assert done.metrics.stop_reason in ("max_tokens", "eos"), done.metrics.notes
+        if done.metrics.dropped_count:
+            drops.append(done.metrics.notes)
+        answer = ChatMessage("assistant", done.text)
+        tiny.prewarm(chat, answer)
+        chat = [*chat, answer, ChatMessage("user", f"More {turn}")]
+    # Before (qwen35): llama.cpp refused to cut the state, the kept text was read onto
+    # it, and every reply from then on failed ("llama.cpp failed to evaluate the prompt
+    # (code 1)").
+    assert drops, "ten turns never filled 256 tokens"
+    assert all(any("left the model's memory" in n for n in notes) for notes in drops)
+
+
+def test_a_removal_llama_cpp_refuses_empties_the_cache(arch_engine: tuple[str, Engine]) -> None:
+    arch, tiny = arch_engine
+    tiny.reset()
+    reply(tiny, [ChatMessage("user", "Hi")], GREEDY)
+    loaded, kv = tiny._loaded, tiny._kv
+    assert loaded is not None and kv is not None and len(kv.map.tokens) > 4
+    # A cut inside a recurrent state is refused: nothing of the old state may stay.
+    assert not take_back(loaded.native, kv.map, 2), arch
+    assert kv.map.tokens == [] and loaded.native.seq_pos_min() == -1
+    assert reply(tiny, [ChatMessage("user", "Hi")], GREEDY).metrics.evaluated_tokens > 4
+
+
+def test_the_window_says_how_the_model_remembers(
+    arch_engine: tuple[str, Engine], qtbot: QtBot
+) -> None:
+    from PySide6.QtWidgets import QMainWindow
+
+    from app.engine.native.hardware import HardwareInfo
+    from ui.models.model_status import ModelStatus, memory_text
+    from ui.perf.backend_page import BackendPage
+
+    arch, tiny = arch_engine
+    info = tiny.model
+    assert info is not None
+    text = memory_text(info)
+    assert text.startswith("Memory: ") and f"Drafting is off: {NO_ROLLBACK}" in text
+    assert ("hybrid" in text) == (arch != "mamba2")
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    status = ModelStatus(window, window.statusBar(), lambda: None)
+    status.loaded(info)
+    assert text in status.label.toolTip()  # the status bar's model corner
+    page = BackendPage(HardwareInfo(False), "", None, memory=text)  # Help -> Hardware
+    qtbot.addWidget(page)
+    assert page.memory.text() == text and not page.memory.isHidden()
