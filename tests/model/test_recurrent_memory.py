@@ -137,3 +137,29 @@ def test_the_window_says_how_the_model_remembers(
     page = BackendPage(HardwareInfo(False), "", None, memory=text)  # Help -> Hardware
     qtbot.addWidget(page)
     assert page.memory.text() == text and not page.memory.isHidden()
+
+
+def test_a_regenerate_reads_only_the_last_prompt_token_and_gives_the_same_reply(
+    arch_engine: tuple[str, Engine],
+) -> None:
+    _arch, tiny = arch_engine
+    tiny.reset()
+    ask = [ChatMessage("user", "Hello there, how are you today? " * 2)]
+    first = reply(tiny, ask, GREEDY)
+    again = reply(tiny, ask, GREEDY)
+    # Before: "llama.cpp could not rewind the cache", and the whole prompt was read again.
+    assert again.metrics.evaluated_tokens == 1 and not again.metrics.cache_note
+    assert again.text == first.text
+
+
+def test_the_next_turn_and_an_edit_read_only_what_is_new(arch_engine: tuple[str, Engine]) -> None:
+    _arch, tiny = arch_engine
+    tiny.reset()
+    chat = [ChatMessage("user", "Hello there, how are you today? " * 2)]
+    answer = ChatMessage("assistant", reply(tiny, chat, GREEDY).text)
+    tiny.prewarm(chat, answer)  # the app reads the next turn's opening after each reply
+    second = reply(tiny, [*chat, answer, ChatMessage("user", "And again?")], GREEDY)
+    new = len(tiny.tokenize("And again?\n<|assistant|>"))
+    assert second.metrics.evaluated_tokens <= new, second.metrics  # mamba2 read all 272
+    edited = reply(tiny, [*chat, answer, ChatMessage("user", "Or else?")], GREEDY)
+    assert edited.metrics.evaluated_tokens <= new and not edited.metrics.cache_note

@@ -227,6 +227,8 @@ class DecodeJob:
     thinking: ThinkingControl | None = None  # a template that marks thinking
     tools: ToolDecoding | None = None  # the tools the model may call
     tokenize: Callable[[str], list[int]] = field(default=lambda _text: [])  # no BOS
+    # Called once the reply is in the cache (a recurrent state's checkpoint is kept there).
+    ended: Callable[[], None] = field(default=lambda: None)
 
 
 def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
@@ -257,6 +259,7 @@ def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
     metrics.stop_reason = TOOL_CALLS if calls else reason
     metrics.kv_tokens = len(cmap.tokens)
     read_perf(native, metrics)
+    job.ended()
     yield Finished(reply.text, metrics, reply.reasoning, calls)
 
 

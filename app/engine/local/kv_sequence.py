@@ -12,8 +12,10 @@ from typing import Any
 from app.engine.backend import KvState, PrefillProgress
 from app.engine.context_map import ContextMap, common_prefix
 from app.engine.image_part import is_image_token
+from app.engine.local.checkpoints import Checkpoints
 from app.engine.local.kv_state import read_sequence, write_sequence
 from app.engine.local.loaded_model import LoadedModel
+from app.engine.native.handles import HYBRID, RECURRENT
 from app.engine.prompt.pipeline import Prompt
 from app.gguf.lora import stack_key
 from app.util.errors import DecodeError, ImageError
@@ -39,11 +41,21 @@ class KvSequence:
         self.lora_sig: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._abort_cb = llama_cpp.ggml_abort_callback(self._should_abort)
+        # A recurrent state rewinds only to where it was copied out (``checkpoints``).
+        recurrent = model.memory in (RECURRENT, HYBRID)
+        self.checkpoints = Checkpoints(model.native) if recurrent else None
 
     def clear(self) -> None:
         """Forget every cached token."""
         self._native.clear()
         self.map.clear()
+        if self.checkpoints is not None:
+            self.checkpoints.clear()
+
+    def checkpoint(self) -> None:
+        """Keep a checkpoint of a recurrent state here (the end of a reply)."""
+        if self.checkpoints is not None:
+            self.checkpoints.take(len(self.map.tokens))
 
     @property
     def lora_stale(self) -> bool:
@@ -202,20 +214,49 @@ class KvSequence:
                 if stop.is_set():
                     return
                 chunk = tokens[start:end]
-                rc = native.decode(chunk) if image is None else self._read_image(image, n_batch)
+                last = end == len(tokens)
+                rc = (
+                    self._decode(chunk, last) if image is None else self._read_image(image, n_batch)
+                )
                 if rc == 2 or (rc != 0 and stop.is_set()):
                     # Aborted: some ubatches may be in memory; drop what we cannot vouch for.
-                    self.rewind(len(self.map.tokens))
+                    self._unvouched()
                     return
                 if rc != 0:
-                    self.rewind(len(self.map.tokens))
+                    self._unvouched()
                     raise DecodeError(f"llama.cpp failed to evaluate the prompt (code {rc}).")
                 self.map.tokens.extend(chunk)
+                if self.checkpoints is not None and self.checkpoints.due(len(self.map.tokens)):
+                    self.checkpoints.take(len(self.map.tokens))
                 yield PrefillProgress(start + len(chunk), len(tokens))
         finally:
             # Off during decoding: llama.cpp calls it for every graph node, which
             # would cost a Python call per node per token.
             native.disarm_abort()
+
+    def _decode(self, chunk: Sequence[int], last: bool) -> int:
+        """Evaluate ``chunk`` after the cache. A recurrent state is copied out before a
+        prompt's last token: a regenerate goes back there (the last token is read again
+        for its logits)."""
+        native = self._native
+        if self.checkpoints is None or not last or len(chunk) < 2:
+            return native.decode(chunk)
+        rc = native.decode(chunk[:-1])
+        if rc != 0:
+            return rc
+        self.checkpoints.take(len(self.map.tokens) + len(chunk) - 1)
+        return native.decode(chunk[-1:])
+
+    def _unvouched(self) -> None:
+        """After a read that stopped midway: what llama.cpp may hold past the map goes
+        (a recurrent state back to its last checkpoint), else the whole cache."""
+        n = len(self.map.tokens)
+        if self.checkpoints is not None:
+            n = self.checkpoints.restore(n)
+        if not n or not self._native.seq_rm(self.pos(n)):
+            self.clear()
+        else:
+            self.map.truncate(n)
 
     def _read_image(self, image: int, n_batch: int) -> int:
         """Evaluate the image whose pseudo-token is ``image`` at the end of the cache."""
@@ -237,7 +278,9 @@ class KvSequence:
         Returns a note when the cache had to be emptied instead: llama.cpp
         refused the partial removal, or a sliding-window layer no longer holds
         the window that position ``n`` attends to (restored snapshots keep only
-        the last window). Then the whole prompt is evaluated again.
+        the last window), or a recurrent state has no checkpoint early enough.
+        Then the whole prompt is evaluated again. A recurrent state goes back to
+        its nearest checkpoint at or before ``n``: the cache may keep fewer tokens.
         """
         native, n_swa = self._native, self._model.n_swa
         note = ""
@@ -249,6 +292,11 @@ class KvSequence:
                 f"the sliding-window cache starts at token {pos_min}, "
                 f"too late to continue from token {n}"
             )
+        elif n < len(self.map.tokens) and self.checkpoints is not None:
+            # A recurrent state is not cut: it goes back to a checkpoint at or before n.
+            n = self.checkpoints.restore(n)
+            if not n or not native.seq_rm(self.pos(n)):
+                note = "no checkpoint of the model's recurrent state was that early"
         elif n < len(self.map.tokens) and not native.seq_rm(self.pos(n)):
             note = "llama.cpp could not rewind the cache"
         if note:

@@ -56,6 +56,7 @@ def decode_reply(
         thinking=thinking,
         tools=tools,
         tokenize=lambda text: model.tokenizer.tokenize(text, bos=False),
+        ended=kv.checkpoint,
     )
     return decode(job)
 

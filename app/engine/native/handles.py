@@ -114,6 +114,29 @@ class Native:
 
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, 0, start, end))
 
+    def partial_state(self) -> bytes:
+        """A copy of sequence 0's recurrent part (``LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY``):
+        what a checkpoint of a recurrent or hybrid model keeps."""
+        import ctypes
+
+        import llama_cpp
+
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = int(llama_cpp.llama_state_seq_get_size_ext(self.ctx, 0, flags))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(llama_cpp.llama_state_seq_get_data_ext(self.ctx, buf, size, 0, flags))
+        return ctypes.string_at(buf, got)
+
+    def set_partial_state(self, data: bytes) -> bool:
+        """Put back a ``partial_state``; False when llama.cpp refused it."""
+        import ctypes
+
+        import llama_cpp
+
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        return int(llama_cpp.llama_state_seq_set_data_ext(self.ctx, buf, len(data), 0, flags)) > 0
+
     def seq_pos_min(self) -> int:
         """The smallest position the cache still holds (-1 when empty)."""
         import llama_cpp
