@@ -5,8 +5,9 @@ Layout (little-endian)::
     b"LPKV" | u32 header length | header (UTF-8 JSON) | payload
 
 The payload is the sequence state, then the token ids (int32), the text
-(UTF-8) and the token/text marks (int32 pairs); the header gives each part's
-length, what the state depends on (model fingerprint, llama.cpp version,
+(UTF-8) and the token/text marks (int32 pairs), and for a recurrent or hybrid model
+its checkpoints (the header indexes them: token count and length each); the header
+gives each part's length, what the state depends on (model fingerprint, llama.cpp version,
 context settings, LoRA stack, and the vision projector's fingerprint when the cache
 holds pictures), the draft model loaded when it was made (a record
 only: see ``SnapshotHeader.mismatch``) and a CRC-32 of the payload. No logits are
@@ -55,6 +56,7 @@ MAX_HEADER = 1 << 20
 HEADER_DEPTH = 4  # {"lora": [{...}]} is 3 levels
 MAX_LORA = 64
 MAX_TOKENS = 2**31 - 1
+MAX_CHECKPOINTS = 64  # a recurrent state's checkpoints in one file
 SCALARS = (str, int, float, bool, type(None))
 
 
@@ -130,6 +132,8 @@ def write_snapshot(path: Path, header: SnapshotHeader, kv: KvState) -> int:
         raise SnapshotError("this platform has no 32-bit int array")
     text = kv.text.encode("utf-8")
     parts = [kv.state, tokens.tobytes(), text, marks.tobytes()]
+    if kv.checkpoints:  # a fifth part: a recurrent state's checkpoints, one after another
+        parts.append(b"".join(data for _n, data in kv.checkpoints))
     crc = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
@@ -145,6 +149,8 @@ def write_snapshot(path: Path, header: SnapshotHeader, kv: KvState) -> int:
         "lengths": [len(p) for p in parts],
         "crc32": crc,
     }
+    if kv.checkpoints:
+        head["checkpoints"] = [[n, len(data)] for n, data in kv.checkpoints]
     head_bytes = json.dumps(head, sort_keys=True).encode("utf-8")
     blob = b"".join([MAGIC, struct.pack("<I", len(head_bytes)), head_bytes, *parts])
     atomic_write_bytes(path, blob)
@@ -201,12 +207,14 @@ def _checked_header(head: Any) -> SnapshotHeader:
     lengths = head.get("lengths")
     if not (
         isinstance(lengths, list)
-        and len(lengths) == 4
+        and len(lengths) in (4, 5)
         and all(_is_int(n) and 0 <= n < 2**63 for n in lengths)
         and lengths[1] == 4 * n_tokens
         and lengths[3] % 8 == 0
     ):
         raise _damaged("lengths")
+    if len(lengths) == 5 and not _checkpoint_index(head.get("checkpoints"), n_tokens, lengths[4]):
+        raise _damaged("checkpoints")
     if not (_is_int(head.get("crc32")) and 0 <= head["crc32"] < 2**32):
         raise _damaged("crc32")
     draft = head.get("draft", {})  # absent in files from before drafting with a model
@@ -294,7 +302,31 @@ def read_snapshot(path: Path, expected: SnapshotHeader, max_bytes: int | None = 
         # Saved before projectors were recorded (or the record was cut out): which
         # projector read its pictures cannot be told, so it is read again.
         raise SnapshotError("it holds pictures but does not say which vision projector read them")
-    return KvState(state=parts[0], tokens=tokens.tolist(), text=text, marks=pairs)
+    saved: list[tuple[int, bytes]] = []
+    if len(parts) == 5:  # checked against the header's index (``_checkpoint_index``)
+        at = 0
+        for n, size in head["checkpoints"]:
+            saved.append((n, bytes(parts[4][at : at + size])))
+            at += size
+    return KvState(
+        state=parts[0], tokens=tokens.tolist(), text=text, marks=pairs, checkpoints=tuple(saved)
+    )
+
+
+def _checkpoint_index(index: Any, n_tokens: int, total: int) -> bool:
+    """Whether ``index`` lists checkpoints as [token count, length] pairs: at most
+    ``MAX_CHECKPOINTS``, at increasing counts within the tokens, their lengths adding up
+    to ``total`` (the payload's fifth part)."""
+    if not (isinstance(index, list) and 0 < len(index) <= MAX_CHECKPOINTS):
+        return False
+    pairs = [e for e in index if isinstance(e, list) and len(e) == 2 and all(map(_is_int, e))]
+    counts = [n for n, _size in pairs]
+    return (
+        len(pairs) == len(index)
+        and all(0 < n <= n_tokens and size > 0 for n, size in pairs)
+        and counts == sorted(set(counts))
+        and sum(size for _n, size in pairs) == total
+    )
 
 
 def _images_named(tokens: array[int], text: str) -> bool:

@@ -207,6 +207,9 @@ class KvState:
     tokens: list[int]
     text: str
     marks: list[tuple[int, int]]
+    # A recurrent state's checkpoints (token count, its recurrent part), so a reopened
+    # chat rewinds as the open one did (``app/engine/local/checkpoints.py``).
+    checkpoints: tuple[tuple[int, bytes], ...] = ()
 
 
 @runtime_checkable

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from pytestqt.qtbot import QtBot
 
+from app.chat.snapshot import SnapshotHeader, read_snapshot, write_snapshot
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage
@@ -163,3 +165,38 @@ def test_the_next_turn_and_an_edit_read_only_what_is_new(arch_engine: tuple[str,
     assert second.metrics.evaluated_tokens <= new, second.metrics  # mamba2 read all 272
     edited = reply(tiny, [*chat, answer, ChatMessage("user", "Or else?")], GREEDY)
     assert edited.metrics.evaluated_tokens <= new and not edited.metrics.cache_note
+
+
+SNAPSHOT = SnapshotHeader(
+    model={"name": "tiny.gguf", "size": 1, "sha256": "00" * 32},
+    runtime={"llama_cpp_python": "x"},
+    cache={"n_ctx": 256},
+    lora=[],
+)
+
+
+def test_a_reopened_chat_rewinds_as_the_open_one_did(
+    arch_engine: tuple[str, Engine], tmp_path: Path
+) -> None:
+    _arch, tiny = arch_engine
+    tiny.reset()
+    ask = [ChatMessage("user", "Hello there, how are you today? " * 2)]
+    first = reply(tiny, ask, GREEDY)
+    saved = tiny.export_state()
+    assert len(saved.checkpoints) == 2  # before the prompt's last token, the reply's end
+    path = tmp_path / "chat.lpkv"
+    write_snapshot(path, SNAPSHOT, saved)
+    tiny.reset()
+    tiny.import_state(read_snapshot(path, SNAPSHOT))
+    # A regenerate after reopening: before, the whole chat was read again (no checkpoint
+    # was saved with it), and lfm2 saved no snapshot at all (its cache had been dropped).
+    again = reply(tiny, ask, GREEDY)
+    assert again.metrics.evaluated_tokens == 1 and again.text == first.text
+    # Checkpoints llama.cpp cannot read (a file rewritten with its sum fixed): refused,
+    # and the chat is read again with a note, never a crash.
+    garbage = tuple((n, bytes(len(d))) for n, d in saved.checkpoints)
+    tiny.reset()
+    tiny.import_state(replace(saved, checkpoints=garbage))
+    fresh = reply(tiny, ask, GREEDY)
+    assert fresh.metrics.evaluated_tokens == fresh.metrics.prompt_tokens
+    assert "no checkpoint" in fresh.metrics.cache_note and fresh.text == first.text

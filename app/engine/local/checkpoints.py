@@ -61,6 +61,17 @@ class Checkpoints:
         self.forget_after(at)
         return at
 
+    def saved(self) -> tuple[tuple[int, bytes], ...]:
+        """Every checkpoint, in token order (for a snapshot)."""
+        return tuple(sorted(self._saved.items()))
+
+    def load(self, saved: tuple[tuple[int, bytes], ...], n_tokens: int) -> None:
+        """Take ``saved`` (from a snapshot of ``n_tokens`` tokens) as the checkpoints;
+        any past the tokens is left out, and the bounds hold."""
+        self._saved = {n: bytes(data) for n, data in saved if 0 < n <= n_tokens and data}
+        while len(self._saved) > MAX_KEPT or sum(map(len, self._saved.values())) > MAX_BYTES:
+            del self._saved[min(self._saved)]
+
     def forget_after(self, n: int) -> None:
         for p in [p for p in self._saved if p > n]:
             del self._saved[p]

@@ -115,6 +115,7 @@ class KvSequence:
             tokens=list(self.map.tokens),
             text=self.map.text,
             marks=list(self.map.marks),
+            checkpoints=self.checkpoints.saved() if self.checkpoints is not None else (),
         )
 
     def import_state(self, kv: KvState) -> None:
@@ -129,6 +130,8 @@ class KvSequence:
         write_sequence(self._native.ctx, kv.state, len(kv.tokens), self._model.n_swa)
         # Sorted, each once: files from versions whose drops doubled a mark hold repeats.
         self.map = ContextMap(list(kv.tokens), kv.text, sorted(set(kv.marks)) or [(0, 0)])
+        if self.checkpoints is not None:  # a reopened chat rewinds as the open one did
+            self.checkpoints.load(kv.checkpoints, len(kv.tokens))
         # The caller (SessionCache) applied the stack the state was saved under.
         self.lora_sig = self._model.adapters.signature
 
