@@ -26,15 +26,14 @@ _MEMORY = {
 
 
 def memory_text(info: ModelInfo | None) -> str:
-    """How the model in use remembers the conversation, and what that turns off
-    ("" where the engine does not say: a server)."""
+    """How the model in use remembers the conversation ("" where the engine does not
+    say: a server)."""
     if info is None or not info.capabilities.memory:
         return ""
     caps = info.capabilities
-    words = _MEMORY.get(caps.memory, caps.memory)
-    text = f"Memory: {words}"
-    if not caps.draft_model and caps.memory in ("hybrid", "recurrent"):
-        text += f". Drafting is off: {caps.why_not.get('draft_model', '')}"
+    text = f"Memory: {_MEMORY.get(caps.memory, caps.memory)}"
+    if caps.memory in ("hybrid", "recurrent"):
+        text += ". Its state is kept at checkpoints: a rewind goes back to the nearest one"
     return text
 
 

@@ -52,7 +52,7 @@ from app.engine.local.vision import ImageSeq, check_projector, open_projector
 from app.engine.local.vocab import Vocab
 from app.engine.metrics import MessageMetrics
 from app.engine.native.guard import NativeGuard, default_guard
-from app.engine.native.handles import HYBRID, NO_ROLLBACK, RECURRENT, Native
+from app.engine.native.handles import Native
 from app.engine.native.hardware import HardwareInfo, detect_hardware
 from app.engine.native.libs import load_backends
 from app.engine.native.llama_log import install_log_route
@@ -64,7 +64,7 @@ from app.engine.templates.thinking import ThinkingControl, thinking_control
 from app.engine.tool_spec import ToolRequest
 from app.gguf.info import read_gguf_info
 from app.gguf.lora import AdapterInfo, LoraStack
-from app.util.errors import DraftError, ImageError, NoModelLoaded
+from app.util.errors import ImageError, NoModelLoaded
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,7 @@ class Engine:
         loaded = self._loaded
         if loaded is None:
             return caps
-        caps = replace(caps, vision=loaded.projector is not None, memory=loaded.memory)
-        if loaded.memory in (RECURRENT, HYBRID):
-            caps = replace(
-                caps, draft_model=False, why_not={**caps.why_not, "draft_model": NO_ROLLBACK}
-            )
-        return caps
+        return replace(caps, vision=loaded.projector is not None, memory=loaded.memory)
 
     def ping(self) -> str:
         return ""
@@ -258,8 +253,6 @@ class Engine:
         if path is None:
             self._draft.drop()
             return None
-        if model.memory in (RECURRENT, HYBRID):
-            raise DraftError(f"A draft model cannot be used: {NO_ROLLBACK}.")
         size = n_ctx if n_ctx > 0 else min(model.llm.n_ctx(), 4096)
         config = replace(model.config, n_ctx=size)
         draft_llm, info = open_draft(model.path, Path(path), config, progress, model.extra_bufts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.engine.context_map import ContextMap
-from app.engine.native.handles import Native
+from app.engine.native.handles import HYBRID, RECURRENT, Native
 from app.util.errors import DecodeError
 
 
@@ -41,7 +41,12 @@ class GuessCheck:
     """
 
     def __init__(
-        self, native: Native, cmap: ContextMap, sampler: Any, k_max: int, stop_ids: frozenset[int]
+        self,
+        native: Native,
+        cmap: ContextMap,
+        sampler: Any,
+        k_max: int,
+        stop_ids: frozenset[int],
     ) -> None:
         import llama_cpp
 
@@ -50,6 +55,10 @@ class GuessCheck:
         self._sampler = sampler
         self._stop_ids = stop_ids
         self._batch = llama_cpp.llama_batch_init(k_max + 1, 0, 1)
+        # A recurrent state cannot be cut back: it is copied out before each batch of
+        # guesses, and a rejection puts it back and reads the kept tokens again.
+        self._recurrent = native.memory_kind() in (RECURRENT, HYBRID)
+        self._before: tuple[int, list[int], bytes] | None = None  # (n_past, batch, state)
 
     def close(self) -> None:
         import llama_cpp
@@ -57,11 +66,23 @@ class GuessCheck:
         llama_cpp.llama_batch_free(self._batch)
 
     def reject(self, n: int) -> None:
-        """Take the rejected guesses (from position ``n`` on) back out of the cache.
+        """Take the rejected guesses (from position ``n`` on) back out of the cache; a
+        recurrent state goes back to its copy from before the batch and reads the kept
+        tokens again (measured exact: the reply is the plain one).
 
         Raises:
             DecodeError: llama.cpp refused (the cache is emptied: never sampled from).
         """
+        if self._before is not None:
+            # Back to the state before the batch, then the kept tokens read again.
+            start, batch, state = self._before
+            native = self._native
+            if (
+                native.set_partial_state(state)
+                and native.seq_rm(start)
+                and native.decode(batch[: n - start]) == 0
+            ):
+                return
         if not take_back(self._native, self._cmap, n):
             raise DecodeError(
                 "llama.cpp could not take the rejected guesses back out of the cache; "
@@ -88,6 +109,8 @@ class GuessCheck:
         """
         import llama_cpp
 
+        if self._recurrent:
+            self._before = (n_past, [pending, *draft], self._native.partial_state())
         batch = self._batch
         batch.n_tokens = 1 + len(draft)
         for i, tok in enumerate((pending, *draft)):

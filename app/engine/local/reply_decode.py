@@ -32,7 +32,7 @@ def decode_reply(
 ) -> Generator[EngineEvent, None, None]:
     """The reply's events once the prompt is in the cache (see ``decode.decode``)."""
     model, chat, kv, draft = parts
-    drafter, length = draft.choose(params, model.flash, metrics, model.memory)
+    drafter, length = draft.choose(params, model.flash, metrics)
     # A draft model reads no images; drafts at explicit positions miss M-RoPE's.
     images = model.tokenizer.has_images
     if drafter is not None and images and (drafter.kind == "model" or model.mrope):

@@ -14,13 +14,6 @@ from typing import Any
 
 # How a model remembers the conversation (``Native.memory_kind``).
 RECURRENT, HYBRID, SLIDING_WINDOW, ATTENTION = "recurrent", "hybrid", "sliding-window", "attention"
-# Why drafting is off on a recurrent state: llama.cpp cannot cut it back to before a
-# rejected guess (``llama_memory_seq_rm`` refuses), and a reply sampled from a state that
-# still holds the guess is not the model's reply.
-NO_ROLLBACK = (
-    "this model's memory holds a recurrent state: a rejected guess cannot be taken back "
-    "out of it, and drafting would change the reply"
-)
 
 
 @dataclass(frozen=True)

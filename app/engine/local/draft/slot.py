@@ -16,7 +16,7 @@ from app.engine.backend import DraftInfo, LoadCancelled, ProgressFn
 from app.engine.local.draft.drafters import Drafter, ModelDrafter, NgramDrafter
 from app.engine.local.draft.length import DraftCosts, DraftLength
 from app.engine.metrics import MessageMetrics
-from app.engine.native.handles import HYBRID, NO_ROLLBACK, RECURRENT, Native
+from app.engine.native.handles import HYBRID, RECURRENT, Native
 from app.engine.native.threadpool import SharedThreadPool, ThreadPoolUnavailable
 from app.util.errors import DraftError, ModelFileError, ModelLoadError
 
@@ -64,11 +64,10 @@ class DraftSlot:
         self.info = None
 
     def choose(
-        self, params: SamplingParams, flash: bool, metrics: MessageMetrics, memory: str = ""
+        self, params: SamplingParams, flash: bool, metrics: MessageMetrics
     ) -> tuple[Drafter | None, DraftLength | None]:
         """The drafter for a reply with ``params`` (None: plain decoding) and its length;
-        notes in ``metrics`` say why a drafter asked for is not used (``memory``: the
-        model's, ``Native.memory_kind``)."""
+        notes in ``metrics`` say why a drafter asked for is not used."""
         drafter: Drafter | None = None
         if params.draft_model and self.drafter is not None:
             drafter = self.drafter
@@ -79,9 +78,6 @@ class DraftSlot:
                 "no draft model is loaded"
                 + (": prompt lookup drafted instead" * (params.speculative and not flash))
             )
-        if drafter is not None and memory in (RECURRENT, HYBRID):
-            metrics.notes.append(f"drafting is off: {NO_ROLLBACK}")
-            drafter = None
         if drafter is not None and flash:
             metrics.notes.append(
                 "drafting is off with flash attention, whose batched evaluation rounds "
@@ -147,6 +143,14 @@ def open_draft(
         raise DraftError("Loading the draft model was cancelled.") from exc
     except (ModelFileError, ModelLoadError) as exc:
         raise DraftError(f"The draft model was not loaded: {exc}") from exc
+    if Native(draft_llm).memory_kind() in (RECURRENT, HYBRID):
+        # Its guesses are evaluated in its own cache and cut back after each round,
+        # which a recurrent state refuses: it would restart every round and guess nothing.
+        draft_llm.close()
+        raise DraftError(
+            "This draft model's memory is recurrent (a Mamba-style state): it cannot take "
+            "back its own guesses yet. Choose a draft model with attention layers only."
+        )
     info = DraftInfo(
         path=gguf.path, name=gguf.display_name, n_params=gguf.n_params, n_ctx=draft_llm.n_ctx()
     )
