@@ -38,12 +38,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tests.byte_model import add_byte_vocab, write_model
+
 MODEL_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "test-models"
 ARCHS = ("mamba2", "lfm2", "qwen35")
 # Bump when _build changes what it writes, so cached models are rebuilt.
 BUILDER_VERSION = 1
 _WIDTH, _FF, _CTX, _EPS, _SEED, _STD = 64, 128, 8192, 1e-5, 1234, 0.1
-_BYTE_TYPE, _CONTROL_TYPE, _UNKNOWN_TYPE = 6, 3, 2  # llama.cpp's llama_token_type
 
 
 def arch_model_path(arch: str) -> Path:
@@ -82,22 +83,6 @@ class _Tensors(dict[str, Any]):
         import numpy as np
 
         self[name] = -np.abs(self.rng.standard_normal(ne[::-1]) * _STD).astype(np.float32)
-
-
-def _byte_vocab(writer: Any) -> int:
-    """``tests/byte_model``'s vocabulary (duplicated, not imported, so changes there do
-    not silently change these files); returns its size."""
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_types([_UNKNOWN_TYPE, _CONTROL_TYPE, _CONTROL_TYPE] + [_BYTE_TYPE] * 256)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)
-    return len(tokens)
 
 
 def _ffn(t: _Tensors, il: int) -> None:
@@ -229,17 +214,11 @@ def _build(arch: str, out: Path) -> None:
     writer.add_embedding_length(_WIDTH)
     writer.add_layer_norm_rms_eps(_EPS)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    n_vocab = _byte_vocab(writer)
+    n_vocab = add_byte_vocab(writer)
     tensors = _Tensors(np.random.default_rng(_SEED))
     # No output.weight: llama.cpp ties the head to the embedding when it is missing.
     tensors.rand("token_embd.weight", _WIDTH, n_vocab)
     if arch != "lfm2":
         tensors.ones("output_norm.weight", _WIDTH)
     writer.add_block_count(_BLOCKS[arch](writer, tensors))
-    for name, data in tensors.items():
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, out)
+    write_model(writer, tensors, tmp, out)

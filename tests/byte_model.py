@@ -13,7 +13,9 @@ and under a lock (``tests/draft_model``'s), so parallel runs build it once."""
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 BYTE_MODEL = ROOT / ".cache" / "test-models" / "byte-llama-v1.gguf"
@@ -36,8 +38,6 @@ def _build(out: Path) -> None:
     import numpy as np
 
     rng = np.random.default_rng(42)
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
-    kinds = [_UNKNOWN_TYPE, _CONTROL_TYPE, _CONTROL_TYPE] + [_BYTE_TYPE] * 256
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     writer = gguf.GGUFWriter(str(tmp), "llama")
     writer.add_name("byte-llama")
@@ -50,20 +50,11 @@ def _build(out: Path) -> None:
     writer.add_rope_dimension_count(_WIDTH // _HEADS)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores([0.0] * len(tokens))
-    writer.add_token_types(kinds)
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)
+    n = add_byte_vocab(writer)
 
-    def weight(*shape: int) -> None:
+    def weight(*shape: int) -> Any:
         return rng.standard_normal(shape).astype(np.float32) * 0.1
 
-    n = len(tokens)
     tensors = {
         "token_embd.weight": weight(n, _WIDTH),
         "output_norm.weight": np.ones(_WIDTH, np.float32),
@@ -78,6 +69,28 @@ def _build(out: Path) -> None:
         "blk.0.ffn_up.weight": weight(_FF, _WIDTH),
         "blk.0.ffn_down.weight": weight(_WIDTH, _FF),
     }
+    write_model(writer, tensors, tmp, out)
+
+
+def add_byte_vocab(writer: Any) -> int:
+    """The byte vocabulary (SPM: ``<unk>``, ``<s>``, ``</s>``, then the 256 byte tokens;
+    no space prefix) into ``writer``; returns its size. Shared with ``tests/arch_models``:
+    a change here wants both files' names (their versions) bumped."""
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256))]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([_UNKNOWN_TYPE, _CONTROL_TYPE, _CONTROL_TYPE] + [_BYTE_TYPE] * 256)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+    return len(tokens)
+
+
+def write_model(writer: Any, tensors: Mapping[str, Any], tmp: Path, out: Path) -> None:
+    """Add ``tensors``, write ``writer``'s file (at ``tmp``) and move it to ``out``."""
     for name, data in tensors.items():
         writer.add_tensor(name, data)
     writer.write_header_to_file()

@@ -20,8 +20,12 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.native import extra_bufts_ok
+
+if TYPE_CHECKING:
+    from app.remote.llama_server.backend import LlamaServerBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 START_TIMEOUT_S = 90.0
@@ -150,3 +154,18 @@ def _wait_ready(server: RunningServer) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"llama-server not ready in {START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
+
+
+@contextlib.contextmanager
+def connected_backend(url: str, name: str) -> Iterator[LlamaServerBackend]:
+    """A ``LlamaServerBackend`` connected to the llama-server at ``url``; unloaded after."""
+    from app.config.setting_records import LoadConfig
+    from app.remote.connection import Connection
+    from app.remote.llama_server.backend import LlamaServerBackend
+
+    backend = LlamaServerBackend(Connection(name, f"{name} server", "llama-server", url))
+    backend.load("", LoadConfig())
+    try:
+        yield backend
+    finally:
+        backend.unload()

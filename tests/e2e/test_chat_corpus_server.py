@@ -17,18 +17,17 @@ from typing import Any
 
 import pytest
 
-from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.chat_format.native import NativeFormatter
 from app.engine.chat_message import ChatMessage
 from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest, ToolSpec
-from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from tests import llama_chat
 from tests.byte_model import byte_model_path
 from tests.chat_families import tools_given_to_llama_cpp
-from tests.server_fixture import running_llama_server
+from tests.server_fixture import connected_backend, running_llama_server
 
 CASES = llama_chat.one_per_template()
 _CHOICE = {0: "auto", 1: "required", 2: "none"}  # common_chat_tool_choice
@@ -46,13 +45,11 @@ def corpus_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaSe
     # Any model writes a reply a literal grammar dictates; the byte model's 259 tokens
     # make each one cost microseconds (50 ms with the default model's 262k vocabulary).
     work = tmp_path_factory.mktemp("corpus-server")
-    with running_llama_server(byte_model_path(), work, n_ctx=8192, threads=1) as server:
-        backend = LlamaServerBackend(Connection("corpus", "corpus", "llama-server", server.url))
-        backend.load("", LoadConfig())
-        try:
-            yield backend
-        finally:
-            backend.unload()
+    with (
+        running_llama_server(byte_model_path(), work, n_ctx=8192, threads=1) as server,
+        connected_backend(server.url, "corpus") as backend,
+    ):
+        yield backend
 
 
 def _writes(reply: str, sent: list[dict[str, Any]]) -> Any:

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.config.setting_records import LoadConfig
 from app.engine.backend import Finished, Token
 from app.engine.templates.override import TemplateOverride
-from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from tests import llama_chat
 from tests.chat_families import (
@@ -25,7 +23,7 @@ from tests.chat_families import (
     assert_named_call,
     tools_given_to_llama_cpp,
 )
-from tests.server_fixture import RunningServer, running_llama_server
+from tests.server_fixture import RunningServer, connected_backend, running_llama_server
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +37,8 @@ def formats_server(
 
 @pytest.fixture(scope="module")
 def formats_backend(formats_server: RunningServer) -> Iterator[LlamaServerBackend]:
-    backend = LlamaServerBackend(
-        Connection("formats", "formats server", "llama-server", formats_server.url)
-    )
-    backend.load("", LoadConfig())
-    try:
+    with connected_backend(formats_server.url, "formats") as backend:
         yield backend
-    finally:
-        backend.unload()
 
 
 @pytest.mark.parametrize("name", FAMILIES)

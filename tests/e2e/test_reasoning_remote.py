@@ -15,11 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.config.setting_records import LoadConfig, SamplingParams
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, Token
 from app.engine.chat_format.native import available as native_available
 from app.engine.chat_message import ChatMessage
-from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
 from app.remote.openai.wire import ReplyStream
@@ -28,7 +27,7 @@ from tests.e2e.test_remote_openai import chunk, json_response, scripted, sse
 from tests.hypothesis_budget import examples
 from tests.reasoning_templates import QWEN3, R1, THINK_GRAMMAR, use
 from tests.reasoning_templates import run as run_server
-from tests.server_fixture import RunningServer
+from tests.server_fixture import RunningServer, connected_backend
 
 HI = [ChatMessage("user", "hi")]
 
@@ -172,15 +171,9 @@ def test_inline_splitting_loses_nothing_but_markers(pieces: list[str]) -> None:
 
 @pytest.fixture()
 def server_backend(llama_server: RunningServer) -> Iterator[LlamaServerBackend]:
-    backend = LlamaServerBackend(
-        Connection("think", "test server", "llama-server", llama_server.url)
-    )
-    backend.load("", LoadConfig())
-    try:
+    with connected_backend(llama_server.url, "think") as backend:
         assert backend.capabilities.thinking_control
         yield backend
-    finally:
-        backend.unload()
 
 
 GREEDY = SamplingParams(temperature=0.0, seed=7, max_tokens=40)

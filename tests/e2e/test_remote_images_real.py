@@ -19,7 +19,7 @@ from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
 from app.util.errors import ImageError
-from tests.server_fixture import RunningServer, running_llama_server
+from tests.server_fixture import RunningServer, connected_backend, running_llama_server
 from tests.vision_model import IMAGE_TOKENS, image_part, projector_path
 
 IMAGE_RUN = IMAGE_TOKENS + 2  # the embeddings, <start_of_image> and <end_of_image>
@@ -40,12 +40,8 @@ def server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture()
 def native(server: RunningServer) -> Iterator[LlamaServerBackend]:
-    backend = LlamaServerBackend(Connection("vision", "vision server", "llama-server", server.url))
-    backend.load("", LoadConfig())
-    try:
+    with connected_backend(server.url, "vision") as backend:
         yield backend
-    finally:
-        backend.unload()
 
 
 def finish(backend: Backend, messages: list[ChatMessage]) -> Finished:

@@ -40,7 +40,7 @@ from app.remote.openai.tool_wire import (
 from app.remote.openai.wire import ReplyStream
 from tests.e2e.test_remote_openai import chunk, json_response, scripted, sse
 from tests.hypothesis_budget import examples
-from tests.server_fixture import RunningServer, running_llama_server
+from tests.server_fixture import RunningServer, connected_backend, running_llama_server
 from tests.tool_templates import QWEN_TOOLS
 
 WEATHER = ToolSpec(
@@ -433,17 +433,11 @@ def test_no_tools_pass_through() -> None:
 
 @pytest.fixture()
 def server_backend(tool_server: RunningServer) -> Iterator[LlamaServerBackend]:
-    backend = LlamaServerBackend(
-        Connection("tools", "tool server", "llama-server", tool_server.url)
-    )
-    backend.load("", LoadConfig())
-    try:
+    with connected_backend(tool_server.url, "tools") as backend:
         backend.set_template(TemplateOverride("custom", source=QWEN_TOOLS))
         assert backend.capabilities.tools and backend.model is not None
         assert backend.model.tool_format == "llama.cpp"
         yield backend
-    finally:
-        backend.unload()
 
 
 def test_llama_server_forced_call_then_only_the_result_is_read(

@@ -45,17 +45,16 @@ class Checkpoints:
         if not data:
             return
         self._saved[n] = data
-        while len(self._saved) > MAX_KEPT or sum(map(len, self._saved.values())) > MAX_BYTES:
-            del self._saved[min(self._saved)]
+        self._bound()
 
     def due(self, n: int) -> bool:
         """Whether a long read has gone ``EVERY`` tokens past the last checkpoint."""
-        return n - max((p for p in self._saved if p <= n), default=0) >= EVERY
+        return n - self._nearest(n) >= EVERY
 
     def restore(self, n: int) -> int:
         """Put back the nearest checkpoint at or before token ``n`` and forget the later
         ones; the token count it holds (0: none was early enough, nothing changed)."""
-        at = max((p for p in self._saved if p <= n), default=0)
+        at = self._nearest(n)
         if not at or not self._native.set_partial_state(self._saved[at]):
             return 0
         self.forget_after(at)
@@ -69,8 +68,7 @@ class Checkpoints:
         """Take ``saved`` (from a snapshot of ``n_tokens`` tokens) as the checkpoints;
         any past the tokens is left out, and the bounds hold."""
         self._saved = {n: bytes(data) for n, data in saved if 0 < n <= n_tokens and data}
-        while len(self._saved) > MAX_KEPT or sum(map(len, self._saved.values())) > MAX_BYTES:
-            del self._saved[min(self._saved)]
+        self._bound()
 
     def forget_after(self, n: int) -> None:
         for p in [p for p in self._saved if p > n]:
@@ -78,3 +76,12 @@ class Checkpoints:
 
     def clear(self) -> None:
         self._saved.clear()
+
+    def _nearest(self, n: int) -> int:
+        """The latest checkpoint at or before token ``n`` (0: none)."""
+        return max((p for p in self._saved if p <= n), default=0)
+
+    def _bound(self) -> None:
+        """At most ``MAX_KEPT`` and ``MAX_BYTES``: the earliest go first."""
+        while len(self._saved) > MAX_KEPT or sum(map(len, self._saved.values())) > MAX_BYTES:
+            del self._saved[min(self._saved)]
