@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -53,6 +54,22 @@ def template_source(name: str) -> str:
 
 def case_id(case: dict[str, Any], index: int) -> str:
     return f"{index:03d}-{case['template'].removesuffix('.jinja')}"
+
+
+DUMPED_ON = datetime.date(2026, 11, 29)  # the dump's templates wrote this as "today"
+# The corpus templates' strftime_now formats, and chat.cpp's ``datetime`` variable's.
+_DATE_FORMATS = ("%Y-%m-%d", "%B %d, %Y", "%d %b %Y", "%b %d %Y")
+
+
+def undated(text: str) -> str:
+    """``text`` with the dates templates write with ``strftime_now`` replaced by one
+    placeholder: the dump holds the day it was made, a run its own (or yesterday's,
+    across midnight), as llama.cpp's templates read the clock."""
+    today = datetime.date.today()
+    for day in (DUMPED_ON, today, today - datetime.timedelta(days=1)):
+        for fmt in _DATE_FORMATS:
+            text = text.replace(day.strftime(fmt), "<date>")
+    return text
 
 
 def request(case: dict[str, Any]) -> dict[str, Any]:
