@@ -210,3 +210,77 @@ def test_a_reopened_chat_rewinds_as_the_open_one_did(
     fresh = reply(tiny, ask, GREEDY)
     assert fresh.metrics.evaluated_tokens == fresh.metrics.prompt_tokens
     assert "no checkpoint" in fresh.metrics.cache_note and fresh.text == first.text
+
+
+def test_a_version_switch_reads_the_chosen_reply_and_what_follows(
+    arch_engine: tuple[str, Engine],
+) -> None:
+    _arch, tiny = arch_engine
+    tiny.reset()
+    ask = [ChatMessage("user", "Hello there, how are you today? " * 2)]
+    # An earlier version of the reply, in words (a random model's bytes do not survive
+    # the trip to text and back, so a read from scratch would differ for that reason).
+    first = ChatMessage("assistant", "Fine, thanks. And you?")
+    reply(tiny, ask, GREEDY)  # the version now in the cache...
+    again = reply(tiny, ask, GREEDY)  # ... regenerated
+    assert again.metrics.evaluated_tokens == 1
+    tiny.prewarm(ask, ChatMessage("assistant", again.text))
+    # The user switches back to the first version and writes on.
+    chat = [*ask, first, ChatMessage("user", "And again?")]
+    switched = reply(tiny, chat, GREEDY)
+    new = len(tiny.tokenize(f"{first.content}\n<|user|>And again?\n<|assistant|>"))
+    assert switched.metrics.evaluated_tokens <= new + 1, switched.metrics
+    assert not switched.metrics.cache_note
+    tiny.reset()
+    assert reply(tiny, chat, GREEDY).text == switched.text  # as a read from scratch
+
+
+def test_a_reopened_chat_reads_only_the_new_message(
+    arch_engine: tuple[str, Engine], tmp_path: Path
+) -> None:
+    _arch, tiny = arch_engine
+    tiny.reset()
+    ask = [ChatMessage("user", "Hello there, how are you today? " * 2)]
+    answer = ChatMessage("assistant", reply(tiny, ask, GREEDY).text)
+    tiny.prewarm(ask, answer)  # after each reply, as the app does, then saved
+    path = tmp_path / "chat.lpkv"
+    write_snapshot(path, SNAPSHOT, tiny.export_state())
+    chat = [*ask, answer, ChatMessage("user", "And again?")]
+    want = reply(tiny, chat, GREEDY)
+    tiny.reset()
+    tiny.import_state(read_snapshot(path, SNAPSHOT))
+    got = reply(tiny, chat, GREEDY)
+    new = len(tiny.tokenize("And again?\n<|assistant|>"))
+    assert got.metrics.evaluated_tokens <= new and not got.metrics.cache_note
+    assert got.text == want.text  # a restore changes nothing in the reply
+
+
+def test_the_apps_snapshot_path_resumes_a_hybrid_chat_without_reading_it_again(
+    arch_engine: tuple[str, Engine], tmp_path: Path
+) -> None:
+    # The case: lfm2 saved nothing (its cache had been dropped before the save)
+    # and a resumed chat read all of it again.
+    from app.chat.session_cache import SessionCache
+    from app.chat.store import ConversationStore
+    from app.util.hashing import FingerprintCache
+
+    _arch, tiny = arch_engine
+    tiny.reset()
+    store = ConversationStore(tmp_path / "data")
+    cache = SessionCache(tiny, store, FingerprintCache(tmp_path / "data" / "fingerprints.json"))
+    ask = [ChatMessage("user", "Describe the sea. " * 4)]
+    answer = ChatMessage("assistant", "Blue.")
+    first = reply(tiny, ask, GREEDY)
+    tiny.prewarm(ask, answer)
+    size, _ = cache.save("conv")
+    assert size > 0 and tiny.export_state().checkpoints
+    chat = [*ask, answer, ChatMessage("user", "And the sky?")]
+    tiny.reset()
+    result = cache.restore("conv")
+    assert result.restored, result.note
+    resumed = reply(tiny, chat, GREEDY)
+    assert resumed.metrics.evaluated_tokens <= len(tiny.tokenize("And the sky?\n<|assistant|>"))
+    tiny.reset()
+    assert cache.restore("conv").restored
+    again = reply(tiny, ask, GREEDY)  # a regenerate of the saved reply, after reopening
+    assert again.metrics.evaluated_tokens == 1 and again.text == first.text

@@ -79,14 +79,19 @@ class LocalCache:
             head=self._model.head,
         )
 
-    def warm(self, warm: Warmup) -> bool:
+    def warm(self, warm: Warmup) -> int:
         if self._kv.rewind(warm.n_keep):
-            return False  # the cache was emptied: the next message reads it all anyway
+            return 0  # the cache was emptied: the next message reads it all anyway
+        # A recurrent state goes back to a checkpoint, which may be earlier than n_keep.
+        start = len(self._kv.map.tokens)
         stop = threading.Event()
-        done = 0
-        for event in self._kv.prefill(warm.tokens[warm.n_keep :], stop):
-            done = event.done
-        return done == warm.n_new
+        for _event in self._kv.prefill(warm.tokens[start:], stop):
+            pass
+        done = len(self._kv.map.tokens) == len(warm.tokens)
+        if done and self._kv.checkpoints is not None:
+            # At the opening's end: an edit of the message that follows rewinds to it.
+            self._kv.checkpoints.take(len(warm.tokens))
+        return len(warm.tokens) - start if done else 0
 
 
 def room_maker(

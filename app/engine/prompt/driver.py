@@ -82,9 +82,9 @@ class PromptCache(Protocol):
         """A request's overflow over ``messages``: how a drop reaches this cache."""
         ...
 
-    def warm(self, warm: Warmup) -> bool:
-        """Make the cache hold ``warm.tokens`` (keep ``n_keep``, read the rest); False
-        when it could not, the cache then as it says it is (its map)."""
+    def warm(self, warm: Warmup) -> int:
+        """Make the cache hold ``warm.tokens`` (keep up to ``n_keep``, read the rest); the
+        number of tokens read, 0 when it could not (the cache then as its map says)."""
         ...
 
 
@@ -209,10 +209,11 @@ class PromptDriver:
             ChatTemplateError: the template failed on the conversation with the reply.
         """
         warm = self.warm_up(messages, reply, n_ctx)
-        if warm is None or not self._cache.warm(warm):
+        read = self._cache.warm(warm) if warm is not None else 0
+        if warm is None or not read:
             return 0
         cmap = self._cache.map
         if warm.mark is not None:
             cmap.mark_at(*warm.mark)
         cmap.mark(warm.head)
-        return warm.n_new
+        return read

@@ -128,10 +128,10 @@ class SlotCache:
             messages=messages,
         )
 
-    def warm(self, warm: Warmup) -> bool:
+    def warm(self, warm: Warmup) -> int:
         """Have the server read ``warm``'s tokens (``n_predict`` 0); the slot then holds them."""
         if min(warm.tokens) < 0:
-            return False  # images (negative ids) are sent with their text, in the next request
+            return 0  # images (negative ids) are sent with their text, in the next request
         body = {
             "prompt": warm.tokens,
             "n_predict": 0,
@@ -143,11 +143,11 @@ class SlotCache:
             self._link.call("POST", "/completion", body)
         except LamplightError as exc:
             log.info("prewarm on the server failed: %s", exc)
-            return False
+            return 0
         cmap = self._slot.map
         cmap.truncate(warm.n_keep)
         cmap.tokens = warm.tokens
-        return True
+        return warm.n_new
 
     def go_on(self, prompt: Prompt, reply: str, closing: str) -> Prompt:
         """The prompt that continues after ``reply`` (this request's text) and ``closing``:
