@@ -26,13 +26,19 @@ _MEMORY = {
 
 
 def memory_text(info: ModelInfo | None) -> str:
-    """How the model in use remembers the conversation ("" where the engine does not
-    say: a server)."""
-    if info is None or not info.capabilities.memory:
+    """How the model in use remembers the conversation, and what that means for a
+    rewind; for a server whose model is not known, that it is not known ("" with no
+    model, or an in-process engine that does not say)."""
+    if info is None:
         return ""
     caps = info.capabilities
+    if not caps.memory:
+        return "Memory: not known (the server does not report it)" if info.server else ""
     text = f"Memory: {_MEMORY.get(caps.memory, caps.memory)}"
     if caps.memory in ("hybrid", "recurrent"):
+        if info.server:  # the server's checkpoints are its own (``why_not["checkpoints"]``)
+            why = caps.why_not.get("checkpoints", "")
+            return text + (f". {why}" if why else "")  # it starts "llama-server"
         text += ". Its state is kept at checkpoints: a rewind goes back to the nearest one"
     return text
 

@@ -12,6 +12,9 @@ after ``reset`` (which erases it: another party asks), reuses nothing of it
 The KV cache is in the server's slot ``Connection.slot``: what it holds, its
 snapshots (files in the server's ``--slot-save-path``) and its LoRA scales (of the
 adapters the server loaded, ``--lora``) are the ``Slot``'s (``llama_server.slot``).
+How the server's model remembers is read from its file when the server is on this
+machine (``model_info.server_memory``): a hybrid or recurrent model's context
+checkpoints stay in the server's memory, and its slot files hold none.
 
 A context overflow follows the in-process policies: whole turns are dropped
 before sending (measured with ``/tokenize``); the server re-reads what follows
@@ -77,7 +80,12 @@ from app.remote.http import (
 )
 from app.remote.llama_server.completion import stream_completion
 from app.remote.llama_server.images import ServerImages
-from app.remote.llama_server.model_info import DRAFT_WHY_NOT, capabilities, model_info
+from app.remote.llama_server.model_info import (
+    DRAFT_WHY_NOT,
+    capabilities,
+    model_info,
+    server_memory,
+)
 from app.remote.llama_server.prompt import ServerTemplates, SlotCache
 from app.remote.llama_server.slot import Slot
 from app.remote.llama_server.think import ServerThinking
@@ -109,6 +117,7 @@ class LlamaServerBackend:
     ) -> None:
         self._link = ServerLink(connection, api_key, limits)
         self._info: ModelInfo | None = None
+        self._memory = ""  # how the server's model remembers ("" not known: server_memory)
         self._media = ServerImages(self._link.call)
         self._tokenizer = ServerTokenizer(self._link.call, self._media, self._n_ctx)
         self._slot = Slot(self._link)
@@ -150,7 +159,8 @@ class LlamaServerBackend:
 
     @property
     def capabilities(self) -> Capabilities:
-        return capabilities(self.connection.url, bool(self._slot.adapters), self._media)
+        url, adapters = self.connection.url, bool(self._slot.adapters)
+        return capabilities(url, adapters, self._media, self._memory)
 
     def ping(self) -> str:
         def probe(client: Any) -> str:
@@ -197,6 +207,7 @@ class LlamaServerBackend:
         inputs = template_inputs(props, self._tokenizer.has_token)
         self._media.reset(props, inputs.bos_token)
         template = self._templates.connect(inputs)
+        self._memory = server_memory(conn.url, props)
         info = model_info(props, models, n_ctx, conn, template, inputs, t0)
         self._info = replace(
             info,
@@ -233,6 +244,7 @@ class LlamaServerBackend:
         self._link.close()
         self._slot.disconnect()
         self._info = None
+        self._memory = ""
         self._templates.clear()
         self._prompt.forget()
 

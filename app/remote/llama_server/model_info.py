@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from app.engine.backend import Capabilities, ModelInfo
+from app.engine.native.handles import HYBRID, RECURRENT
+from app.engine.native.memory_probe import file_memory_kind
 from app.engine.templates.chat_template import ChatTemplate
 from app.engine.templates.override import TemplateInputs, looks_like_base_model
 from app.remote.connection import Connection
@@ -20,22 +24,33 @@ DRAFT_WHY_NOT = (
     "a draft model runs with the in-process engine only; llama-server drafts with the "
     "model given on its own command line (--model-draft FILE), if any"
 )
+CHECKPOINTS_WHY_NOT = (
+    "llama-server keeps context checkpoints of this model's state in its own memory, but "
+    "its slot files hold none: after a saved chat is reopened, a regenerate or an edit "
+    "reads the whole chat again"
+)
+_MAX_PATH = 4096  # longer is no path llama-server opened
 
 
-def capabilities(url: str, adapters: bool, media: ServerImages) -> Capabilities:
-    """What a llama-server at ``url`` can do here; ``adapters``: it loaded LoRA adapters."""
+def capabilities(url: str, adapters: bool, media: ServerImages, memory: str = "") -> Capabilities:
+    """What a llama-server at ``url`` can do here; ``adapters``: it loaded LoRA adapters;
+    ``memory``: how its model remembers the conversation (``server_memory``)."""
     why = {
         "token_latency": "the times between tokens are measured as they arrive over the "
         "network; the server's own decode rate is shown beside them",
         "gpu_offload": f"the model runs on the server at {where(url)}; "
         "its GPU settings are the server's command line",
         "draft_model": DRAFT_WHY_NOT,
+        "mtp": "llama-server drafts with a model's next-token (MTP) layers itself, when "
+        "started with --spec-type draft-mtp",
     }
     if not adapters:
         why["lora"] = (
             "the server loaded no LoRA adapters; start llama-server with --lora FILE "
             "(and --lora-init-without-apply) to stack them here"
         )
+    if memory in (HYBRID, RECURRENT):
+        why["checkpoints"] = CHECKPOINTS_WHY_NOT
     return Capabilities(
         snapshots=True,
         lora=adapters,
@@ -45,6 +60,7 @@ def capabilities(url: str, adapters: bool, media: ServerImages) -> Capabilities:
         thinking_control=True,
         tools=True,
         vision=media.vision,
+        memory=memory,
         why_not=why | media.why_not(),
     )
 
@@ -93,3 +109,26 @@ def model_info(
             has_template=bool(inputs.embedded),
         ),
     )
+
+
+def server_memory(url: str, props: dict[str, Any]) -> str:
+    """How the model of the llama-server at ``url`` remembers the conversation, read from
+    its file (``/props`` ``model_path``) when the server runs on this machine and the
+    file is here; "" when not known (the server does not say it)."""
+    path = props.get("model_path")
+    if not isinstance(path, str) or not path or len(path) > _MAX_PATH or "\x00" in path:
+        return ""
+    # The path names a file on the server's machine: a file here is that one only when
+    # the server is here.
+    if not _loopback(urlsplit(url).hostname or ""):
+        return ""
+    return file_memory_kind(path)
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
