@@ -62,6 +62,9 @@ class SamplingParams:
     draft_len: int = 16  # the most tokens drafted at a time (the adaptive length drafts fewer)
     draft_model: bool = False  # draft with the loaded draft model (before prompt lookup)
     adaptive_draft: bool = True  # draft fewer (down to none) when drafts are not kept
+    # Draft with the model's own next-token (MTP) layers, where it has them (before
+    # prompt lookup; a chosen draft model comes first).
+    mtp: bool = True
     # When the conversation outgrows the context: "stop", "truncate_middle" or "rolling".
     overflow: str = "truncate_middle"
     # Reasoning models: thinking "auto" (the template's default), "on" or "off"; effort

@@ -291,6 +291,18 @@ SPECS: tuple[FieldSpec, ...] = (
         "floating-point rounding, which can flip a near-tie.",
     ),
     FieldSpec(
+        "mtp",
+        "Draft with the model's next-token layers",
+        "bool",
+        "speculative",
+        "Models that carry next-token (MTP) layers, such as Qwen3.5, guess the tokens "
+        "after the next one themselves, and the model checks the guesses in one batch "
+        "(before prompt lookup; a chosen draft model comes first). Only for such models; "
+        "the adaptive length turns it down where it does not pay. Sampled replies keep "
+        "the model's distribution exactly; a greedy reply is the same as without drafting "
+        "up to floating-point rounding.",
+    ),
+    FieldSpec(
         "adaptive_draft",
         "Adaptive draft length",
         "bool",

@@ -98,8 +98,11 @@ class Capabilities:
     # says it takes them.
     vision: bool = False
     # How the model remembers the conversation: "attention", "sliding-window", "hybrid"
-    # (recurrent layers with attention) or "recurrent"; "" where not known (a server).
+    # (recurrent layers with attention) or "recurrent"; "" where not known (a server whose
+    # model file is not on this machine).
     memory: str = ""
+    # Drafting with the model's own next-token (MTP) layers (``SamplingParams.mtp``).
+    mtp: bool = False
     why_not: dict[str, str] = field(default_factory=dict)
 
 

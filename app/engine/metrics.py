@@ -44,7 +44,9 @@ class MessageMetrics:
     notes: list[str] = field(default_factory=list)  # things the user should know
     drafted_tokens: int = 0  # speculative decoding: tokens guessed
     accepted_tokens: int = 0  # ... and kept
-    draft_kind: str = ""  # who guessed: "" (no drafting), "lookup" (n-grams) or "model"
+    # Who guessed: "" (no drafting), "lookup" (n-grams), "model" or "mtp" (the model's own
+    # next-token layers).
+    draft_kind: str = ""
     draft_ms: float = 0.0  # time spent drafting (in the draft model, for "model")
     draft_len_final: int = 0  # the adaptive draft length when the reply ended (0: plain)
     # Context overflow: messages [dropped_from, dropped_from + dropped_count) of the

@@ -91,6 +91,9 @@ class GgufInfo:
     n_vocab: int | None = None
     adapter_type: str | None = None  # "lora" for LoRA adapters
     n_embd: int | None = None  # the width a vision projector must write
+    # Next-token (MTP) blocks whose tensors the file holds: llama.cpp loads them only when
+    # asked (``load_mtp``), and fails the load when asked for tensors the file lacks.
+    mtp_layers: int = 0
 
     @property
     def display_name(self) -> str:
@@ -184,7 +187,16 @@ def _info(p: Path, header: Header, n_params: int) -> GgufInfo:
         n_vocab=int_value(meta.get("tokenizer.ggml.tokens#len")),
         adapter_type=adapter_type if isinstance(adapter_type, str) else None,
         n_embd=n_embd,
+        mtp_layers=_mtp_layers(header, arch),
     )
+
+
+def _mtp_layers(header: Header, arch: str) -> int:
+    """How many next-token blocks the metadata declares and the tensors carry (their
+    ``nextn.eh_proj``, which every MTP graph in llama.cpp requires)."""
+    declared = int_value(header.meta.get(f"{arch}.nextn_predict_layers")) or 0
+    present = sum(1 for name, *_ in header.tensors if name.endswith(".nextn.eh_proj.weight"))
+    return min(declared, present)
 
 
 # ---------------------------------------------------------------------------------

@@ -361,3 +361,20 @@ def test_real_model_draft_round_trip(
     finally:
         win.close()
     assert not win.client.engine_thread.isRunning()
+
+
+def test_the_next_token_layers_switch_is_on_only_for_a_model_that_has_them(
+    qtbot: QtBot, make_window: WindowFactory, model_path: Path
+) -> None:
+    fake = FakeEngine()
+    win = make_window(fake, model=model_path)
+    try:
+        box = field(win, "mtp")  # the fake's model has none: greyed out, saying why
+        assert not box.isEnabled() and "no next-token (MTP) layers" in box.toolTip()
+        assert box.isChecked()  # on by default, for the models that have them
+        fake.caps = replace(FAKE_CAPABILITIES, mtp=True)
+        with qtbot.waitSignal(win.modelReady, timeout=5000):
+            win.load_model(model_path)
+        assert field(win, "mtp").isEnabled()
+    finally:
+        win.close()

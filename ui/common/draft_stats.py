@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from app.engine.metrics import MessageMetrics
 
-KIND_NAMES = {"model": "draft model", "lookup": "prompt lookup"}
+KIND_NAMES = {"model": "draft model", "lookup": "prompt lookup", "mtp": "next-token layers"}
 
 
 def tokens_per_pass(m: MessageMetrics) -> float:
@@ -39,7 +39,7 @@ def draft_text(m: MessageMetrics) -> str:
         f"{kind}: {m.accepted_tokens}/{m.drafted_tokens} guesses kept ({m.acceptance:.0%}), "
         f"{tokens_per_pass(m):.2f} tokens per pass"
     )
-    if m.draft_kind == "model":
+    if m.draft_kind in ("model", "mtp"):
         text += f", draft {m.draft_ms:.0f} ms"
     return text
 

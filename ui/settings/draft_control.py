@@ -161,9 +161,11 @@ class DraftControl(QObject):
             w.setToolTip(self._why_not[:1].upper() + self._why_not[1:] if self._why_not else "")
         self.combo.setToolTip(f"Not available: {self._why_not}." if self._why_not else COMBO_HELP)
         reason = f"Not available: {self._why_not}." if self._why_not else ""
-        self._sampling.set_draft_unavailable(
-            {name: reason for name in DRAFT_FIELDS} if reason else {}
-        )
+        unavailable = {name: reason for name in DRAFT_FIELDS} if reason else {}
+        if not caps.mtp:  # the model's own next-token layers: only where it has them
+            why = caps.why_not.get("mtp", "the model has no next-token (MTP) layers")
+            unavailable["mtp"] = f"Not available: {why}."
+        self._sampling.set_draft_unavailable(unavailable)
         self._target = "" if info.server else str(info.path)
         self.candidates = []
         self._fill()

@@ -159,7 +159,14 @@ class Engine:
         loaded = self._loaded
         if loaded is None:
             return caps
-        return replace(caps, vision=loaded.projector is not None, memory=loaded.memory)
+        mtp_why = {"mtp": self._draft.mtp_why} if self._draft.mtp_why else {}
+        return replace(
+            caps,
+            vision=loaded.projector is not None,
+            memory=loaded.memory,
+            mtp=self._draft.mtp is not None,
+            why_not=caps.why_not | mtp_why,
+        )
 
     def ping(self) -> str:
         return ""
@@ -203,6 +210,7 @@ class Engine:
             inputs, (template, stop_ids), vocab, lambda t: tokenize(t, False), guarded
         )
         self._kv = KvSequence(model)
+        self._draft.open_mtp(model.native, gguf.mtp_layers, config.threads())
         templates = LocalTemplates(chat, self._use_template)
         self._prompt = PromptDriver(templates, LocalCache(model, self._kv))
         backend = self.hardware().label if config.n_gpu_layers != 0 else "CPU"
@@ -213,6 +221,7 @@ class Engine:
     def unload(self) -> None:
         """Free the model, its context and its LoRA adapters."""
         self._draft.drop()  # its thread pool is detached before either context is freed
+        self._draft.close_mtp(self._loaded.native if self._loaded is not None else None)
         self._draft.costs.clear()  # what was measured held for that model only
         loaded, self._loaded = self._loaded, None
         self._chat = self._kv = self._prompt = None

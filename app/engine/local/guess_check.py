@@ -124,6 +124,8 @@ class GuessCheck:
         if rc != 0:
             take_back(native, self._cmap, n_past)
             raise DecodeError(f"llama.cpp failed while generating (code {rc}).")
+        if native.after_decode is not None:
+            native.after_decode((pending, *draft))
         # Position i's logits follow [pending, d1..di]: sample, compare with d(i+1).
         sample, is_eog = llama_cpp.llama_sampler_sample, llama_cpp.llama_vocab_is_eog
         kept = 0

@@ -61,7 +61,8 @@ def open_llama(
         return keep_going
 
     try:
-        with load_progress(on_progress, extra_bufts):
+        # Next-token (MTP) blocks are loaded where the file carries them (they draft).
+        with load_progress(on_progress, extra_bufts, load_mtp=gguf.mtp_layers > 0):
             return llama_cpp.Llama(
                 model_path=str(gguf.path),
                 n_ctx=config.n_ctx,
@@ -108,9 +109,11 @@ def _no_chat_handler(*_args: Any, **_kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def load_progress(progress: ProgressFn | None, extra_bufts: bool = True) -> Iterator[None]:
-    """Give llama.cpp's model loader a progress callback (and ``use_extra_bufts``), and
-    keep ``Llama`` from compiling the file's chat templates.
+def load_progress(
+    progress: ProgressFn | None, extra_bufts: bool = True, load_mtp: bool = False
+) -> Iterator[None]:
+    """Give llama.cpp's model loader a progress callback (and ``use_extra_bufts``,
+    ``load_mtp``), and keep ``Llama`` from compiling the file's chat templates.
 
     ``Llama`` exposes neither option, but builds its params through
     ``llama_model_default_params`` and its chat handlers through
@@ -126,15 +129,17 @@ def load_progress(progress: ProgressFn | None, extra_bufts: bool = True) -> Iter
         formatter = chat_format.Jinja2ChatFormatter
         chat_format.Jinja2ChatFormatter = _NoChatFormatter
         try:
-            with _progress_params(lc, progress, extra_bufts):
+            with _progress_params(lc, progress, extra_bufts, load_mtp):
                 yield
         finally:
             chat_format.Jinja2ChatFormatter = formatter
 
 
 @contextlib.contextmanager
-def _progress_params(lc: Any, progress: ProgressFn | None, extra_bufts: bool) -> Iterator[None]:
-    if progress is None and extra_bufts:
+def _progress_params(
+    lc: Any, progress: ProgressFn | None, extra_bufts: bool, load_mtp: bool
+) -> Iterator[None]:
+    if progress is None and extra_bufts and not load_mtp:
         yield
         return
 
@@ -154,6 +159,7 @@ def _progress_params(lc: Any, progress: ProgressFn | None, extra_bufts: bool) ->
         if progress is not None:
             params.progress_callback = c_callback
         params.use_extra_bufts = extra_bufts
+        params.load_mtp = load_mtp
         return params
 
     lc.llama_model_default_params = params_with_progress

@@ -8,7 +8,7 @@ is fixed here once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,9 @@ class Native:
         # Bound once: decode_one runs once per generated token.
         self._llama_decode: Any = llama_cpp.llama_decode
         self._batch_one: Any = llama_cpp.llama_batch_get_one(self._one, 1)
+        # Told of every batch of tokens the context read (the next-token drafter, which
+        # reads each with its hidden row); None when nothing listens.
+        self.after_decode: Callable[[Sequence[int]], None] | None = None
 
     # -- sizes --------------------------------------------------------------------------
 
@@ -136,6 +139,12 @@ class Native:
 
         return int(llama_cpp.llama_memory_seq_pos_min(self.memory, 0))
 
+    def seq_pos_max(self) -> int:
+        """The largest position the cache holds (-1 when empty)."""
+        import llama_cpp
+
+        return int(llama_cpp.llama_memory_seq_pos_max(self.memory, 0))
+
     def state_size(self) -> int:
         """Bytes llama.cpp needs to serialize sequence 0."""
         import llama_cpp
@@ -150,13 +159,19 @@ class Native:
 
         arr = (llama_cpp.llama_token * len(tokens))(*tokens)
         batch = llama_cpp.llama_batch_get_one(arr, len(tokens))
-        return int(llama_cpp.llama_decode(self.ctx, batch))
+        rc = int(llama_cpp.llama_decode(self.ctx, batch))
+        if rc == 0 and self.after_decode is not None:
+            self.after_decode(tokens)
+        return rc
 
     def decode_one(self, token: int) -> int:
         """Evaluate one token (a reused buffer and batch: the per-token path); the
         return code."""
         self._one[0] = token
-        return int(self._llama_decode(self.ctx, self._batch_one))
+        rc = int(self._llama_decode(self.ctx, self._batch_one))
+        if rc == 0 and self.after_decode is not None:
+            self.after_decode((token,))
+        return rc
 
     def logits(self, i: int = -1) -> Any:
         """The native pointer to the logits row of batch position ``i`` (NULL if none)."""

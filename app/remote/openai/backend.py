@@ -123,6 +123,7 @@ WHY_NOT = {
     "gpu_offload": "the model runs on the server; its GPU settings are the server's own",
     "template_override": "an OpenAI-compatible server renders the chat with its own template; "
     "change it on the server (or connect to llama-server as a llama.cpp server)",
+    "mtp": "an OpenAI-compatible server drafts (or not) on its own",
     "draft_model": "a draft model runs with the in-process engine only; an OpenAI-compatible "
     "server decides on speculative decoding itself",
     "thinking_control": "an OpenAI-compatible server ends thinking on its own: no budget or "

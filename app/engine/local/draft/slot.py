@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import DraftInfo, LoadCancelled, ProgressFn
@@ -17,6 +17,9 @@ from app.engine.local.draft.drafters import Drafter, ModelDrafter, NgramDrafter
 from app.engine.local.draft.length import DraftCosts, DraftLength
 from app.engine.metrics import MessageMetrics
 from app.engine.native.handles import HYBRID, RECURRENT, Native
+
+if TYPE_CHECKING:
+    from app.engine.local.draft.mtp import MtpDrafter
 from app.engine.native.threadpool import SharedThreadPool, ThreadPoolUnavailable
 from app.util.errors import DraftError, ModelFileError, ModelLoadError
 
@@ -32,6 +35,9 @@ class DraftSlot:
         self.info: DraftInfo | None = None
         self.costs: dict[str, DraftCosts] = {}
         self._pool: SharedThreadPool | None = None  # one CPU thread pool for model and draft
+        # The model's own next-token layers, while the model stays (``open_mtp``).
+        self.mtp: MtpDrafter | None = None
+        self.mtp_why = "the model has no next-token (MTP) layers"
 
     @property
     def tokens(self) -> list[int]:
@@ -52,6 +58,33 @@ class DraftSlot:
         self.info = info
         log.info("draft model loaded: %s (n_ctx %d)", path, info.n_ctx)
 
+    def open_mtp(self, target: Native, mtp_layers: int, n_threads: int) -> None:
+        """Draft with ``target``'s next-token layers where it has them (``mtp_why`` says
+        why not); they read every batch the target reads from now on."""
+        from app.engine.local.draft.mtp import MtpDrafter
+        from app.engine.native.nextn import why_not
+
+        self.close_mtp()
+        self.mtp_why = why_not(target, mtp_layers)
+        if self.mtp_why:
+            return
+        try:
+            self.mtp = MtpDrafter(target, n_threads)
+        except RuntimeError as exc:
+            self.mtp_why = f"llama.cpp could not open the model's next-token layers ({exc})"
+            return
+        target.after_decode = self.mtp.tap
+        log.info("drafting with the model's next-token layers is available")
+
+    def close_mtp(self, target: Native | None = None) -> None:
+        """Stop drafting with the next-token layers (before the model is freed)."""
+        if self.mtp is not None:
+            if target is not None:
+                target.after_decode = None
+            self.mtp.close()
+            self.mtp = None
+        self.mtp_why = "the model has no next-token (MTP) layers"
+
     def drop(self) -> None:
         """Unload the draft model (its costs stay)."""
         if self._pool is not None:  # detached before either context is freed
@@ -71,6 +104,8 @@ class DraftSlot:
         drafter: Drafter | None = None
         if params.draft_model and self.drafter is not None:
             drafter = self.drafter
+        elif params.mtp and self.mtp is not None:
+            drafter = self.mtp
         elif params.speculative:
             drafter = NgramDrafter()
         if params.draft_model and self.drafter is None:
@@ -87,7 +122,8 @@ class DraftSlot:
         if drafter is None:
             return None, None
         draft = self.info.path if self.info and drafter.kind == "model" else None
-        costs = self.costs.setdefault(costs_key(draft), DraftCosts())
+        key = "mtp" if drafter.kind == "mtp" else costs_key(draft)
+        costs = self.costs.setdefault(key, DraftCosts())
         length = DraftLength(
             params.draft_len, params.adaptive_draft, costs, reads_prompt=drafter.kind == "model"
         )
