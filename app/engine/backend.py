@@ -103,6 +103,8 @@ class Capabilities:
     memory: str = ""
     # Drafting with the model's own next-token (MTP) layers (``SamplingParams.mtp``).
     mtp: bool = False
+    # ``opening`` / ``warm_opening``: a new chat's shared opening read once, kept apart.
+    prefix: bool = False
     why_not: dict[str, str] = field(default_factory=dict)
 
 
@@ -215,6 +217,15 @@ class KvState:
     checkpoints: tuple[tuple[int, bytes], ...] = ()
 
 
+@dataclass(frozen=True)
+class Opening:
+    """What every new chat with the same system turn (a project's) starts with: the
+    template's text up to the first question's words, and its tokens."""
+
+    head: str
+    tokens: tuple[int, ...]
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the engine worker calls. Every method runs on the worker's thread."""
@@ -272,6 +283,17 @@ class Backend(Protocol):
         """Make the cache hold the history as the template renders it with ``reply``
         (the assistant's turn that just ended), and the next turn's opening; returns
         the tokens evaluated."""
+
+    def opening(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Opening | None:
+        """The opening a new chat with ``messages`` (its system turn) and ``tools`` shares
+        with every other such chat; None where there is none (or ``capabilities.prefix``
+        is off). The cache is not touched."""
+
+    def warm_opening(self, opening: Opening) -> int:
+        """Empty the cache and read ``opening`` into it, marked so that a new chat's
+        prompt keeps it; the tokens read (0: it could not, the cache is then empty)."""
 
     def image_tokens(self, image: ImagePart) -> int:
         """Context tokens ``image`` takes in a prompt (0 when the backend cannot tell).

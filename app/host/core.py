@@ -26,6 +26,7 @@ from app.gguf.lora import LoraStack
 from app.host.drafts import draft_candidates
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.host.listener import HostListener
+from app.host.prefixes import Prefixes
 from app.models.default_model import ensure_default_model
 from app.util.errors import LamplightError
 from app.util.hashing import FingerprintCache
@@ -63,6 +64,9 @@ class EngineCore:
         )
         self.store = store
         self.pool = KvPool(engine, pool_mb)
+        # Projects' openings, read once and kept (``prefixes``): beside the snapshots.
+        folder = store.snapshots_dir.parent / "prefixes" if store is not None else None
+        self.prefixes = Prefixes(self.cache, folder)
         # The window's template choice (the engine's own until it sets one); a job with
         # a template of its own puts this one back.
         self.template_choice: TemplateOverride = AUTO

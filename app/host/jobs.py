@@ -143,6 +143,9 @@ class ReplyJob:
     client: str = ""  # who asked: "127.0.0.1:54321", an API request's `user`
     tools: ToolRequest | None = None  # what the model may call in this reply
     party: str = ""
+    # A new chat in this project (an id): it starts from the project's opening, read
+    # once and kept (``app/host/prefixes.py``), when no cached conversation serves it.
+    prefix: str = ""
     # Told who stopped the job (``halt``): an API request's own record of it.
     on_halt: Callable[[StopCause], None] | None = None
     relay: Relay = field(init=False, repr=False, compare=False)

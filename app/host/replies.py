@@ -77,7 +77,13 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
     try:
         if swapped:
             core.engine.set_template(want or AUTO)
-        if job.reuse:
+        opens = job.messages[:1]
+        if job.reuse and job.prefix and opens and opens[0].role == "system":
+            # A new chat in a project: its opening is where it starts (another chat's
+            # cache shares no more with it, and a restored one may not rewind that far).
+            core.pool.start_empty(party)
+            core.prefixes.apply(core.engine, job.prefix, opens, job.params, job.tools)
+        elif job.reuse:
             core.pool.prepare(key, job.messages, party)
         else:
             core.pool.start_empty(party)

@@ -22,6 +22,7 @@ from app.engine.backend import (
     KvState,
     LoadCancelled,
     ModelInfo,
+    Opening,
     ProgressFn,
     Token,
 )
@@ -329,6 +330,14 @@ class FakeEngine:
 
     def count_tokens(self, text: str) -> int:
         return len(_words(text))
+
+    def opening(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Opening | None:
+        return None  # a project's opening is kept in-process only (``capabilities.prefix``)
+
+    def warm_opening(self, opening: Opening) -> int:
+        return 0
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0

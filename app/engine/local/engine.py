@@ -35,9 +35,11 @@ from app.engine.backend import (
     Finished,
     KvState,
     ModelInfo,
+    Opening,
     ProgressFn,
 )
 from app.engine.chat_message import ChatMessage, ImagePart
+from app.engine.local import opening as local_opening
 from app.engine.local.draft.slot import DraftSlot, open_draft
 from app.engine.local.kv_sequence import KvSequence
 from app.engine.local.loaded_model import LoadedModel, prepare
@@ -78,6 +80,7 @@ _CAPABILITIES = Capabilities(
     token_latency=True,
     template_override=True,
     draft_model=True,
+    prefix=True,
     thinking_control=True,
     tools=True,
     why_not={
@@ -505,6 +508,14 @@ class Engine:
             calls = chat.calls(tools, prompt.text)
         parts = (model, chat, kv, self._draft)
         yield from decode_reply(parts, params, seed, metrics, t0, stop, make_room, think, calls)
+
+    def opening(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Opening | None:
+        return local_opening.opening(self._parts(), messages, params, tools)
+
+    def warm_opening(self, opening: Opening) -> int:
+        return local_opening.warm_opening(self._parts(), opening)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         """Make the cache hold the history as the template will render it, and the

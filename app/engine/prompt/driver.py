@@ -201,6 +201,31 @@ class PromptDriver:
         mark = (n_keep + len(first), split) if first and split > c_keep else None
         return Warmup(tokens, n_keep, len(extra), head, mark)
 
+    def opening(self, messages: Sequence[ChatMessage], n_ctx: int) -> Warmup | None:
+        """What the cache holds once a new chat's opening with ``messages`` is read (a
+        project's system turn, ``PromptPipeline.opening``): None when there is none.
+
+        Raises:
+            ChatTemplateError: the template failed on the messages.
+        """
+        if self._templates.rendering.completion:
+            return None  # continue-the-text mode renders no turns
+        head = self.pipeline().opening(messages)
+        if head is None:
+            return None
+        tokens = self._cache.tokenize(head, True)
+        if not tokens or len(tokens) + 1 >= n_ctx:
+            return None
+        return Warmup(tokens, 0, len(tokens), head, None)
+
+    def warm_opening(self, warm: Warmup) -> int:
+        """Read ``warm`` (``opening``) into an empty cache, marked at its end so the first
+        question's prompt keeps it; the tokens read (0: it could not)."""
+        read = self._cache.warm(warm)
+        if read:
+            self._cache.map.mark(warm.head)
+        return read
+
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage, n_ctx: int) -> int:
         """Make the cache hold the history and the opening of the next turn
         (``warm_up``); the number of tokens read (0: nothing done).

@@ -240,6 +240,25 @@ class PromptPipeline:
             self._map.keep_marks(prompt.n_mark)
         return prompt
 
+    def opening(self, messages: Sequence[ChatMessage]) -> str | None:
+        """The text every chat that starts with ``messages`` (a project's system turn)
+        opens with: the template's rendering up to where the first question's words go.
+        None when the template puts nothing before them, or does not render the system
+        text there (it may fold it into the question's turn after the words).
+
+        Raises:
+            ChatTemplateError: the template failed on the messages.
+        """
+        rendered = self.template.render([*messages, ChatMessage("user", SENTINEL)], False)
+        cut = rendered.find(SENTINEL)
+        if cut <= 0:
+            return None
+        head = rendered[:cut]
+        said = [m.content.strip() for m in messages if isinstance(m.content, str)]
+        if not all(text in head for text in said if text):
+            return None
+        return head
+
     def next_turn(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> NextTurn | None:
         """Step 5: the history the next turn will render after ``reply``, and how much of
         the cache it keeps; None when the cache already holds it, or shares nothing.

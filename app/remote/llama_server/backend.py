@@ -48,6 +48,7 @@ from app.engine.backend import (
     Finished,
     KvState,
     ModelInfo,
+    Opening,
     ProgressFn,
 )
 from app.engine.chat_format.schema import schema_grammar
@@ -466,6 +467,14 @@ class LlamaServerBackend:
         if preserved := self._tools.preserved():
             body["preserved_tokens"] = list(preserved)
         return body | self._tools.grammar_fields(grammar)
+
+    def opening(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Opening | None:
+        return None  # a project's opening is kept in-process only (``capabilities.prefix``)
+
+    def warm_opening(self, opening: Opening) -> int:
+        return 0
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         """Have the server hold the history as the template renders it with ``reply``

@@ -45,6 +45,7 @@ from app.engine.backend import (
     KvState,
     LoadCancelled,
     ModelInfo,
+    Opening,
     ProgressFn,
 )
 from app.engine.chat_message import ChatMessage, ImagePart
@@ -264,6 +265,14 @@ class OpenAIBackend:
             DraftError.
         """
         return refuse_draft(path, WHY_NOT["draft_model"])
+
+    def opening(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Opening | None:
+        return None  # a project's opening is kept in-process only (``capabilities.prefix``)
+
+    def warm_opening(self, opening: Opening) -> int:
+        return 0
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         return 0

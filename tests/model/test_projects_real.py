@@ -1,0 +1,121 @@
+"""A new chat in a project starts warm, on the real engine (issue 44): the project's
+opening (instructions with a pinned document, as its system turn) is read once and kept
+in memory and on disk; the next new chat reads only its question, a change of the
+instructions makes a new opening once, and after a restart the saved one is used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.chat.conversation import new_id
+from app.chat.snapshot import read_header
+from app.chat.store import ConversationStore
+from app.config.setting_records import LoadConfig, SamplingParams
+from app.engine.backend import Finished
+from app.engine.chat_message import ChatMessage
+from app.engine.local.engine import Engine
+from app.host.host import EngineHost
+from app.host.jobs import ReplyEvent, ReplyJob
+from app.host.listener import QuietListener
+from tests.arch_models import arch_model_path
+from tests.model.test_recurrent_memory import PLAIN
+
+GREEDY = SamplingParams.greedy(6)
+PROJECT = new_id()
+INSTRUCTIONS = (
+    (
+        "You are the harbour master's assistant. Answer in plain words, cite the tide table "
+        "when it matters, and never guess a berth number. "
+    )
+    * 40
+    + "\n\nPinned document, tides.md:\n"
+    + "High water 06:12, low water 12:31. " * 30
+)
+QUESTION = " ".join(["When is the next high water at the north pier, and which berth"] * 6)
+
+
+def ask(host: EngineHost, system: str, question: str, prefix: str = PROJECT) -> Finished:
+    """A new chat in the project: its first reply."""
+    events: list[ReplyEvent] = []
+    messages = [ChatMessage("system", system), ChatMessage("user", question)]
+    job = ReplyJob(new_id(), "gui", messages, GREEDY, events.append, conv_id=new_id())
+    job.prefix = prefix
+    host.run_here(job)
+    done = events[-1]
+    assert isinstance(done, Finished), done
+    return done
+
+
+@pytest.fixture()
+def host(engine: Engine, tmp_path: Path) -> Iterator[EngineHost]:
+    store = ConversationStore(tmp_path / "data")
+    yield EngineHost(engine, tmp_path / "models", store, QuietListener())
+
+
+def prefix_files(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "data" / "prefixes").glob("*.lpkv"))
+
+
+def test_the_second_new_chat_reads_only_its_question(
+    engine: Engine, host: EngineHost, tmp_path: Path
+) -> None:
+    first = ask(host, INSTRUCTIONS, QUESTION)
+    stats = host._core.prefixes.stats
+    assert stats.built == 1 and len(prefix_files(tmp_path)) == 1
+    opening = first.metrics.cached_tokens  # the opening, read just before the question
+    assert opening > 1500 and first.metrics.evaluated_tokens < 200
+    engine.reset()  # another chat came between (the live cache is gone)
+    second = ask(host, INSTRUCTIONS, QUESTION.replace("north", "south"))
+    question = engine.count_tokens(QUESTION)
+    assert stats.from_ram == 1 and second.metrics.cached_tokens == opening
+    assert second.metrics.evaluated_tokens <= 1.1 * question, (second.metrics, question)
+    # Changed instructions: a new opening, read once; the project's old file goes.
+    changed = INSTRUCTIONS + "\nAlso give the water depth."
+    engine.reset()
+    ask(host, changed, QUESTION)
+    assert stats.built == 2 and len(prefix_files(tmp_path)) == 1
+    engine.reset()
+    again = ask(host, changed, QUESTION)
+    assert stats.built == 2 and again.metrics.evaluated_tokens <= 1.1 * question
+    # A restart: a new host on the same data folder, nothing in memory.
+    engine.reset()
+    restarted = EngineHost(
+        engine, tmp_path / "models", ConversationStore(tmp_path / "data"), QuietListener()
+    )
+    after = ask(restarted, changed, QUESTION)
+    assert restarted._core.prefixes.stats.from_disk == 1
+    assert after.metrics.evaluated_tokens <= 1.1 * question
+
+
+def test_a_chat_outside_a_project_or_without_instructions_reads_as_before(
+    engine: Engine, host: EngineHost, tmp_path: Path
+) -> None:
+    plain = ask(host, INSTRUCTIONS, QUESTION, prefix="")
+    assert plain.metrics.cached_tokens == 0 and not prefix_files(tmp_path)
+    assert host._core.prefixes.stats.built == 0
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35"])
+def test_a_hybrid_models_opening_carries_its_checkpoint(arch: str, tmp_path: Path) -> None:
+    tiny = Engine()
+    tiny.load(arch_model_path(arch), LoadConfig(n_ctx=1024, n_threads=1))
+    tiny.set_template(PLAIN)
+    try:
+        host = EngineHost(
+            tiny, tmp_path / "models", ConversationStore(tmp_path / "data"), QuietListener()
+        )
+        system = "Rules of the harbour. " * 20
+        ask(host, system, "When?")
+        (path,) = prefix_files(tmp_path)
+        _header, head, _ = read_header(path)
+        n = head["n_tokens"]
+        assert [c[0] for c in head["checkpoints"]][-1] == n  # a checkpoint at its end
+        tiny.reset()
+        warm = ask(host, system, "Where is it?")
+        assert warm.metrics.cached_tokens == n
+        assert warm.metrics.evaluated_tokens <= len(tiny.tokenize("Where is it?\n<|assistant|>"))
+    finally:
+        tiny.unload()
