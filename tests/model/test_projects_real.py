@@ -34,6 +34,7 @@ INSTRUCTIONS = (
     + "\n\nPinned document, tides.md:\n"
     + "High water 06:12, low water 12:31. " * 30
 )
+SHORT = INSTRUCTIONS[:1200]  # where the size does not matter
 QUESTION = " ".join(["When is the next high water at the north pier, and which berth"] * 6)
 
 
@@ -119,3 +120,20 @@ def test_a_hybrid_models_opening_carries_its_checkpoint(arch: str, tmp_path: Pat
         assert warm.metrics.evaluated_tokens <= len(tiny.tokenize("Where is it?\n<|assistant|>"))
     finally:
         tiny.unload()
+
+
+def test_a_damaged_saved_opening_is_read_again_never_used(
+    engine: Engine, host: EngineHost, tmp_path: Path
+) -> None:
+    ask(host, SHORT, QUESTION)
+    (path,) = prefix_files(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the state: its checksum fails
+    path.write_bytes(bytes(data))
+    engine.reset()
+    store = ConversationStore(tmp_path / "data")
+    restarted = EngineHost(engine, tmp_path / "models", store, QuietListener())
+    done = ask(restarted, SHORT, QUESTION)
+    stats = restarted._core.prefixes.stats
+    assert stats.from_disk == 0 and stats.built == 1  # refused, read again, saved again
+    assert done.metrics.evaluated_tokens < 200 and len(prefix_files(tmp_path)) == 1
