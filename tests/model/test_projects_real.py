@@ -94,7 +94,7 @@ def test_the_second_new_chat_reads_only_its_question(
 def test_a_chat_outside_a_project_or_without_instructions_reads_as_before(
     engine: Engine, host: EngineHost, tmp_path: Path
 ) -> None:
-    plain = ask(host, INSTRUCTIONS, QUESTION, prefix="")
+    plain = ask(host, SHORT, QUESTION, prefix="")
     assert plain.metrics.cached_tokens == 0 and not prefix_files(tmp_path)
     assert host._core.prefixes.stats.built == 0
 
