@@ -6,11 +6,14 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeGuard
 
 from app.chat.doc_refs import read_names, read_paths, read_sources
 from app.chat.image_store import read_image_refs
+from app.chat.metrics_record import metrics_from_dict, metrics_to_dict
+from app.chat.stored_fields import PATH_MAX as PATH_MAX  # re-exported: callers check against it
+from app.chat.stored_fields import is_count, is_int, is_number, read_path, read_text, read_time
 from app.chat.tool_records import (
     CLOSED_TEXT,
     cut_result,
@@ -32,6 +35,7 @@ from app.util.errors import LamplightError
 # them is refused by an older Lamplight (it knows no ``tool`` role), which is right.
 # A user message's pictures (``images``, references into ``app.chat.image_store``) are
 # absent when there are none; an older Lamplight shows such a message without them.
+# ``project_id`` likewise (absent for a chat in no project; an older one ignores it).
 FORMAT_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MAX_BRANCHES = 100_000  # the file's size limit bounds them first
@@ -39,14 +43,11 @@ TITLE_CHARS = 60  # an automatic title
 TITLE_MAX = 200  # a title the user chose, or a stored one
 _TITLE_WORD = re.compile(rf"\S{{1,{TITLE_CHARS + 1}}}")  # a longer word ends the title
 NAME_MAX = 1000
-PATH_MAX = 4096
 ID_CHARS = 128
-LATEST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: later dates fail in time.localtime
 ROLES = ("system", "user", "assistant", "tool")
 # Message fields written only when set, so a file without them is as it always was.
 KEPT_WHEN_SET = ("reasoning", "tool_calls", "tool_call_id", "name", "is_error", "images", "sources")
 Images = Callable[["Message"], "list[ImagePart]"]  # a message's pictures, read
-THINKING_CUTS = ("", "budget", "user")  # MessageMetrics.thinking_cut: who ended the thinking
 
 
 class ConversationError(LamplightError):
@@ -150,6 +151,9 @@ class Conversation:
     # message is given passages from them (``app.documents.library``).
     documents: list[str] = field(default_factory=list)
     collections: list[str] = field(default_factory=list)
+    # The project it belongs to (``app.chat.projects``; "" for none). Only a link: a
+    # project that is gone leaves the chat as it was, shown with no project.
+    project_id: str = ""
 
     def chat(self, result_chars: int = 16_000, images: Images | None = None) -> list[ChatMessage]:
         """The messages the model sees, system prompt first (not the forgotten ones);
@@ -288,7 +292,7 @@ class Conversation:
             for key in KEPT_WHEN_SET:
                 if not m[key]:
                     del m[key]
-        for key in ("documents", "collections"):
+        for key in ("documents", "collections", "project_id"):
             if not data[key]:
                 del data[key]
         return data
@@ -310,7 +314,7 @@ class Conversation:
             raise ConversationError(f"{where}: not a JSON object", damaged=True)
         version = data.get("format")
         if version not in READABLE_VERSIONS or isinstance(version, bool):
-            newer = _is_int(version) and version > FORMAT_VERSION
+            newer = is_int(version) and version > FORMAT_VERSION
             raise ConversationError(
                 f"{where}: unknown format {short_repr(version)}"
                 + (" (saved by a newer Lamplight)" if newer else ""),
@@ -319,7 +323,7 @@ class Conversation:
         raw_messages = data.get("messages")
         if not isinstance(raw_messages, list):
             raise ConversationError(f"{where}: no message list", damaged=True)
-        created = _when(
+        created = read_time(
             data.get("created"), time.time() if fallback_time is None else fallback_time
         )
         messages = settle_calls(
@@ -331,25 +335,27 @@ class Conversation:
         if not is_valid_id(conv_id):
             raise ConversationError(f"{where}: bad id {short_repr(conv_id)}", damaged=True)
         forked = data.get("forked_from")
+        project = data.get("project_id")
         sampling = data.get("sampling")
         n_tokens = data.get("n_tokens")
         return cls(
             id=conv_id,
-            title=_text(data.get("title"), TITLE_MAX),
+            title=read_text(data.get("title"), TITLE_MAX),
             title_is_custom=data.get("title_is_custom") is True,
             created=created,
-            updated=_when(data.get("updated"), created),
-            model_name=_text(data.get("model_name"), NAME_MAX),
-            model_path=_text(data.get("model_path"), PATH_MAX),
-            system_prompt=_text(data.get("system_prompt"), None),
+            updated=read_time(data.get("updated"), created),
+            model_name=read_text(data.get("model_name"), NAME_MAX),
+            model_path=read_text(data.get("model_path"), PATH_MAX),
+            system_prompt=read_text(data.get("system_prompt"), None),
             forked_from=forked if is_valid_id(forked) else None,
-            n_tokens=n_tokens if _is_count(n_tokens) else 0,
+            n_tokens=n_tokens if is_count(n_tokens) else 0,
             sampling=sampling if _is_flat(sampling) else None,
-            draft_path=_path(data.get("draft_path")),
+            draft_path=read_path(data.get("draft_path")),
             messages=messages,
             alternatives=alternatives,
             documents=read_paths(data.get("documents")),
             collections=read_names(data.get("collections")),
+            project_id=project if is_valid_id(project) else "",
         )
 
 
@@ -400,9 +406,9 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
     return Message(
         role=m["role"],
         content=m["content"],
-        created=_when(m.get("created"), created),
+        created=read_time(m.get("created"), created),
         id=mid if is_valid_id(mid) else new_id(),
-        token_offset=offset if _is_count(offset) else None,
+        token_offset=offset if is_count(offset) else None,
         metrics=metrics_to_dict(metrics_from_dict(metrics)) if isinstance(metrics, dict) else None,
         forgotten=m.get("forgotten") is True,
         # Only a reply thinks: thinking on another role would reach the template as such.
@@ -456,87 +462,17 @@ def is_valid_id(value: object) -> TypeGuard[str]:
     )
 
 
-def _is_count(value: object) -> TypeGuard[int]:
-    return _is_int(value) and 0 <= value < 2**31
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63
-
-
-def _is_number(value: Any) -> bool:
-    # Finite (NaN fails the comparisons), and small enough for every sum and rate.
-    return isinstance(value, int | float) and not isinstance(value, bool) and -1e15 < value < 1e15
-
-
-def _when(value: Any, fallback: float) -> float:
-    """A timestamp ``time.localtime`` can show, else ``fallback`` (else 0)."""
-    for candidate in (value, fallback):
-        if _is_number(candidate) and 0 <= candidate <= LATEST_TIME:
-            return float(candidate)
-    return 0.0
-
-
-def _text(value: Any, limit: int | None) -> str:
-    if not isinstance(value, str):
-        return ""
-    return value if limit is None else value[:limit]
-
-
-def _path(value: Any) -> str:
-    """A file path as stored, or "" (not text, too long, or with a NUL: never a file)."""
-    if not isinstance(value, str) or len(value) > PATH_MAX or "\0" in value:
-        return ""
-    return value
-
-
 def _is_flat(value: Any) -> bool:
     """A settings object: finite scalars and lists of them (``validate_sampling`` decides)."""
     if not isinstance(value, dict):
         return False
 
     def scalar(v: object) -> bool:
-        return v is None or isinstance(v, str | bool) or _is_int(v) or _is_number(v)
+        return v is None or isinstance(v, str | bool) or is_int(v) or is_number(v)
 
     return all(
         scalar(v) or (isinstance(v, list) and all(scalar(x) for x in v)) for v in value.values()
     )
-
-
-def metrics_to_dict(m: MessageMetrics) -> dict[str, Any]:
-    return asdict(m)
-
-
-def metrics_from_dict(data: dict[str, Any]) -> MessageMetrics:
-    """Metrics from stored values: a field of the wrong type, or not finite, keeps its
-    default, so every figure computed from them (rates, percentiles) is a number."""
-    defaults = MessageMetrics()
-    kwargs: dict[str, Any] = {}
-    for f in fields(MessageMetrics):
-        if f.name not in data:
-            continue
-        value, default = data[f.name], getattr(defaults, f.name)
-        if f.name == "seed":
-            ok = value is None or _is_int(value)
-        elif isinstance(default, int):
-            ok = _is_int(value)
-        elif isinstance(default, float):
-            ok = _is_number(value)
-            value = float(value) if ok else value
-        elif f.name == "thinking_cut":
-            ok = value in THINKING_CUTS
-        elif isinstance(default, str):
-            ok = isinstance(value, str)
-        elif f.name == "token_times_ms":
-            ok = isinstance(value, list) and all(_is_number(x) for x in value)
-            value = [float(x) for x in value] if ok else value
-        elif f.name == "notes":
-            ok = isinstance(value, list) and all(isinstance(x, str) for x in value)
-        else:  # pragma: no cover - a new field of another type keeps its default
-            ok = False
-        if ok:
-            kwargs[f.name] = value
-    return MessageMetrics(**kwargs)
 
 
 def _names(m: Message) -> str:

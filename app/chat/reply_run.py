@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from app.chat.conversation import Message, metrics_to_dict
+from app.chat.conversation import Message
 from app.chat.image_store import ImageStore
+from app.chat.metrics_record import metrics_to_dict
 from app.chat.session_link import (
     EngineLink,
     Kind,

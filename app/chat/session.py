@@ -46,6 +46,8 @@ from app.chat.composer import offers_tools
 from app.chat.conversation import Conversation, ConversationError, Message
 from app.chat.doc_refs import read_names, read_paths
 from app.chat.image_store import image_ref
+from app.chat.project_chat import new_conversation
+from app.chat.projects import Project
 from app.chat.reply_run import ReplyRun
 from app.chat.session_link import EngineLink, Kind, SessionView
 from app.chat.store import ConversationStore
@@ -277,8 +279,10 @@ class ChatSession:
         if not conv.messages and conv.system_prompt == old:
             conv.system_prompt = text
 
-    def new_chat(self) -> None:
-        self.when_idle(self._new_chat)
+    def new_chat(self, project: Project | None = None) -> None:
+        """Start an empty chat (in ``project``: from its instructions and documents,
+        and its first reply from the project's opening, read once for all its chats)."""
+        self.when_idle(lambda: self._new_chat(project))
 
     def open(self, conv_id: str, restore: bool = True) -> None:
         """Show a saved conversation and load its cache (after settling the current one)."""
@@ -433,13 +437,13 @@ class ChatSession:
         self._view.notice("Stayed on this conversation so that nothing is lost.")
         return False
 
-    def _new_chat(self) -> None:
+    def _new_chat(self, project: Project | None = None) -> None:
         if self._settled():
-            self._replace_deleted()
+            self._replace_deleted(project)
 
-    def _replace_deleted(self) -> None:
+    def _replace_deleted(self, project: Project | None = None) -> None:
         """Start an empty conversation in place of the open one (already saved or deleted)."""
-        self.conversation = self._fresh()
+        self.conversation = new_conversation(project) if project is not None else self._fresh()
         self.edit_index = None
         self._link.reset()
         self._view.show_conversation(self.conversation, opened=False, restoring=False)

@@ -28,11 +28,13 @@ class EngineLink(Protocol):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         tools: ToolRequest | None = None,
+        prefix: str = "",
     ) -> int:
         """Queue a reply; the worker saves ``conv_id``'s snapshot after it. Returns its id.
 
         ``tools``: what the model may call (``ReplyJob.tools``); a reply that calls some
-        ends with ``Finished.tool_calls``, passed on to ``ChatSession.on_finished``."""
+        ends with ``Finished.tool_calls``, passed on to ``ChatSession.on_finished``.
+        ``prefix``: a new chat's project, whose opening it starts from (``ReplyJob``)."""
 
     def stop(self) -> None:
         """Ask the running reply to stop (its terminal event follows)."""

@@ -199,7 +199,7 @@ def _checked_header(head: Any) -> SnapshotHeader:
         if not _is_flat(head.get(key)):
             raise _damaged(key)
     lora = head.get("lora")
-    if not (isinstance(lora, list) and len(lora) <= MAX_LORA and all(map(_is_lora, lora))):
+    if not (isinstance(lora, list) and len(lora) <= MAX_LORA and all(map(is_lora, lora))):
         raise _damaged("lora")
     n_tokens = head.get("n_tokens")
     if not (_is_int(n_tokens) and 0 <= n_tokens <= MAX_TOKENS):
@@ -371,7 +371,7 @@ def _is_flat(value: object) -> bool:
     )
 
 
-def _is_lora(entry: object) -> bool:
+def is_lora(entry: object) -> bool:
     """A LoRA stack entry as ``LoraStack.signature`` writes it."""
     if not _is_flat(entry):
         return False

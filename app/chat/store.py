@@ -48,17 +48,10 @@ from app.chat.conversation import (
 from app.chat.image_store import ImageStore
 from app.chat.import_review import HeldBack, hold_back
 from app.chat.search_index import SearchHit, SearchIndex
+from app.chat.stored_files import MISSING, file_stamp, mtime, set_aside_noted
 from app.config.field_spec import short_repr
 from app.util.atomic import atomic_write_text
-from app.util.datafiles import (
-    DataFileError,
-    ensure_directory,
-    os_reason,
-    parse_json,
-    read_json,
-    reason,
-    set_aside,
-)
+from app.util.datafiles import DataFileError, ensure_directory, parse_json, read_json, reason
 
 DEFAULT_BUDGET_BYTES = 1024 * 1024 * 1024
 SNAPSHOT_SUFFIX = ".lpkv"
@@ -83,6 +76,7 @@ class ConversationSummary:
     error: str = ""
     set_aside: bool = False  # the transcript was damaged and moved to <id>.json.bad
     transcript_bytes: int = 0  # size of the transcript file (0 when unreadable)
+    project_id: str = ""  # the project it belongs to ("" for none)
 
 
 def _locked(
@@ -162,7 +156,7 @@ class ConversationStore:
         A damaged transcript is set aside here: its row says so (``set_aside``).
         """
         path = self.transcript_path(conv_id)
-        stamp = _file_stamp(path)
+        stamp = file_stamp(path)
         size = self.snapshot_bytes(conv_id)
         known = self._summaries.get(conv_id)
         if known is not None and known[0] == stamp:
@@ -171,11 +165,11 @@ class ConversationStore:
             row = _row(self.load(conv_id), size, max(stamp[0], 0))
         except ConversationError as exc:
             error = str(exc)
-            aside = exc.damaged and self._set_aside(path, error)
+            aside = exc.damaged and set_aside_noted(path, error, self._notes)
             row = ConversationSummary(
                 id=conv_id,
                 title=f"(unreadable) {path.name}",
-                updated=_mtime(path),
+                updated=mtime(path),
                 model_name="",
                 n_tokens=0,
                 n_messages=0,
@@ -188,15 +182,6 @@ class ConversationStore:
                 return row
         self._summaries[conv_id] = (stamp, row)
         return row
-
-    def _set_aside(self, path: Path, error: str) -> bool:
-        try:
-            aside = set_aside(path)
-        except OSError as exc:
-            self._notes.append(f"{error}; it could not be set aside ({os_reason(exc)}).")
-            return False
-        self._notes.append(f"{error}; it was set aside as {aside.name}.")
-        return True
 
     @_locked
     def load(self, conv_id: str) -> Conversation:
@@ -213,7 +198,7 @@ class ConversationStore:
         except DataFileError as exc:
             what = "damaged" if exc.damaged else "not usable"
             raise ConversationError(f"{path.name}: {what} ({reason(exc)})", exc.damaged) from exc
-        conv = Conversation.from_dict(data, where=path.name, fallback_time=_mtime(path))
+        conv = Conversation.from_dict(data, where=path.name, fallback_time=mtime(path))
         if conv.id != conv_id:
             raise ConversationError(f"{path.name}: holds conversation {conv.id}", damaged=True)
         return conv
@@ -243,7 +228,7 @@ class ConversationStore:
                 "a conversation can hold"
             )
         atomic_write_text(path, text)
-        stamp = _file_stamp(path)
+        stamp = file_stamp(path)
         # Indexed with the stamp of what was written: a crash before this line leaves a
         # stale stamp, which the next search's ``sync`` repairs.
         self.index.update(conv, _stamp_text(stamp))
@@ -289,6 +274,21 @@ class ConversationStore:
     def rename(self, conv_id: str, title: str) -> Conversation:
         conv = self.load(conv_id)
         conv.rename(title)
+        self.save(conv)
+        return conv
+
+    @_locked
+    def set_project(self, conv_id: str, project_id: str) -> Conversation:
+        """Put a saved chat in project ``project_id`` ("" takes it out of any); saved.
+
+        Raises:
+            ConversationError: ``project_id`` is not an id, or the chat cannot be read.
+            OSError: the write failed.
+        """
+        if project_id and not is_valid_id(project_id):
+            raise ConversationError(f"invalid project id {short_repr(project_id)}")
+        conv = self.load(conv_id)
+        conv.project_id = project_id
         self.save(conv)
         return conv
 
@@ -350,6 +350,8 @@ class ConversationStore:
             data = {**data, "id": new_id()}  # whatever id it had: it gets a new one
         conv = Conversation.from_dict(data, where="imported file")
         conv.n_tokens = 0
+        # It joins no project here on its own: a project brings its tools and adapters.
+        conv.project_id = ""
         held = hold_back(conv)  # saved without: a crash before the user answers keeps none
         self.save(conv)
         return conv, held
@@ -400,7 +402,7 @@ class ConversationStore:
         # Temp files of writes that a crash interrupted.
         for folder in (self.snapshots_dir, self.conversations_dir, *self.images.folders()):
             for tmp in folder.glob(".*.tmp"):
-                if time.time() - _mtime(tmp) > 3600:
+                if time.time() - mtime(tmp) > 3600:
                     with contextlib.suppress(OSError):
                         tmp.unlink()
         return dropped
@@ -451,6 +453,7 @@ def _row(conv: Conversation, snapshot_bytes: int, transcript_bytes: int) -> Conv
         n_messages=len(conv.messages),
         snapshot_bytes=snapshot_bytes,
         transcript_bytes=transcript_bytes,
+        project_id=conv.project_id,
     )
 
 
@@ -461,30 +464,10 @@ def _checked(conv_id: str) -> str:
     return conv_id
 
 
-MISSING = (-1, -1)  # the stamp of a transcript that cannot be read
-
-
-def _file_stamp(path: Path) -> tuple[int, int]:
-    """What identifies one written version of a transcript: its size and time
-    (``MISSING`` when it cannot be read)."""
-    try:
-        st = path.stat()
-    except OSError:
-        return MISSING
-    return (st.st_size, st.st_mtime_ns)
-
-
 def _stamp_text(stamp: tuple[int, int]) -> str:
     """The search index's form of a stamp."""
     return "missing" if stamp == MISSING else f"{stamp[0]}:{stamp[1]}"
 
 
 def _stamp(path: Path) -> str:
-    return _stamp_text(_file_stamp(path))
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    return _stamp_text(file_stamp(path))

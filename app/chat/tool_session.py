@@ -23,7 +23,7 @@ from app.chat.session_link import EngineLink, ReplyRequest, SessionView
 from app.chat.tool_records import cut_result
 from app.chat.tool_round import Approvals, Decision, Post, ToolLoop, rounds_notice, tool_request
 from app.config.setting_records import SamplingParams
-from app.engine.chat_message import ImagePart, ToolCall
+from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
 from app.mcp.tool_host import McpTool, ToolHost
 
 
@@ -103,11 +103,12 @@ class ToolRounds:
             messages=list(conv.messages) if req.rounds else req.prompt,
         )
         chat = shown.chat(req.params.tool_result_chars, self._pictures)
+        extra: dict[str, Any] = {}  # keywords only when used: an EngineLink may lack them
         if req.tools:
-            tools = tool_request(req.tools, req.rounds, req.params)
-            req.id = self._link.generate(conv.id, chat, req.params, tools=tools)
-        else:  # as before tools existed (an EngineLink may not take the keyword)
-            req.id = self._link.generate(conv.id, chat, req.params)
+            extra["tools"] = tool_request(req.tools, req.rounds, req.params)
+        if opens_project(conv, chat, req.rounds):
+            extra["prefix"] = conv.project_id  # starts from the project's opening
+        req.id = self._link.generate(conv.id, chat, req.params, **extra)
         req.sent = shown.sent()
         req.parts, req.thinking = [], []
 
@@ -151,3 +152,15 @@ class ToolRounds:
             self._view.notice(rounds_notice(req.rounds))
         self.ask(req)
         self._view.reply_begun(list(conv.messages), added_user=False)
+
+
+def opens_project(conv: Conversation, chat: Sequence[ChatMessage], rounds: int) -> bool:
+    """Whether a reply asks for a project chat's first answer: its system turn, one
+    question, no tool round yet (then the project's opening is where it starts)."""
+    return (
+        bool(conv.project_id)
+        and not rounds
+        and len(chat) == 2
+        and chat[0].role == "system"
+        and chat[1].role == "user"
+    )

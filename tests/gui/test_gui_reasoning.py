@@ -10,7 +10,8 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
-from app.chat.conversation import Message, metrics_to_dict
+from app.chat.conversation import Message
+from app.chat.metrics_record import metrics_to_dict
 from app.engine.backend import Capabilities
 from app.engine.metrics import MessageMetrics
 from app.engine.reasoning.format import ReasoningFormat

@@ -9,8 +9,9 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.chat.conversation import Message, metrics_to_dict
+from app.chat.conversation import Message
 from app.chat.metrics_csv import COLUMNS, metrics_csv, read_metrics_csv
+from app.chat.metrics_record import metrics_to_dict
 from app.config.setting_records import SamplingParams
 from app.config.settings import AppSettings
 from app.engine.metrics import MessageMetrics

@@ -66,6 +66,7 @@ class GenerateJob:
     stop: threading.Event
     end_thinking: threading.Event = field(default_factory=threading.Event)
     tools: ToolRequest | None = None
+    prefix: str = ""  # a new chat in this project starts from its opening (``ReplyJob``)
 
 
 class EngineWorker(QObject):
@@ -185,6 +186,7 @@ class EngineWorker(QObject):
             conv_id=job.conv_id,
             next_turn=bool(job.conv_id),
             tools=job.tools,
+            prefix=job.prefix,
         )
 
     def generate(self, job: GenerateJob) -> None:
@@ -313,9 +315,11 @@ class EngineClient(QObject):
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         tools: ToolRequest | None = None,
+        prefix: str = "",
     ) -> int:
         """Queue a reply; its snapshot is saved as ``conv_id``'s after it ('' for none).
-        ``tools``: what the model may call (its calls come with ``finished``).
+        ``tools``: what the model may call (its calls come with ``finished``); ``prefix``:
+        the project of a new chat, which starts from the project's opening.
 
         Returns the request id.
         """
@@ -330,6 +334,7 @@ class EngineClient(QObject):
             self._stop,
             self._end_thinking,
             tools,
+            prefix,
         )
         self.host.submit(self.worker.reply_job(job))
         return self._next_request

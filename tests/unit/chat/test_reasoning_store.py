@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.chat.conversation import Conversation, ConversationError, Message, metrics_to_dict
+from app.chat.conversation import Conversation, ConversationError, Message
 from app.chat.metrics_csv import metrics_csv, read_metrics_csv
+from app.chat.metrics_record import metrics_to_dict
 from app.chat.search_index import SearchIndex
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore

@@ -23,8 +23,8 @@ from app.chat.conversation import (
     Conversation,
     ConversationError,
     Message,
-    metrics_to_dict,
 )
+from app.chat.metrics_record import metrics_to_dict
 from app.chat.snapshot import SnapshotHeader, read_snapshot, write_snapshot
 from app.chat.store import ConversationStore
 from app.chat.transcript_markdown import to_markdown
