@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from app.config.field_spec import SettingError
 from app.config.setting_records import SamplingParams
@@ -34,6 +34,9 @@ from app.host.jobs import (
 from app.host.kv_pool import LOCAL_API
 from app.host.line import ReplyLine
 from app.util.errors import ContextOverflowError, ImageError, LamplightError, NoModelLoaded
+
+if TYPE_CHECKING:  # project_field reads errors, which read this module
+    from app.api.project_field import ProjectView
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ class ApiJob:
     tools: ToolRequest | None = None  # what the model may call (a chat request's ``tools``)
     # Whose cached conversations it may reuse: the server's key (``config.api_party``).
     party: str = LOCAL_API
+    prefix: str = ""  # a project's id: the reply starts from its opening (``ReplyJob``)
 
     def halt(self, why: StopCause) -> None:
         """Stop the job for ``why`` (the first reason given is the one kept)."""
@@ -103,6 +107,9 @@ class EngineGateway(Protocol):
         Raises:
             LineFull: ``limit`` replies are running or waiting.
         """
+
+    def project(self, ref: str) -> ProjectView | None:
+        """The project with id or name ``ref``, if it is shared with the API."""
 
 
 __all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for"]

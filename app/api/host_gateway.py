@@ -12,6 +12,9 @@ picks (the HTTP status is decided here, in ``app.api``, never in the host).
 from __future__ import annotations
 
 from app.api.gateway import ApiJob, failure_for
+from app.api.project_field import ProjectView
+from app.chat.project_chat import system_text
+from app.chat.projects import ProjectError, ProjectStore
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates.override import AUTO, PLAIN
 from app.host.host import EngineHost
@@ -22,8 +25,9 @@ from app.host.line import ReplyLine
 class HostGateway:
     """``EngineGateway`` over an ``EngineHost``; every method may be called from any thread."""
 
-    def __init__(self, host: EngineHost) -> None:
+    def __init__(self, host: EngineHost, projects: ProjectStore | None = None) -> None:
         self.host = host
+        self.projects = projects  # None: no project is reachable (``project`` is a 404)
 
     def model(self) -> ModelInfo | None:
         if self.host.loading:  # the backend is being replaced: nothing to serve yet
@@ -42,6 +46,18 @@ class HostGateway:
 
     def join(self, job: ApiJob, limit: int) -> int:
         return self.host.line.join(reply_job(job), limit)
+
+    def project(self, ref: str) -> ProjectView | None:
+        if self.projects is None:
+            return None
+        for row in self.projects.list():
+            if row.api and not row.error and ref in (row.id, row.name):
+                try:
+                    found = self.projects.load(row.id)
+                except ProjectError:
+                    return None
+                return ProjectView(found.id, system_text(found)) if found.api else None
+        return None
 
 
 def reply_job(job: ApiJob) -> ReplyJob:
@@ -67,5 +83,6 @@ def reply_job(job: ApiJob) -> ReplyJob:
         client=job.client,
         tools=job.tools,
         party=job.party,
+        prefix=job.prefix,
         on_halt=job.halt,
     )

@@ -33,6 +33,7 @@ from typing import Any
 from app.api.errors import ApiError, bad, unsupported
 from app.api.gateway import ApiKind
 from app.api.image_parts import IMAGE_KINDS, ImageBudget, image_part
+from app.api.project_field import read_project
 from app.api.tool_schema import link_results, parse_tools, tool_calls, tool_result
 from app.config.field_spec import SettingError, short_repr
 from app.config.params import validate_sampling
@@ -100,6 +101,7 @@ class ApiRequest:
     reuse: bool = True  # cache_prompt
     user: str = ""
     tools: ToolRequest | None = None  # None: the request offers no tools
+    project: str = ""  # a chat request's ``project`` (``app/api/project_field.py``)
 
     def params_for(self, n_ctx: int) -> SamplingParams:
         """The sampling settings with the length limit for a context of ``n_ctx``."""
@@ -170,7 +172,7 @@ def parse_chat(body: object) -> ApiRequest:
         raise unsupported("prediction", "Predicted outputs")
     tools = parse_tools(data)
     messages = link_results(_messages(data.get("messages")))
-    return replace(_request("chat", data, messages), tools=tools)
+    return replace(_request("chat", data, messages), tools=tools, project=read_project(data))
 
 
 def parse_completion(body: object) -> ApiRequest:

@@ -52,11 +52,13 @@ from app.api.embeddings import (
 from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
 from app.api.image_parts import check_vision
+from app.api.project_field import with_project
 from app.api.requests import ApiRequests, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
 from app.chat.composer import tool_offer
 from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.chat_message import ChatMessage
 from app.engine.tool_spec import ToolRequest
 from app.host.jobs import model_id
 from app.host.kv_pool import LOCAL_API
@@ -272,16 +274,21 @@ class Handlers:
         client = request.client
         address = f"{client.host}:{client.port}" if client else ""
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
+        messages, project = req.messages, None
+        if req.project:
+            project = self.gateway.project(req.project)
+            messages = with_project(project, req.project, messages)
         job = ApiJob(
             id=prefix + uuid.uuid4().hex[:24],
             kind=req.kind,
             model_id=model_id(info),
-            messages=req.messages,
+            messages=messages,
             params=req.params_for(info.n_ctx),
             reuse=req.reuse,
             client=req.user or address,
             tools=self.tools_for(req, info),
             party=self.party,
+            prefix=project.id if project is not None and _first_turn(messages) else "",
         )
         queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
         job.emit = make_emit(asyncio.get_running_loop(), queue, job)
@@ -512,3 +519,8 @@ def build_app(
             Exception: on_crash,
         },
     )
+
+
+def _first_turn(messages: list[ChatMessage]) -> bool:
+    """A project's system turn and one question: the reply starts from its opening."""
+    return len(messages) == 2 and messages[0].role == "system" and messages[1].role == "user"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from app.api.gateway import ApiFailure, ApiJob, EngineGateway
 from app.api.host_gateway import reply_job
+from app.api.project_field import ProjectView
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ToolCall
 from app.engine.metrics import MessageMetrics
@@ -48,6 +49,7 @@ class FakeGateway:
         self.stop_reason = "eos"
         self.cached_tokens = 3
         self.is_loading = False
+        self.projects: dict[str, ProjectView] = {}  # shared with the API, by id and name
         self.tool_calls: tuple[ToolCall, ...] = ()
         self.submitted: list[ApiJob] = []  # jobs the line handed to the worker
         self.started: list[ApiJob] = []  # jobs the worker began to run
@@ -78,6 +80,9 @@ class FakeGateway:
 
     def loading(self) -> bool:
         return self.is_loading
+
+    def project(self, ref: str) -> ProjectView | None:
+        return self.projects.get(ref)
 
     def join(self, job: ApiJob, limit: int) -> int:
         reply = reply_job(job)

@@ -137,3 +137,49 @@ def test_a_damaged_saved_opening_is_read_again_never_used(
     stats = restarted._core.prefixes.stats
     assert stats.from_disk == 0 and stats.built == 1  # refused, read again, saved again
     assert done.metrics.evaluated_tokens < 200 and len(prefix_files(tmp_path)) == 1
+
+
+def test_an_api_request_naming_a_project_starts_from_its_opening(
+    engine: Engine, tmp_path: Path
+) -> None:
+    import openai
+
+    from app.api.config import ApiConfig
+    from app.api.host_gateway import HostGateway
+    from app.api.runner import ApiServer
+    from app.chat.projects import Project, ProjectStore
+
+    projects = ProjectStore(tmp_path / "data")
+    project = Project(name="Harbour", instructions=SHORT, api=True)
+    projects.save(project)
+    store = ConversationStore(tmp_path / "data")
+    host = EngineHost(engine, tmp_path / "models", store, QuietListener())
+    thread = host.start()
+    server = ApiServer(HostGateway(host, projects), ApiConfig(port=0))
+    server.start()
+    try:
+        c = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+        extra = {"project": "Harbour"}
+        question = [{"role": "user", "content": QUESTION}]
+        first = c.chat.completions.create(
+            model="m", messages=question, max_tokens=4, temperature=0, extra_body=extra
+        )
+        second = c.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": QUESTION.replace("north", "south")}],
+            max_tokens=4,
+            temperature=0,
+            extra_body=extra,
+        )
+        assert first.usage is not None and second.usage is not None
+        cached = second.usage.prompt_tokens_details
+        assert cached is not None and cached.cached_tokens
+        # Only the question (and its turn's framing) was read.
+        assert second.usage.prompt_tokens - cached.cached_tokens <= 1.1 * engine.count_tokens(
+            QUESTION
+        )
+        assert len(prefix_files(tmp_path)) == 1
+    finally:
+        server.stop()
+        host.close()
+        thread.join(10)

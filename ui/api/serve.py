@@ -298,7 +298,11 @@ def _serve(
     thread = host.start()
     cancel = threading.Event()
     embeds = embed_worker(data_dir, embedder)
-    server = ApiServer(HostGateway(host), config, embeds)
+    from app.chat.projects import ProjectStore
+
+    # Projects shared with the API answer here too; their openings are kept in memory
+    # (a headless server has no conversation store to save them beside).
+    server = ApiServer(HostGateway(host, ProjectStore(data_dir)), config, embeds)
     try:
         server.start()
     except (ApiConfigError, OSError) as exc:
