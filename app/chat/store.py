@@ -345,6 +345,17 @@ class ConversationStore:
             raise ConversationError(f"not valid JSON ({reason(exc)})") from exc
         return self._import(data)[0]
 
+    @_locked
+    def import_data(self, data: object) -> tuple[Conversation, HeldBack]:
+        """As ``import_reviewed``, from an exported conversation already decoded (one
+        chat of a project's export).
+
+        Raises:
+            ConversationError: it is not a conversation.
+            OSError: the new transcript could not be written.
+        """
+        return self._import(data)
+
     def _import(self, data: object) -> tuple[Conversation, HeldBack]:
         if isinstance(data, dict):
             data = {**data, "id": new_id()}  # whatever id it had: it gets a new one

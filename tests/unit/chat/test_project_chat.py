@@ -47,7 +47,13 @@ class View:
     def row_removed(self, conv_id: str) -> None: ...
 
 
-PINNED = {"n": 1, "path": "/docs/tides.md", "name": "tides.md", "text": "High water 06:12."}
+PINNED = {
+    "n": 1,
+    "path": "/docs/tides.md",
+    "name": "tides.md",
+    "text": "High water 06:12.",
+    "whole": True,
+}
 PROJECT = Project(name="Harbour", instructions="Answer as the harbour master.", pinned=[PINNED])
 
 
