@@ -68,7 +68,8 @@ def test_export_and_import_give_a_new_project_that_waits_for_a_yes(tmp_path: Pat
     assert store.load(conv.id).project_id == project.id
     assert projects.load(project.id).api is False  # saved without
     restore_project(project, got.held)
-    assert [p["path"] for p in project.pinned] == [PINNED["path"]] and project.api and project.model["size"] == 1234
+    assert [p["path"] for p in project.pinned] == [PINNED["path"]]
+    assert project.api and project.model["size"] == 1234
 
 
 def test_markdown_is_for_reading() -> None:
