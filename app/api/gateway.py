@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import Literal, Protocol
 
 from app.config.field_spec import SettingError
 from app.config.setting_records import SamplingParams
@@ -34,9 +34,6 @@ from app.host.jobs import (
 from app.host.kv_pool import LOCAL_API
 from app.host.line import ReplyLine
 from app.util.errors import ContextOverflowError, ImageError, LamplightError, NoModelLoaded
-
-if TYPE_CHECKING:  # project_field reads errors, which read this module
-    from app.api.project_field import ProjectView
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +56,15 @@ class ApiFailure:
 
 
 ApiEvent = Token | Finished | ApiFailure
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    """A project a request names (``app/api/project_field.py``): its id (the key of its
+    warm opening) and its system text."""
+
+    id: str
+    system_text: str
 
 
 @dataclass

@@ -11,8 +11,7 @@ picks (the HTTP status is decided here, in ``app.api``, never in the host).
 
 from __future__ import annotations
 
-from app.api.gateway import ApiJob, failure_for
-from app.api.project_field import ProjectView
+from app.api.gateway import ApiJob, ProjectView, failure_for
 from app.chat.project_chat import system_text
 from app.chat.projects import ProjectError, ProjectStore
 from app.engine.backend import Finished, ModelInfo, Token

@@ -11,21 +11,13 @@ refused (400 ``project_conflict``): the two are never merged silently.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from app.api.errors import ApiError, bad
+from app.api.gateway import ProjectView
 from app.engine.chat_message import ChatMessage
 
 MAX_CHARS = 128
-
-
-@dataclass(frozen=True)
-class ProjectView:
-    """What the API needs of a project: its id (the opening's key) and system text."""
-
-    id: str
-    system_text: str
 
 
 def read_project(data: dict[str, Any]) -> str:

@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from app.api.gateway import ApiFailure, ApiJob, EngineGateway
+from app.api.gateway import ApiFailure, ApiJob, EngineGateway, ProjectView
 from app.api.host_gateway import reply_job
-from app.api.project_field import ProjectView
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ToolCall
 from app.engine.metrics import MessageMetrics

@@ -19,6 +19,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QStatusBar, QToolButton, QWidget
 
 from app.api.host_gateway import HostGateway
+from app.chat.projects import ProjectStore
 from app.config.setting_records import ApiSettings
 from app.remote import keys
 from ui.api.serve import bind_problem
@@ -70,10 +71,17 @@ class ApiControl(QObject):
 
     stateChanged = Signal(str)
 
-    def __init__(self, client: EngineClient, bar: QStatusBar, parent: QWidget) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        bar: QStatusBar,
+        parent: QWidget,
+        projects: ProjectStore | None = None,
+    ) -> None:
         super().__init__(parent)
         self._bar = bar
-        self.gateway = HostGateway(client.host)
+        # Requests may name the projects shared with the API (``app/api/project_field``).
+        self.gateway = HostGateway(client.host, projects)
         # The window's embedding model (its owner closes it): /v1/embeddings uses it.
         self.embedder: EmbedWorker | None = None
         self.server: ApiServer | None = None

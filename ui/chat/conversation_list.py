@@ -64,6 +64,7 @@ class ConversationList(QWidget):
         newChatRequested(): the New chat button.
         openAtRequested(str, int, str): id, message index and the search text (a hit
             of the full-text search was chosen).
+        projectsRequested(): Projects… (the window's dialog).
 
     Typing in the search box filters the list by title at once and, after a short
     pause, lists the messages of every saved chat that contain all the words
@@ -77,6 +78,7 @@ class ConversationList(QWidget):
     exportRequested = Signal(str, str)
     newChatRequested = Signal()
     openAtRequested = Signal(str, int, str)
+    projectsRequested = Signal()
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -132,6 +134,11 @@ class ConversationList(QWidget):
         layout.addWidget(self.usage)
         self._current = ""
         self._filling = False
+        self._project_names: dict[str, str] = {}  # a chat's row names its project
+
+    def set_project_names(self, names: dict[str, str]) -> None:
+        """The projects' names by id, for the rows drawn from now on."""
+        self._project_names = dict(names)
 
     def set_conversations(
         self, rows: list[ConversationSummary], current: str, used: int, budget: int
@@ -178,6 +185,9 @@ class ConversationList(QWidget):
 
     def _fill_item(self, item: QListWidgetItem, row: ConversationSummary) -> None:
         meta = [human_time(row.updated)]
+        project = self._project_names.get(row.project_id, "")
+        if project:
+            meta.append(f"in {project}")
         if row.model_name:
             meta.append(row.model_name)
         if row.n_tokens:
@@ -190,7 +200,7 @@ class ConversationList(QWidget):
             item.setToolTip(row.error)
             item.setForeground(Qt.GlobalColor.gray)
         else:
-            item.setToolTip(row.title)
+            item.setToolTip(f"{row.title}\nProject: {project}" if project else row.title)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
 
     def ids(self) -> list[str]:
@@ -292,6 +302,7 @@ class ConversationList(QWidget):
         menu.addAction(
             "Export as Markdown…", lambda: self.exportRequested.emit(conv_id, "markdown")
         )
+        menu.addAction("Projects…", self.projectsRequested.emit)
         menu.addSeparator()
         menu.addAction("Delete…", lambda: self.deleteRequested.emit(conv_id))
         menu.exec(self.list.viewport().mapToGlobal(pos))

@@ -59,6 +59,7 @@ from ui.tools.mcp_window import McpWindow
 from ui.window import docks, reply_events, send_flow, window_actions, window_state
 from ui.window.documents_wiring import wire_documents
 from ui.window.load_events import LoadEvents
+from ui.window.project_wiring import wire_projects
 from ui.window.restyle import TranscriptRestyle
 from ui.window.session_view import WindowView
 from ui.window.thinking_controls import ThinkingControls
@@ -163,6 +164,7 @@ class MainWindow(QMainWindow):
         listeners.append(self.draft_control.on_conversation)
         self._connect_engine()
         wire_documents(self)  # its bar per chat, the viewer, API embeddings, embedder choice
+        self.projects = wire_projects(self)  # <data>/projects, Chat → Projects…, the moves
         self.refresh_sidebar()
         self.update_buttons()
         self.model_drop = ModelDrop(self.ctx, self._add_dropped_adapter, lambda: self.model_manager)

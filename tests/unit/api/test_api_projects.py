@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from app.api.errors import ApiError
+from app.api.gateway import ProjectView
 from app.api.host_gateway import HostGateway
-from app.api.project_field import ProjectView
 from app.api.schema import parse_chat
 from app.chat.projects import Project, ProjectStore
 from tests.conftest import Serve

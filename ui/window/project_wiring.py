@@ -1,0 +1,195 @@
+"""Projects in the window (issue 44), first slice: the store on the data folder, Chat →
+Projects… (``ProjectsDialog``), Chat → New chat in project, Move chat to project and
+Remove chat from project (on the open chat), and the project's name on its chats' rows.
+
+The sidebar stays a flat list here; the collapsible tree of projects, with chats dragged
+in and out, is the next slice (``ui/chat/project_tree.py`` in the plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Protocol
+
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QMenu, QMenuBar
+
+from app.chat.conversation import ConversationError
+from app.chat.projects import ProjectError, ProjectStore, ProjectSummary
+from ui.api.api_status import ApiControl
+from ui.chat.conversation_list import ConversationList
+from ui.chat.project_dialog import ProjectsDialog
+from ui.common.context import Context
+
+CHAT_MENU = "&Chat"
+NO_PROJECTS = "No projects yet: Chat → Projects… makes one."
+
+
+class ProjectsHost(Protocol):
+    """What of the window this needs (the window itself)."""
+
+    @property
+    def ctx(self) -> Context: ...
+    @property
+    def sidebar(self) -> ConversationList: ...
+    @property
+    def api(self) -> ApiControl: ...
+    def refresh_sidebar(self) -> None: ...
+    def menuBar(self) -> QMenuBar: ...
+
+
+class WindowProjects:
+    """The window's projects: its ``ProjectStore``, the Chat menu's entries, the dialog,
+    and the chats of a project (``ProjectChats``: what a deleted project leaves)."""
+
+    def __init__(self, win: ProjectsHost) -> None:
+        self.ctx = win.ctx
+        self._win = win
+        self.store = ProjectStore(self.ctx.dirs.root)  # <data>/projects
+        win.api.gateway.projects = self.store  # API requests may name the shared ones
+        self.dialog: ProjectsDialog | None = None
+        menu = _chat_menu(win.menuBar())
+        menu.setToolTipsVisible(True)  # a disabled submenu says why
+        menu.aboutToShow.connect(self.update_menus)
+        parent = self.ctx.parent
+        menu.addSeparator()
+        self.dialog_action = QAction("Projects…", parent)
+        self.dialog_action.setToolTip("Make and edit projects: what their new chats start from")
+        self.dialog_action.triggered.connect(self.show_dialog)
+        menu.addAction(self.dialog_action)
+        self.new_menu = menu.addMenu("New chat in project")
+        self.new_menu.setObjectName("newChatInProjectMenu")
+        self.move_menu = menu.addMenu("Move chat to project")
+        self.move_menu.setObjectName("moveChatToProjectMenu")
+        self.remove_action = QAction("Remove chat from project", parent)
+        self.remove_action.triggered.connect(lambda: self.move_open(""))
+        menu.addAction(self.remove_action)
+        win.sidebar.projectsRequested.connect(self.show_dialog)
+        self.refresh(redraw=False)  # the window lists the chats next
+
+    # -- what is shown ---------------------------------------------------------------
+
+    def rows(self) -> list[ProjectSummary]:
+        """The projects that can be used now, by name (notes about damaged files shown)."""
+        rows = [r for r in self.store.list() if not r.error]
+        for note in self.store.take_notes():
+            self.ctx.notice(note)
+        return rows
+
+    def refresh(self, redraw: bool = True) -> None:
+        """The projects changed: the rows name them anew, the menus list them."""
+        self._win.sidebar.set_project_names({r.id: r.name for r in self.rows()})
+        if redraw:
+            self._win.refresh_sidebar()
+        self.update_menus()
+
+    def update_menus(self) -> None:
+        rows = self.rows()
+        current = self.ctx.session.conversation.project_id
+        _fill(self.new_menu, rows, self.new_chat)
+        _fill(self.move_menu, [r for r in rows if r.id != current], self.move_open)
+        self.remove_action.setEnabled(bool(current))
+        names = {r.id: r.name for r in rows}
+        self.remove_action.setToolTip(
+            f"Take this chat out of {names.get(current, 'its project')}"
+            if current
+            else "This chat is in no project."
+        )
+
+    def show_dialog(self) -> ProjectsDialog:
+        """Chat → Projects…: the dialog (one at a time)."""
+        if self.dialog is not None and self.dialog.isVisible():
+            self.dialog.raise_()
+            self.dialog.activateWindow()
+            return self.dialog
+        if self.dialog is not None:
+            self.dialog.deleteLater()
+        self.dialog = ProjectsDialog(self.store, self, self.ctx.parent)
+        self.dialog.changed.connect(self.refresh)
+        self.dialog.show()
+        return self.dialog
+
+    # -- the open chat -------------------------------------------------------------------
+
+    def new_chat(self, project_id: str) -> None:
+        """A new chat in the project: it starts from its instructions and documents."""
+        try:
+            project = self.store.load(project_id)
+        except ProjectError as exc:
+            self.ctx.notice(f"Could not start a chat in the project: {exc}")
+            return
+        self.ctx.session.new_chat(project)
+
+    def move_open(self, project_id: str) -> None:
+        """Put the open chat in ``project_id`` ("" takes it out). It keeps its own system
+        prompt and documents; a chat being answered is saved with its reply."""
+        session = self.ctx.session
+        conv = session.conversation
+        if conv.project_id == project_id:
+            return
+        conv.project_id = project_id
+        if conv.messages and not session.busy:
+            session.save()  # its row follows
+        self.update_menus()
+        names = {r.id: r.name for r in self.rows()}
+        self.ctx.status(
+            f"Moved to {names.get(project_id, 'the project')}."
+            if project_id
+            else "Taken out of its project.",
+            5000,
+        )
+
+    # -- a project's chats (``ProjectChats``) ----------------------------------------------
+
+    def _chat_ids(self, project_id: str) -> list[tuple[str, str]]:
+        rows = self.ctx.store.list()
+        return [(r.id, r.title) for r in rows if r.project_id == project_id and not r.error]
+
+    def titles(self, project_id: str) -> list[str]:
+        return [title for _id, title in self._chat_ids(project_id)]
+
+    def release(self, project_id: str) -> None:
+        """Move the project's chats out of it (they stay, with everything in them)."""
+        session = self.ctx.session
+        for conv_id, _title in self._chat_ids(project_id):
+            if conv_id == session.conversation.id:
+                continue
+            try:
+                self.ctx.store.set_project(conv_id, "")
+            except (ConversationError, OSError) as exc:
+                self.ctx.notice(f"Could not move a chat out of the project: {exc}")
+        if session.conversation.project_id == project_id:
+            self.move_open("")
+        self._win.refresh_sidebar()
+
+    def delete_chats(self, project_id: str) -> None:
+        """Delete the project's chats (the window asked twice)."""
+        session = self.ctx.session
+        for conv_id, _title in self._chat_ids(project_id):
+            session.delete(conv_id)
+        if session.conversation.project_id == project_id:  # an empty chat, never saved
+            session.conversation.project_id = ""
+        self._win.refresh_sidebar()
+
+
+def _chat_menu(bar: QMenuBar) -> QMenu:
+    for action in bar.actions():
+        menu = action.menu()
+        if action.text() == CHAT_MENU and isinstance(menu, QMenu):
+            return menu
+    return bar.addMenu(CHAT_MENU)
+
+
+def _fill(menu: QMenu, rows: list[ProjectSummary], act: Callable[[str], None]) -> None:
+    """``menu`` lists ``rows``, each calling ``act(project_id)``; disabled, saying why,
+    when there are none."""
+    menu.clear()
+    for row in rows:
+        menu.addAction(row.name.replace("&", "&&"), partial(act, row.id))
+    menu.menuAction().setEnabled(bool(rows))
+    menu.menuAction().setToolTip("" if rows else NO_PROJECTS)
+
+
+def wire_projects(win: ProjectsHost) -> WindowProjects:
+    return WindowProjects(win)
