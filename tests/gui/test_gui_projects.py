@@ -146,6 +146,12 @@ def test_the_dialog_makes_renames_and_edits_a_project(
     dlg.pinned.setCurrentRow(0)
     dlg.remove_button.click()
     assert window.projects.store.load(row.id).pinned == []
+
+    assert not dlg.api_box.isChecked()  # private until shared
+    dlg.api_box.setChecked(True)
+    assert window.projects.store.load(row.id).api
+    view = window.api.gateway.project("Job")  # what the window's API server answers
+    assert view is not None and view.id == row.id
     dlg.instructions.setPlainText("Typed, then closed.")  # closing keeps what was typed
     dlg.close()
     assert window.projects.store.load(row.id).instructions == "Typed, then closed."

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
@@ -175,6 +176,13 @@ class ProjectsDialog(QDialog):
         self.add_button.clicked.connect(self.ask_add)
         self.remove_button.clicked.connect(self.remove_selected)
         self.pinned.currentRowChanged.connect(lambda _row: self._enable())
+        self.api_box = QCheckBox("Reachable through the local API server", self)
+        self.api_box.setObjectName("projectApi")
+        self.api_box.setToolTip(
+            'API clients may name this project ("project": its name or id) to be '
+            "answered with its instructions and documents, starting from its warm opening."
+        )
+        self.api_box.toggled.connect(self._on_api_toggled)
         self.note = QLabel(self)
         self.note.setObjectName("projectNote")
         self.note.setWordWrap(True)
@@ -203,6 +211,7 @@ class ProjectsDialog(QDialog):
         row.addWidget(self.remove_button)
         row.addStretch(1)
         right.addLayout(row)
+        right.addWidget(self.api_box)
         body = QHBoxLayout()
         body.addLayout(left, 1)
         body.addLayout(right, 2)
@@ -251,6 +260,9 @@ class ProjectsDialog(QDialog):
         self.instructions.blockSignals(True)
         self.instructions.setPlainText(self.project.instructions if self.project else "")
         self.instructions.blockSignals(False)
+        self.api_box.blockSignals(True)
+        self.api_box.setChecked(self.project.api if self.project else False)
+        self.api_box.blockSignals(False)
         self._show_pinned()
         self._on_text_changed()
         if not self.list.count():
@@ -272,6 +284,7 @@ class ProjectsDialog(QDialog):
         has = self.project is not None
         for w in (self.rename_button, self.delete_button, self.instructions, self.add_button):
             w.setEnabled(has)
+        self.api_box.setEnabled(has)
         self.save_button.setEnabled(has and self.dirty())
         self.remove_button.setEnabled(has and self.pinned.currentRow() >= 0)
 
@@ -305,6 +318,13 @@ class ProjectsDialog(QDialog):
             return False
         project.instructions = text
         return self._save(project, "Instructions saved.")
+
+    def _on_api_toggled(self, on: bool) -> None:
+        project = self.project
+        if project is None or project.api == on:
+            return
+        project.api = on
+        self._save(project, "Shared with the API." if on else "No longer shared with the API.")
 
     def _save(self, project: Project, done: str) -> bool:
         try:
