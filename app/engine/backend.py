@@ -291,9 +291,10 @@ class Backend(Protocol):
         with every other such chat; None where there is none (or ``capabilities.prefix``
         is off). The cache is not touched."""
 
-    def warm_opening(self, opening: Opening) -> int:
+    def warm_opening(self, opening: Opening, stop: threading.Event | None = None) -> int:
         """Empty the cache and read ``opening`` into it, marked so that a new chat's
-        prompt keeps it; the tokens read (0: it could not, the cache is then empty)."""
+        prompt keeps it; the tokens read (0: it could not, or ``stop`` was set: the
+        cache then holds what its map says)."""
 
     def image_tokens(self, image: ImagePart) -> int:
         """Context tokens ``image`` takes in a prompt (0 when the backend cannot tell).

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.chat.session_cache import RestoreResult, SessionCache
 from app.chat.store import ConversationStore
-from app.config.setting_records import LoadConfig
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Backend, DraftInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps, marked
@@ -101,6 +101,23 @@ class EngineCore:
             )
         else:
             self.listener.snapshot_saved(conv_id, size, dropped)
+
+    def build_prefix(
+        self,
+        project: str,
+        messages: list[ChatMessage],
+        params: SamplingParams,
+        again: Callable[[], object],
+    ) -> None:
+        """Read ``project``'s opening ahead of its next new chat; a reply queued meanwhile
+        stops it, and ``again`` queues it once more, behind that reply."""
+        self.prefixes.preempt.clear()
+        how = self.prefixes.prebuild(
+            self.engine, self.pool, project, messages, params, self.prefixes.preempt
+        )
+        log.info("project %s's opening read ahead: %s", project, how or "none")
+        if how == "stopped":
+            again()
 
     def drop_snapshot(self, conv_id: str) -> None:
         if self.store is not None:

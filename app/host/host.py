@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.chat.store import ConversationStore
-from app.config.setting_records import LoadConfig
+from app.config.setting_records import LoadConfig, SamplingParams
 from app.engine.backend import Backend
+from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps
 from app.engine.local.engine import Engine
 from app.engine.native.guard import NativeGuard, store_file
@@ -113,6 +114,7 @@ class EngineHost:
         """Queue a reply (the window's, or an API request's turn from ``line``); its sink
         gets one terminal event, also when the host is already closed (then at once, on
         the caller's thread)."""
+        self._core.prefixes.preempt.set()  # an opening read ahead gives way to it
         if not self.post(lambda: run_reply(self._core, job)):
             job.relay.send(ReplyFailed(HostClosed()))
 
@@ -129,6 +131,22 @@ class EngineHost:
 
     def reset(self) -> None:
         self.post(self._core.reset)
+
+    def build_prefix(
+        self, project: str, messages: list[ChatMessage], params: SamplingParams, tries: int = 3
+    ) -> None:
+        """Read ``project``'s opening (``messages``: its system turn) ahead of its next
+        new chat, behind the work queued now; a reply queued meanwhile goes first and
+        the read starts again after it (at most ``tries`` times)."""
+
+        def task() -> None:
+            def again() -> None:
+                if tries > 1:
+                    self.build_prefix(project, messages, params, tries - 1)
+
+            self._core.build_prefix(project, messages, params, again)
+
+        self.post(task)
 
     def unload(self) -> None:
         self.post(self._core.unload)

@@ -215,6 +215,22 @@ class KvPool:
         self.backend.reset()
         self.holder = party
 
+    def set_aside(self) -> bool:
+        """Stash the live cache before the engine is used for other work: True when it
+        is kept in the pool (or there is none), False when it could not be (too large,
+        too short, its owner unknown, the pool off): then nothing changed."""
+        if not self.enabled:
+            return False  # nothing is pooled: whatever the engine holds would be lost
+        live = self.live
+        if live is None:
+            return True
+        before = self.stats.stashed
+        self.stash_live()
+        if self.stats.stashed > before:
+            return True
+        self.live = live
+        return False
+
     def stash_live(self) -> None:
         """Keep a copy of the live cache in the pool when its owner is known."""
         live, self.live = self.live, None

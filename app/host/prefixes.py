@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from app.config.setting_records import SamplingParams
 from app.engine.backend import Backend, KvState, Opening
 from app.engine.chat_message import ChatMessage
 from app.engine.tool_spec import ToolRequest
+from app.host.kv_pool import KvPool
 from app.util.errors import LamplightError
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,8 @@ class Prefixes:
         self._folder = folder
         self._ram: OrderedDict[str, KvState] = OrderedDict()
         self.stats = PrefixStats()
+        # Set when a reply is queued: an opening read ahead stops for it (``prebuild``).
+        self.preempt = threading.Event()
 
     def apply(
         self,
@@ -85,6 +89,42 @@ class Prefixes:
             )
         except (LamplightError, OSError) as exc:
             log.warning("the project's opening was not used: %s", exc)
+            engine.reset()
+            return ""
+
+    def prebuild(
+        self,
+        engine: Backend,
+        pool: KvPool,
+        project: str,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        stop: threading.Event,
+    ) -> str:
+        """Read ``project``'s opening now, ahead of its next new chat (the project
+        changed): "kept" (it is kept already), "built", "deferred" (the open chat's cache
+        could not be set aside in the pool: its next message would read it all again),
+        "stopped" (``stop``: a reply came first; the cache is emptied), or "" (none)."""
+        if not engine.capabilities.prefix or not is_valid_id(project):
+            return ""
+        try:
+            found = engine.opening(messages, params, None)
+            if found is None:
+                return ""
+            header = self._cache.header() if self._cache is not None else None
+            key = _key(header, found.tokens)
+            path = self._path(project, key)
+            if key in self._ram or (path is not None and path.exists()):
+                return "kept"
+            if not pool.set_aside():
+                return "deferred"
+            pool.live = None  # the engine's cache is the opening's from here on
+            if not engine.warm_opening(found, stop) or stop.is_set():
+                engine.reset()
+                return "stopped" if stop.is_set() else ""
+            return self._keep(engine, project, key, header)
+        except (LamplightError, OSError) as exc:
+            log.warning("the project's opening was not read ahead: %s", exc)
             engine.reset()
             return ""
 
@@ -126,6 +166,10 @@ class Prefixes:
     ) -> str:
         if not engine.warm_opening(found):
             return ""
+        return self._keep(engine, project, key, header)
+
+    def _keep(self, engine: Backend, project: str, key: str, header: SnapshotHeader | None) -> str:
+        """Copy the opening out of the engine: in memory, and over the project's file."""
         state = engine.export_state()
         self.stats.built += 1
         self._remember(key, state)

@@ -336,7 +336,7 @@ class FakeEngine:
     ) -> Opening | None:
         return None  # a project's opening is kept in-process only (``capabilities.prefix``)
 
-    def warm_opening(self, opening: Opening) -> int:
+    def warm_opening(self, opening: Opening, stop: threading.Event | None = None) -> int:
         return 0
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:

@@ -56,6 +56,18 @@ def host(engine: Engine, tmp_path: Path) -> Iterator[EngineHost]:
     yield EngineHost(engine, tmp_path / "models", store, QuietListener())
 
 
+@pytest.fixture()
+def own_engine(model_path: Path) -> Iterator[Engine]:
+    """An engine of its own for a host whose thread runs: closing the host frees the
+    model (the session's engine must stay loaded for the other tests)."""
+    from tests.conftest import TEST_LOAD
+
+    engine = Engine()
+    engine.load(model_path, TEST_LOAD)
+    yield engine
+    engine.unload()
+
+
 def prefix_files(tmp_path: Path) -> list[Path]:
     return sorted((tmp_path / "data" / "prefixes").glob("*.lpkv"))
 
@@ -140,8 +152,9 @@ def test_a_damaged_saved_opening_is_read_again_never_used(
 
 
 def test_an_api_request_naming_a_project_starts_from_its_opening(
-    engine: Engine, tmp_path: Path
+    own_engine: Engine, tmp_path: Path
 ) -> None:
+    engine = own_engine
     import openai
 
     from app.api.config import ApiConfig
@@ -183,3 +196,56 @@ def test_an_api_request_naming_a_project_starts_from_its_opening(
         server.stop()
         host.close()
         thread.join(10)
+
+
+def test_a_changed_project_is_read_ahead_and_gives_way_to_a_reply(
+    own_engine: Engine, engine: Engine, tmp_path: Path
+) -> None:
+    session_engine, engine = engine, own_engine
+    import threading
+
+    store = ConversationStore(tmp_path / "data")
+    host = EngineHost(engine, tmp_path / "models", store, QuietListener())
+    system = [ChatMessage("system", SHORT)]
+    prefixes = host._core.prefixes
+    # Stopped before it ends (a reply was queued): nothing kept, the cache emptied.
+    stop = threading.Event()
+    stop.set()
+    got = prefixes.prebuild(engine, host._core.pool, PROJECT, system, GREEDY, stop)
+    assert got == "stopped" and not prefix_files(tmp_path) and not engine.cached_tokens
+    thread = host.start()
+    try:
+        host.build_prefix(PROJECT, system, GREEDY)  # read ahead, in the background
+        events: list[ReplyEvent] = []
+        host.submit(ReplyJob(new_id(), "gui", [ChatMessage("user", "Hi")], GREEDY, events.append))
+        assert host.drain(120)
+        assert isinstance(events[-1], Finished)  # the reply ran, the read went on after it
+        assert prefixes.stats.built == 1 and len(prefix_files(tmp_path)) == 1
+        again = prefixes.prebuild(engine, host._core.pool, PROJECT, system, GREEDY, stop)
+        assert again == "kept"
+    finally:
+        host.close()
+        thread.join(10)
+    # The next new chat (another process, the same model) starts from what was read ahead.
+    restarted = EngineHost(session_engine, tmp_path / "models", store, QuietListener())
+    warm = ask(restarted, SHORT, QUESTION)
+    assert warm.metrics.cached_tokens > 0 and restarted._core.prefixes.stats.from_disk == 1
+
+
+def test_a_read_ahead_waits_when_the_open_chat_could_not_be_set_aside(
+    engine: Engine, tmp_path: Path
+) -> None:
+    import threading
+
+    store = ConversationStore(tmp_path / "data")
+    # A pool of 1 MiB: the chat's cache (some 2 MB) cannot be set aside in it.
+    host = EngineHost(engine, tmp_path / "models", store, QuietListener(), pool_mb=1)
+    events: list[ReplyEvent] = []
+    chat = [ChatMessage("user", QUESTION)]
+    host.run_here(ReplyJob(new_id(), "gui", chat, GREEDY, events.append, conv_id=new_id()))
+    held = list(engine.cached_tokens)
+    system = [ChatMessage("system", SHORT)]
+    got = host._core.prefixes.prebuild(
+        engine, host._core.pool, PROJECT, system, GREEDY, threading.Event()
+    )
+    assert got == "deferred" and engine.cached_tokens == held  # the chat's cache stays

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal
 
+from app.chat.project_chat import system_text
+from app.chat.projects import Project
 from app.chat.session_cache import RestoreResult
 from app.chat.store import ConversationStore
 from app.config.setting_records import LoadConfig, SamplingParams
@@ -338,6 +340,13 @@ class EngineClient(QObject):
         )
         self.host.submit(self.worker.reply_job(job))
         return self._next_request
+
+    def build_prefix(self, project: Project, params: SamplingParams) -> None:
+        """Read ``project``'s opening now (it changed), so its next new chat starts warm;
+        a reply asked for meanwhile goes first."""
+        text = system_text(project)
+        if text:
+            self.host.build_prefix(project.id, [ChatMessage("system", text)], params)
 
     def stop(self) -> None:
         """Ask the running reply to stop; its cancelled signal follows promptly."""

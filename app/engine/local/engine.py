@@ -514,8 +514,8 @@ class Engine:
     ) -> Opening | None:
         return local_opening.opening(self._parts(), messages, params, tools)
 
-    def warm_opening(self, opening: Opening) -> int:
-        return local_opening.warm_opening(self._parts(), opening)
+    def warm_opening(self, opening: Opening, stop: threading.Event | None = None) -> int:
+        return local_opening.warm_opening(self._parts(), opening, stop)
 
     def prewarm(self, messages: Sequence[ChatMessage], reply: ChatMessage) -> int:
         """Make the cache hold the history as the template will render it, and the

@@ -7,6 +7,7 @@ text the prompt starts with)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from app.config.setting_records import SamplingParams
@@ -33,7 +34,9 @@ def opening(
 
 
 def warm_opening(
-    parts: tuple[LoadedModel, TemplateState, KvSequence, PromptDriver], found: Opening
+    parts: tuple[LoadedModel, TemplateState, KvSequence, PromptDriver],
+    found: Opening,
+    stop: threading.Event | None = None,
 ) -> int:
     """``Engine.warm_opening``: an empty cache (under the applied adapters), then the
     opening read and marked; on a hybrid model it ends on a checkpoint."""
@@ -41,4 +44,4 @@ def warm_opening(
     kv.clear()
     kv.sync_lora()
     tokens = list(found.tokens)
-    return prompter.warm_opening(Warmup(tokens, 0, len(tokens), found.head, None))
+    return prompter.warm_opening(Warmup(tokens, 0, len(tokens), found.head, None), stop)

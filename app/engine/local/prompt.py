@@ -79,13 +79,12 @@ class LocalCache:
             head=self._model.head,
         )
 
-    def warm(self, warm: Warmup) -> int:
+    def warm(self, warm: Warmup, stop: threading.Event | None = None) -> int:
         if self._kv.rewind(warm.n_keep):
             return 0  # the cache was emptied: the next message reads it all anyway
         # A recurrent state goes back to a checkpoint, which may be earlier than n_keep.
         start = len(self._kv.map.tokens)
-        stop = threading.Event()
-        for _event in self._kv.prefill(warm.tokens[start:], stop):
+        for _event in self._kv.prefill(warm.tokens[start:], stop or threading.Event()):
             pass
         done = len(self._kv.map.tokens) == len(warm.tokens)
         if done and self._kv.checkpoints is not None:

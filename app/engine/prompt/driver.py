@@ -82,9 +82,10 @@ class PromptCache(Protocol):
         """A request's overflow over ``messages``: how a drop reaches this cache."""
         ...
 
-    def warm(self, warm: Warmup) -> int:
+    def warm(self, warm: Warmup, stop: threading.Event | None = None) -> int:
         """Make the cache hold ``warm.tokens`` (keep up to ``n_keep``, read the rest); the
-        number of tokens read, 0 when it could not (the cache then as its map says)."""
+        number of tokens read, 0 when it could not or ``stop`` was set (the cache then as
+        its map says)."""
         ...
 
 
@@ -218,10 +219,10 @@ class PromptDriver:
             return None
         return Warmup(tokens, 0, len(tokens), head, None)
 
-    def warm_opening(self, warm: Warmup) -> int:
+    def warm_opening(self, warm: Warmup, stop: threading.Event | None = None) -> int:
         """Read ``warm`` (``opening``) into an empty cache, marked at its end so the first
-        question's prompt keeps it; the tokens read (0: it could not)."""
-        read = self._cache.warm(warm)
+        question's prompt keeps it; the tokens read (0: it could not, or ``stop``)."""
+        read = self._cache.warm(warm, stop)
         if read:
             self._cache.map.mark(warm.head)
         return read

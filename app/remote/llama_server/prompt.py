@@ -128,7 +128,7 @@ class SlotCache:
             messages=messages,
         )
 
-    def warm(self, warm: Warmup) -> int:
+    def warm(self, warm: Warmup, stop: threading.Event | None = None) -> int:
         """Have the server read ``warm``'s tokens (``n_predict`` 0); the slot then holds them."""
         if min(warm.tokens) < 0:
             return 0  # images (negative ids) are sent with their text, in the next request
