@@ -125,11 +125,14 @@ def test_the_dialog_makes_renames_and_edits_a_project(
     assert window.projects.store.load(row.id).name == "Job"
     assert dlg.list.currentItem().text() == "Job"
 
+    read_ahead: list[str] = []
+    monkeypatch.setattr(window.client, "build_prefix", lambda p, _params: read_ahead.append(p.id))
     dlg.instructions.setPlainText("Answer in one line.")
     assert dlg.save_button.isEnabled()
     assert "about 6 tokens" in dlg.estimate.text()
     dlg.save_button.click()
     assert window.projects.store.load(row.id).instructions == "Answer in one line."
+    assert read_ahead[-1] == row.id  # its opening is read ahead for its next new chat
     assert not dlg.save_button.isEnabled()
 
     doc = tmp_path / "lamps.md"

@@ -1,5 +1,7 @@
 """Chat → Projects…: make, rename and delete projects, and edit what their new chats
-start from (instructions, pinned documents). Saved through ``ProjectStore``.
+start from (instructions, pinned documents) and what its chats run with (model, preset,
+adapters, tools: ``ProjectSettingsBox``, when the window offers its choices). Saved
+through ``ProjectStore``.
 
 A pinned document is read whole, as attaching one reads it (``parse_bounded`` in a
 bounded child, off the GUI thread), and kept as a copy in the project. Deleting a project
@@ -47,6 +49,7 @@ from app.documents.sources import MAX_SOURCE_CHARS, Source, source_from_dict
 from app.engine.token_estimate import estimate_tokens
 from app.util.errors import DocumentError
 from ui.chat.document_attach import file_filter
+from ui.chat.project_settings_box import ProjectChoices, ProjectSettingsBox
 from ui.common.background import run_in_background
 
 ID_ROLE = Qt.ItemDataRole.UserRole
@@ -141,7 +144,13 @@ class ProjectsDialog(QDialog):
 
     changed = Signal()
 
-    def __init__(self, store: ProjectStore, chats: ProjectChats, parent: QWidget) -> None:
+    def __init__(
+        self,
+        store: ProjectStore,
+        chats: ProjectChats,
+        parent: QWidget,
+        choices: ProjectChoices | None = None,
+    ) -> None:
         super().__init__(parent)
         self.setObjectName("projectsDialog")
         self.setWindowTitle("Projects")
@@ -186,6 +195,11 @@ class ProjectsDialog(QDialog):
         self.note = QLabel(self)
         self.note.setObjectName("projectNote")
         self.note.setWordWrap(True)
+        # Model, preset, adapters and tools, when the window offers them (saved at once).
+        self.settings = ProjectSettingsBox(choices, self) if choices is not None else None
+        if self.settings is not None:
+            self.settings.edited.connect(self._on_settings_edited)
+            self.settings.failed.connect(self.note.setText)
         self._lay_out()
         self.reload()
 
@@ -211,6 +225,9 @@ class ProjectsDialog(QDialog):
         row.addWidget(self.remove_button)
         row.addStretch(1)
         right.addLayout(row)
+        if self.settings is not None:
+            right.addWidget(QLabel("Its chats run with:", self))
+            right.addWidget(self.settings)
         right.addWidget(self.api_box)
         body = QHBoxLayout()
         body.addLayout(left, 1)
@@ -264,6 +281,8 @@ class ProjectsDialog(QDialog):
         self.api_box.setChecked(self.project.api if self.project else False)
         self.api_box.blockSignals(False)
         self._show_pinned()
+        if self.settings is not None:
+            self.settings.show_project(self.project)
         self._on_text_changed()
         if not self.list.count():
             self.note.setText("No projects yet: New… makes one.")
@@ -325,6 +344,10 @@ class ProjectsDialog(QDialog):
             return
         project.api = on
         self._save(project, "Shared with the API." if on else "No longer shared with the API.")
+
+    def _on_settings_edited(self, done: str) -> None:
+        if self.project is not None:
+            self._save(self.project, done)
 
     def _save(self, project: Project, done: str) -> bool:
         try:

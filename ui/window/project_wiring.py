@@ -1,6 +1,7 @@
 """Projects in the window (issue 44), first slice: the store on the data folder, Chat →
 Projects… (``ProjectsDialog``), Chat → New chat in project, Move chat to project and
 Remove chat from project (on the open chat), and the project's name on its chats' rows.
+What a project's chats run with follows them: ``ui.window.project_settings``.
 
 The sidebar stays a flat list here; the collapsible tree of projects, with chats dragged
 in and out, is the next slice (``ui/chat/project_tree.py`` in the plan).
@@ -21,12 +22,14 @@ from ui.api.api_status import ApiControl
 from ui.chat.conversation_list import ConversationList
 from ui.chat.project_dialog import ProjectsDialog
 from ui.common.context import Context
+from ui.settings.sampling_panel import SamplingPanel
+from ui.window.project_settings import ProjectSettings, SettingsHost
 
 CHAT_MENU = "&Chat"
 NO_PROJECTS = "No projects yet: Chat → Projects… makes one."
 
 
-class ProjectsHost(Protocol):
+class ProjectsHost(SettingsHost, Protocol):
     """What of the window this needs (the window itself)."""
 
     @property
@@ -35,6 +38,8 @@ class ProjectsHost(Protocol):
     def sidebar(self) -> ConversationList: ...
     @property
     def api(self) -> ApiControl: ...
+    @property
+    def sampling_panel(self) -> SamplingPanel: ...
     def refresh_sidebar(self) -> None: ...
     def menuBar(self) -> QMenuBar: ...
 
@@ -49,6 +54,8 @@ class WindowProjects:
         self.store = ProjectStore(self.ctx.dirs.root)  # <data>/projects
         win.api.gateway.projects = self.store  # API requests may name the shared ones
         self.dialog: ProjectsDialog | None = None
+        self.settings = ProjectSettings(win, self.store)  # what its chats run with
+        self.settings.choicesChanged.connect(self._on_choices_changed)
         menu = _chat_menu(win.menuBar())
         menu.setToolTipsVisible(True)  # a disabled submenu says why
         menu.aboutToShow.connect(self.update_menus)
@@ -105,10 +112,29 @@ class WindowProjects:
             return self.dialog
         if self.dialog is not None:
             self.dialog.deleteLater()
-        self.dialog = ProjectsDialog(self.store, self, self.ctx.parent)
+        self.dialog = ProjectsDialog(self.store, self, self.ctx.parent, self.settings)
         self.dialog.changed.connect(self.refresh)
+        self.dialog.changed.connect(self._read_ahead)
         self.dialog.show()
+        self.settings.scan_library()  # listed in the dialog when the scan answers
         return self.dialog
+
+    def _read_ahead(self) -> None:
+        """A project was saved: read its opening now (the engine keeps it when nothing
+        it holds changed), so its next new chat starts warm; not for another model."""
+        project = self.dialog.project if self.dialog is not None else None
+        info = self.ctx.model.info
+        if project is None or info is None:
+            return
+        wanted = str(project.model.get("path", ""))
+        if wanted and wanted != str(info.path):
+            return  # its opening is read once that model is loaded, at its next new chat
+        self.ctx.client.build_prefix(project, self._win.sampling_panel.params())
+
+    def _on_choices_changed(self) -> None:
+        box = self.dialog.settings if self.dialog is not None else None
+        if box is not None:
+            box.refresh()
 
     # -- the open chat -------------------------------------------------------------------
 
