@@ -20,6 +20,7 @@ all-or-nothing update per conversation that the promise above needs.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -256,20 +257,26 @@ class SearchIndex:
 
     # -- asking ---------------------------------------------------------------------
 
-    def search(self, text: str, limit: int = RESULTS) -> list[SearchHit]:
-        """Messages containing every word of ``text``, best first."""
+    def search(
+        self, text: str, limit: int = RESULTS, within: Iterable[str] | None = None
+    ) -> list[SearchHit]:
+        """Messages containing every word of ``text``, best first; with ``within``, only
+        of those conversations (the limit applies among them)."""
         query = fts_query(text)
-        if not query:
+        ids = None if within is None else json.dumps(list(within))
+        if not query or ids == "[]":
             return []
         hits: list[SearchHit] = []
+        scope = "" if ids is None else " AND m.conv_id IN (SELECT value FROM json_each(?))"
+        args = (HIT_START, HIT_END, SNIPPET_TOKENS, query, *(() if ids is None else (ids,)))
 
         def ask(db: sqlite3.Connection) -> None:
             rows = db.execute(
                 "SELECT m.conv_id, m.idx, m.role, d.title,"
                 " snippet(messages, 0, ?, ?, '…', ?), m.thinking"
                 " FROM messages m JOIN docs d ON d.conv_id = m.conv_id"
-                " WHERE messages MATCH ? ORDER BY bm25(messages) LIMIT ?",
-                (HIT_START, HIT_END, SNIPPET_TOKENS, query, max(1, min(limit, 500))),
+                f" WHERE messages MATCH ?{scope} ORDER BY bm25(messages) LIMIT ?",
+                (*args, max(1, min(limit, 500))),
             ).fetchall()
             hits.extend(
                 SearchHit(str(c), int(i), str(r), str(t), " ".join(str(s).split()), k == 1)

@@ -237,8 +237,10 @@ class ConversationStore:
         return row
 
     @_locked
-    def search(self, text: str) -> builtins.list[SearchHit]:
-        """Messages of any saved conversation that contain every word of ``text``.
+    def search(self, text: str, project_id: str | None = None) -> builtins.list[SearchHit]:
+        """Messages of any saved conversation that contain every word of ``text``;
+        with ``project_id``, only of the chats in that project ("": in none), the hit
+        limit applying within them.
 
         The index is first brought in step with the transcripts on disk (only the ones
         whose size or time changed are read again).
@@ -253,7 +255,10 @@ class ConversationStore:
         self.index.sync(stamps, self._load_or_none)
         self._notes.extend(self.index.notes)
         self.index.notes.clear()
-        return [hit for hit in self.index.search(text) if hit.conv_id in stamps]
+        within = None
+        if project_id is not None:
+            within = [r.id for r in self.list() if r.project_id == project_id and not r.error]
+        return [hit for hit in self.index.search(text, within=within) if hit.conv_id in stamps]
 
     def _load_or_none(self, conv_id: str) -> Conversation | None:
         try:

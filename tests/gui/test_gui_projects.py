@@ -272,3 +272,19 @@ def test_a_damaged_project_file_is_set_aside_with_a_notice(
     assert not bad.exists() and bad.with_name(bad.name + ".bad").exists()
     assert bad.name in win.transcript.toPlainText()
     assert win.projects.rows() == []
+
+
+def test_a_chat_dropped_on_a_project_moves_into_it_and_out(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    project = Project(name="Harbour")
+    window.projects.store.save(project)
+    window.projects.refresh()
+    first = chat(qtbot, window, "An older chat")
+    window.new_chat()
+    qtbot.waitUntil(lambda: window.session.conversation.id != first, timeout=5000)
+    # A chat that is not the open one, moved from the sidebar (a drop, or its menu).
+    window.sidebar.moveRequested.emit(first, project.id)
+    assert window.projects.ctx.store.load(first).project_id == project.id
+    window.sidebar.moveRequested.emit(first, "")
+    assert window.projects.ctx.store.load(first).project_id == ""

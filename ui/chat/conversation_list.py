@@ -1,13 +1,18 @@
-"""The sidebar of saved conversations: search, open, rename, fork, delete, export."""
+"""The sidebar of saved conversations: search, open, rename, fork, delete, export, and
+move between projects (grouped under folding headers: ``ui.chat.project_tree``, which
+says why it stays a ``QListWidget``)."""
 
 from __future__ import annotations
 
 import html
 import time
 from collections.abc import Callable
+from functools import partial
 
 from PySide6.QtCore import QPoint, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
     QListWidget,
@@ -21,14 +26,24 @@ from PySide6.QtWidgets import (
 from app.chat.search_index import HIT_END, HIT_START, SearchHit
 from app.chat.store import ConversationSummary
 from app.util.sysinfo import size_text
+from ui.chat.project_tree import (
+    GROUP_ROLE,
+    ID_ROLE,
+    NO_PROJECT,
+    PROJECT_ROLE,
+    TITLE_ROLE,
+    ProjectList,
+    group_rows,
+    is_header,
+)
 
-ID_ROLE = Qt.ItemDataRole.UserRole
-TITLE_ROLE = Qt.ItemDataRole.UserRole + 1
+__all__ = ["ID_ROLE", "TITLE_ROLE", "ConversationList", "hit_html", "human_time"]
+
 INDEX_ROLE = Qt.ItemDataRole.UserRole + 2
 SEARCH_DELAY_MS = 200  # typing pauses this long before the messages are searched
 SEARCH_MIN_CHARS = 2
 
-Searcher = Callable[[str], list[SearchHit]]
+Searcher = Callable[[str, str | None], list[SearchHit]]  # text, project (None: all)
 
 
 def hit_html(hit: SearchHit) -> str:
@@ -65,10 +80,14 @@ class ConversationList(QWidget):
         openAtRequested(str, int, str): id, message index and the search text (a hit
             of the full-text search was chosen).
         projectsRequested(): Projects… (the window's dialog).
+        moveRequested(str, str): a chat's id and the project to move it into ("": out
+            of its project), dragged there or chosen in its menu; the window moves it
+            and draws the list again.
 
     Typing in the search box filters the list by title at once and, after a short
     pause, lists the messages of every saved chat that contain all the words
-    (``set_searcher``), best first.
+    (``set_searcher``), best first. With projects, "in:" beside the box limits both
+    to one project's chats.
     """
 
     openRequested = Signal(str)
@@ -79,6 +98,7 @@ class ConversationList(QWidget):
     newChatRequested = Signal()
     openAtRequested = Signal(str, int, str)
     projectsRequested = Signal()
+    moveRequested = Signal(str, str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -90,6 +110,14 @@ class ConversationList(QWidget):
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self._apply_filter)
         self.search.textChanged.connect(self._schedule_search)
+        self.scope = QComboBox(self)
+        self.scope.setObjectName("searchScope")
+        self.scope.setAccessibleName("Search in")
+        self.scope.setToolTip("Search and list the chats of one project only")
+        self.scope.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.scope.currentIndexChanged.connect(self._on_scope)
+        self.scope.hide()  # until there are projects
+        self._scope_ids: list[str | None] = [None]
         self._searcher: Searcher | None = None
         self._search_timer = QTimer(self)
         self._search_timer.setSingleShot(True)
@@ -106,8 +134,10 @@ class ConversationList(QWidget):
         self.hits.itemClicked.connect(self._on_hit)
         self.hits_label.hide()
         self.hits.hide()
-        self.list = QListWidget(self)
+        self.list = ProjectList(self)
         self.list.setObjectName("conversationList")
+        self.list.moveDropped.connect(self.moveRequested)
+        self.list.foldChanged.connect(lambda _pid: self._apply_filter(self.search.text()))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._on_context_menu)
         self.list.itemActivated.connect(self._on_activated)
@@ -127,7 +157,10 @@ class ConversationList(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(new_button)
-        layout.addWidget(self.search)
+        search_row = QHBoxLayout()
+        search_row.addWidget(self.search, 1)
+        search_row.addWidget(self.scope)
+        layout.addLayout(search_row)
         layout.addWidget(self.hits_label)
         layout.addWidget(self.hits, 1)
         layout.addWidget(self.list, 2)
@@ -135,40 +168,76 @@ class ConversationList(QWidget):
         self._current = ""
         self._filling = False
         self._project_names: dict[str, str] = {}  # a chat's row names its project
+        self._rows: list[ConversationSummary] = []  # as shown, newest first
 
     def set_project_names(self, names: dict[str, str]) -> None:
-        """The projects' names by id, for the rows drawn from now on."""
+        """The projects by id, in the order of their headers, for the rows drawn from
+        now on (the window draws them next); the "in:" choice lists them."""
         self._project_names = dict(names)
+        chosen = self._scope_ids[self.scope.currentIndex()] if self.scope.count() else None
+        self._scope_ids = [None, *names, ""]
+        self.scope.blockSignals(True)
+        self.scope.clear()
+        self.scope.addItems(["in: All", *(f"in: {n}" for n in names.values()), "in: No project"])
+        self.scope.setCurrentIndex(
+            self._scope_ids.index(chosen) if chosen in self._scope_ids else 0
+        )
+        self.scope.blockSignals(False)
+        self.scope.setVisible(bool(names))
+
+    def project_scope(self) -> str | None:
+        """The project that the list and search are limited to ("": no project; None: all)."""
+        return self._scope_ids[self.scope.currentIndex()] if self.scope.count() else None
+
+    def set_project_scope(self, project_id: str | None) -> None:
+        if project_id in self._scope_ids:
+            self.scope.setCurrentIndex(self._scope_ids.index(project_id))
 
     def set_conversations(
         self, rows: list[ConversationSummary], current: str, used: int, budget: int
     ) -> None:
         """Show ``rows``; ``current`` is highlighted."""
-        self._filling = True
+        self._rows = list(rows)
         self._current = current
-        self.list.clear()
-        for row in rows:
-            item = QListWidgetItem()
-            self._fill_item(item, row)
-            self.list.addItem(item)
-            if row.id == current:
-                item.setSelected(True)
-                self.list.setCurrentItem(item)
+        self._redraw()
         self.set_usage(used, budget)
+
+    def _redraw(self) -> None:
+        self._filling = True
+        self.list.clear()
+        for group, rows in group_rows(self._rows, self._project_names):
+            if group is not None:
+                self.list.add_header(group, self._project_names.get(group, NO_PROJECT), len(rows))
+            for row in rows:
+                item = QListWidgetItem()
+                self._fill_item(item, row)
+                self.list.addItem(item)
+                if row.id == self._current:
+                    item.setSelected(True)
+                    self.list.setCurrentItem(item)
         self._filling = False
         self._apply_filter(self.search.text())
 
+    def _group_of(self, row: ConversationSummary) -> str | None:
+        if not self._project_names:
+            return None
+        return row.project_id if row.project_id in self._project_names else ""
+
     def update_row(self, row: ConversationSummary, current: str) -> None:
         """Show one conversation's new state (added at the top when it is new)."""
-        self._filling = True
         self._current = current
+        old = next((i for i, r in enumerate(self._rows) if r.id == row.id), None)
+        if old is None:
+            self._rows.insert(0, row)
+        else:
+            self._rows[old] = row
         item = self.item_for(row.id)
-        if item is None:
-            item = QListWidgetItem()
-            self.list.insertItem(0, item)
+        if item is None or item.data(GROUP_ROLE) != self._group_of(row):
+            self._redraw()  # new, or moved: the headers' counts change
+            return
+        self._filling = True
         self._fill_item(item, row)
-        for i in range(self.list.count()):
-            it = self.list.item(i)
+        for it in self._chat_items():
             it.setSelected(it.data(ID_ROLE) == current)
             if it.data(ID_ROLE) == current:
                 self.list.setCurrentItem(it)
@@ -176,8 +245,11 @@ class ConversationList(QWidget):
         self._apply_filter(self.search.text())
 
     def remove_row(self, conv_id: str) -> None:
+        self._rows = [r for r in self._rows if r.id != conv_id]
         item = self.item_for(conv_id)
-        if item is not None:
+        if item is not None and self._project_names:
+            self._redraw()
+        elif item is not None:
             self.list.takeItem(self.list.row(item))
 
     def set_usage(self, used: int, budget: int) -> None:
@@ -196,6 +268,7 @@ class ConversationList(QWidget):
         item.setText(f"{row.title}\n{' · '.join(meta)}")
         item.setData(ID_ROLE, row.id)
         item.setData(TITLE_ROLE, row.title)
+        item.setData(GROUP_ROLE, self._group_of(row))
         if row.error:
             item.setToolTip(row.error)
             item.setForeground(Qt.GlobalColor.gray)
@@ -203,20 +276,21 @@ class ConversationList(QWidget):
             item.setToolTip(f"{row.title}\nProject: {project}" if project else row.title)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
 
+    def _chat_items(self) -> list[QListWidgetItem]:
+        """The chats' rows (not the projects' headers), top to bottom."""
+        items = (self.list.item(i) for i in range(self.list.count()))
+        return [item for item in items if not is_header(item)]
+
     def ids(self) -> list[str]:
-        return [str(self.list.item(i).data(ID_ROLE)) for i in range(self.list.count())]
+        return [str(item.data(ID_ROLE)) for item in self._chat_items()]
 
     def visible_ids(self) -> list[str]:
-        return [
-            str(self.list.item(i).data(ID_ROLE))
-            for i in range(self.list.count())
-            if not self.list.item(i).isHidden()
-        ]
+        return [str(item.data(ID_ROLE)) for item in self._chat_items() if not item.isHidden()]
 
     def item_for(self, conv_id: str) -> QListWidgetItem | None:
-        for i in range(self.list.count()):
-            if self.list.item(i).data(ID_ROLE) == conv_id:
-                return self.list.item(i)
+        for item in self._chat_items():
+            if item.data(ID_ROLE) == conv_id:
+                return item
         return None
 
     def start_rename(self, conv_id: str) -> None:
@@ -228,10 +302,31 @@ class ConversationList(QWidget):
             self.list.editItem(item)
 
     def _apply_filter(self, text: str) -> None:
+        """Rows whose title holds ``text``, in the chosen project; a folded project's
+        rows are hidden unless a search is typed. A header with nothing shown under it
+        is hidden while a search or a project is chosen."""
         needle = text.strip().lower()
+        scope = self.project_scope()
+        shown: set[str] = set()
+        for item in self._chat_items():
+            group = item.data(GROUP_ROLE)
+            match = (not needle or needle in str(item.data(TITLE_ROLE)).lower()) and (
+                scope is None or group == scope
+            )
+            if match and group is not None:
+                shown.add(str(group))
+            item.setHidden(not match or (not needle and group in self.list.collapsed))
         for i in range(self.list.count()):
-            item = self.list.item(i)
-            item.setHidden(bool(needle) and needle not in str(item.data(TITLE_ROLE)).lower())
+            header = self.list.item(i)
+            if is_header(header):
+                pid = str(header.data(PROJECT_ROLE))
+                wanted = scope is None or pid == scope
+                header.setHidden(not wanted or (bool(needle) and pid not in shown))
+
+    def _on_scope(self, _index: int) -> None:
+        self._apply_filter(self.search.text())
+        if self.hits.isVisible() or self.hits_label.isVisible():
+            self.run_search()
 
     def set_searcher(self, searcher: Searcher | None) -> None:
         """Where message search asks (``ConversationStore.search``); None: titles only."""
@@ -249,7 +344,7 @@ class ConversationList(QWidget):
             self.hits_label.hide()
             self.hits.hide()
             return
-        found = self._searcher(text)
+        found = self._searcher(text, self.project_scope())
         self.hits_label.setText(
             f"In messages: {len(found)}{'+' if len(found) >= 50 else ''} found"
             if found
@@ -277,12 +372,14 @@ class ConversationList(QWidget):
         )
 
     def _on_activated(self, item: QListWidgetItem) -> None:
+        if is_header(item):
+            return  # a click folds it (``ProjectList``)
         conv_id = str(item.data(ID_ROLE))
         if conv_id != self._current:
             self.openRequested.emit(conv_id)
 
     def _on_item_changed(self, item: QListWidgetItem) -> None:
-        if self._filling:
+        if self._filling or is_header(item):
             return
         title = item.text().split("\n")[0].strip()
         if title and title != item.data(TITLE_ROLE):
@@ -290,10 +387,21 @@ class ConversationList(QWidget):
 
     def _on_context_menu(self, pos: QPoint) -> None:
         item = self.list.itemAt(pos)
-        if item is None:
-            return
-        conv_id = str(item.data(ID_ROLE))
+        if item is not None:
+            menu = self.menu_for(item)
+            menu.exec(self.list.viewport().mapToGlobal(pos))
+            menu.deleteLater()
+
+    def menu_for(self, item: QListWidgetItem) -> QMenu:
+        """A row's menu: a chat's (open, rename, …, move to a project) or a header's."""
         menu = QMenu(self)
+        if is_header(item):
+            pid = str(item.data(PROJECT_ROLE))
+            fold = "Expand" if pid in self.list.collapsed else "Collapse"
+            menu.addAction(fold, lambda: self.list.toggle(pid))
+            menu.addAction("Projects…", self.projectsRequested.emit)
+            return menu
+        conv_id = str(item.data(ID_ROLE))
         menu.addAction("Open", lambda: self.openRequested.emit(conv_id))
         menu.addAction("Rename", lambda: self.start_rename(conv_id))
         menu.addAction("Fork", lambda: self.forkRequested.emit(conv_id))
@@ -302,7 +410,22 @@ class ConversationList(QWidget):
         menu.addAction(
             "Export as Markdown…", lambda: self.exportRequested.emit(conv_id, "markdown")
         )
+        self.add_move_actions(menu, conv_id, item.data(GROUP_ROLE))
         menu.addAction("Projects…", self.projectsRequested.emit)
         menu.addSeparator()
         menu.addAction("Delete…", lambda: self.deleteRequested.emit(conv_id))
-        menu.exec(self.list.viewport().mapToGlobal(pos))
+        return menu
+
+    def add_move_actions(self, menu: QMenu, conv_id: str, group: str | None) -> None:
+        """The menu's moves: into each project it is not in, and out of its own."""
+        menu.addSeparator()
+        move = menu.addMenu("Move to project")
+        move.setObjectName("moveToProjectMenu")
+        for pid, name in self._project_names.items():
+            if pid != group:
+                move.addAction(
+                    name.replace("&", "&&"), partial(self.moveRequested.emit, conv_id, pid)
+                )
+        move.menuAction().setEnabled(not move.isEmpty())
+        remove = menu.addAction("Remove from project", lambda: self.moveRequested.emit(conv_id, ""))
+        remove.setEnabled(bool(group))

@@ -56,6 +56,7 @@ class WindowProjects:
         self.dialog: ProjectsDialog | None = None
         self.settings = ProjectSettings(win, self.store)  # what its chats run with
         self.settings.choicesChanged.connect(self._on_choices_changed)
+        win.sidebar.moveRequested.connect(self.move_chat)  # a drop, or a row's menu
         menu = _chat_menu(win.menuBar())
         menu.setToolTipsVisible(True)  # a disabled submenu says why
         menu.aboutToShow.connect(self.update_menus)
@@ -146,6 +147,18 @@ class WindowProjects:
             self.ctx.notice(f"Could not start a chat in the project: {exc}")
             return
         self.ctx.session.new_chat(project)
+
+    def move_chat(self, conv_id: str, project_id: str) -> None:
+        """Put chat ``conv_id`` in ``project_id`` ("" takes it out of its project)."""
+        if conv_id == self.ctx.session.conversation.id:
+            self.move_open(project_id)
+            return
+        try:
+            self.ctx.store.set_project(conv_id, project_id)
+        except (ConversationError, OSError) as exc:
+            self.ctx.notice(f"Could not move the chat: {exc}")
+            return
+        self._win.refresh_sidebar()
 
     def move_open(self, project_id: str) -> None:
         """Put the open chat in ``project_id`` ("" takes it out). It keeps its own system
