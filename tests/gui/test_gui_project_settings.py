@@ -22,6 +22,7 @@ from app.gguf.lora import LoraStack
 from app.mcp.tool_host import McpTool, ServerStatus
 from tests.fakes.engine import FakeEngine
 from tests.fakes.window import WindowFactory, send
+from tests.gui.test_gui_projects import second_yes
 from ui.chat.project_dialog import ProjectsDialog
 from ui.window.main_window import MainWindow
 from ui.window.project_settings import file_model
@@ -37,17 +38,6 @@ def project(win: MainWindow, **fields: Any) -> Project:
     win.projects.store.save(made)
     win.projects.refresh()
     return win.projects.store.load(made.id)
-
-
-def asked_with(monkeypatch: pytest.MonkeyPatch, reply: QMessageBox.StandardButton) -> list[str]:
-    asked: list[str] = []
-
-    def question(_parent: Any, _title: str, text: str, *_a: Any) -> QMessageBox.StandardButton:
-        asked.append(text)
-        return reply
-
-    monkeypatch.setattr(QMessageBox, "question", question)
-    return asked
 
 
 def open_dialog(win: MainWindow, select: str) -> ProjectsDialog:
@@ -119,7 +109,7 @@ def test_a_project_chat_offers_its_model(
     other = tmp_path / "other.gguf"
     other.write_bytes(b"another fake model")
     made = project(window, model=file_model(other) or {})
-    asked = asked_with(monkeypatch, reply)
+    asked = second_yes(monkeypatch, reply)
     new_chat_in(qtbot, window, made.id)
     qtbot.waitUntil(lambda: bool(asked), timeout=5000)
     assert asked == ["Load other.gguf for this project? The model reloads."]
@@ -144,7 +134,7 @@ def test_a_project_chat_offers_its_model(
 def test_the_preset_goes_to_a_new_chat_not_to_an_opened_one(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asked = asked_with(monkeypatch, QMessageBox.StandardButton.No)
+    asked = second_yes(monkeypatch, QMessageBox.StandardButton.No)
     made = project(window)
     new_chat_in(qtbot, window, made.id)
     with qtbot.waitSignal(window.replyEnded, timeout=5000):
