@@ -148,6 +148,10 @@ class EngineHost:
 
         self.post(task)
 
+    def forget_prefix(self, project: str) -> None:
+        """Drop ``project``'s saved openings (it was deleted)."""
+        self.post(lambda: self._core.prefixes.forget(project))
+
     def unload(self) -> None:
         self.post(self._core.unload)
 

@@ -76,14 +76,11 @@ class Prefixes:
         """Make ``engine``'s cache hold ``project``'s opening (``messages``: its system
         turn); how: "ram", "disk", "built", or "" when it does not (the reply then reads
         everything, as without a project). Never raises."""
-        if not engine.capabilities.prefix or not is_valid_id(project):
-            return ""
         try:
-            found = engine.opening(messages, params, tools)
-            if found is None:
+            keyed = self._keyed(engine, project, messages, params, tools)
+            if keyed is None:
                 return ""
-            header = self._cache.header() if self._cache is not None else None
-            key = _key(header, found.tokens)
+            found, header, key = keyed
             return self._restore(engine, project, key, header) or self._build(
                 engine, project, key, header, found
             )
@@ -105,14 +102,11 @@ class Prefixes:
         changed): "kept" (it is kept already), "built", "deferred" (the open chat's cache
         could not be set aside in the pool: its next message would read it all again),
         "stopped" (``stop``: a reply came first; the cache is emptied), or "" (none)."""
-        if not engine.capabilities.prefix or not is_valid_id(project):
-            return ""
         try:
-            found = engine.opening(messages, params, None)
-            if found is None:
+            keyed = self._keyed(engine, project, messages, params, None)
+            if keyed is None:
                 return ""
-            header = self._cache.header() if self._cache is not None else None
-            key = _key(header, found.tokens)
+            found, header, key = keyed
             path = self._path(project, key)
             if key in self._ram or (path is not None and path.exists()):
                 return "kept"
@@ -127,6 +121,24 @@ class Prefixes:
             log.warning("the project's opening was not read ahead: %s", exc)
             engine.reset()
             return ""
+
+    def _keyed(
+        self,
+        engine: Backend,
+        project: str,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None,
+    ) -> tuple[Opening, SnapshotHeader | None, str] | None:
+        """``project``'s opening, the header its state is saved under, and its key
+        (None: the engine keeps no openings, or the template has none)."""
+        if not engine.capabilities.prefix or not is_valid_id(project):
+            return None
+        found = engine.opening(messages, params, tools)
+        if found is None:
+            return None
+        header = self._cache.header() if self._cache is not None else None
+        return found, header, _key(header, found.tokens)
 
     def forget(self, project: str) -> None:
         """Drop ``project``'s saved openings (the project was deleted)."""

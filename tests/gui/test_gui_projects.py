@@ -209,6 +209,8 @@ def test_delete_keeping_the_chats_moves_them_out(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     p, moved, started = two_chats(qtbot, window)
+    forgotten: list[str] = []
+    monkeypatch.setattr(window.client, "forget_prefix", forgotten.append)
     boxes: list[str] = []
     click_in_box(monkeypatch, "Keep its 2 chats", boxes)
     asked = second_yes(monkeypatch, QMessageBox.StandardButton.Yes)
@@ -217,6 +219,7 @@ def test_delete_keeping_the_chats_moves_them_out(
     assert boxes == ["Delete the project Garden?"] and asked == []
     with pytest.raises(ProjectError):
         window.projects.store.load(p.id)
+    assert forgotten == [p.id]  # its saved openings go with it
     for conv_id in (moved, started):
         conv = window.store.load(conv_id)
         assert conv.project_id == "" and conv.messages  # kept, with everything in it

@@ -149,6 +149,8 @@ def test_a_damaged_saved_opening_is_read_again_never_used(
     stats = restarted._core.prefixes.stats
     assert stats.from_disk == 0 and stats.built == 1  # refused, read again, saved again
     assert done.metrics.evaluated_tokens < 200 and len(prefix_files(tmp_path)) == 1
+    restarted._core.prefixes.forget(PROJECT)  # the project was deleted
+    assert not prefix_files(tmp_path)
 
 
 def test_an_api_request_naming_a_project_starts_from_its_opening(

@@ -63,6 +63,7 @@ class ProjectChats(Protocol):
     def titles(self, project_id: str) -> list[str]: ...
     def release(self, project_id: str) -> None: ...
     def delete_chats(self, project_id: str) -> None: ...
+    def deleted(self, project_id: str) -> None: ...
 
 
 def read_pinned_file(path: Path) -> dict[str, Any]:
@@ -415,6 +416,7 @@ class ProjectsDialog(QDialog):
         except OSError as exc:
             self.note.setText(f"The project was not deleted: {exc}")
             return
+        self.chats.deleted(project.id)
         self.project = None
         self.note.setText(f"Project {project.name} deleted.")
         self.changed.emit()

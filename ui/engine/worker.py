@@ -348,6 +348,10 @@ class EngineClient(QObject):
         if text:
             self.host.build_prefix(project.id, [ChatMessage("system", text)], params)
 
+    def forget_prefix(self, project_id: str) -> None:
+        """Drop a deleted project's saved openings (behind the work queued now)."""
+        self.host.forget_prefix(project_id)
+
     def stop(self) -> None:
         """Ask the running reply to stop; its cancelled signal follows promptly."""
         self._stop.set()

@@ -211,6 +211,10 @@ class WindowProjects:
             session.conversation.project_id = ""
         self._win.refresh_sidebar()
 
+    def deleted(self, project_id: str) -> None:
+        """The project is gone: so are its saved openings (``<data>/prefixes``)."""
+        self.ctx.client.forget_prefix(project_id)
+
 
 def _chat_menu(bar: QMenuBar) -> QMenu:
     for action in bar.actions():
