@@ -249,11 +249,9 @@ class PromptPipeline:
         Raises:
             ChatTemplateError: the template failed on the messages.
         """
-        rendered = self.template.render([*messages, ChatMessage("user", SENTINEL)], False)
-        cut = rendered.find(SENTINEL)
-        if cut <= 0:
+        head = self._before_sentinel([*messages, ChatMessage("user", SENTINEL)])
+        if head is None:
             return None
-        head = rendered[:cut]
         said = [m.content.strip() for m in messages if isinstance(m.content, str)]
         if not all(text in head for text in said if text):
             return None
@@ -277,12 +275,9 @@ class PromptPipeline:
             if first is not None
             else ChatMessage("user", SENTINEL)
         )
-        history = [*messages, reply, nxt]
-        rendered = self.template.render(history, False)
-        cut = rendered.find(SENTINEL)
-        if cut <= 0:
+        head = self._before_sentinel([*messages, reply, nxt])
+        if head is None:
             return None
-        head = rendered[:cut]
         n_keep, c_keep = self._map.match(head)
         if n_keep == 0 or c_keep >= len(head):
             return None
@@ -292,6 +287,18 @@ class PromptPipeline:
             turn = self.template.render([*messages, reply], False)
         except ChatTemplateError:
             turn = ""
-        turn_end = len(turn) if turn and rendered.startswith(turn) else -1
+        # Only a turn shorter than the head is used: its start is then the head's.
+        turn_end = len(turn) if turn and head.startswith(turn) else -1
         split = turn_end if c_keep < turn_end < len(head) else c_keep
         return NextTurn(head, (n_keep, c_keep), split)
+
+    def _before_sentinel(self, history: Sequence[ChatMessage]) -> str | None:
+        """``history`` rendered without the generation prompt, up to the ``SENTINEL``
+        standing for the next message's words (None when nothing comes before it).
+
+        Raises:
+            ChatTemplateError: the template failed on the history.
+        """
+        rendered = self.template.render(history, False)
+        cut = rendered.find(SENTINEL)
+        return rendered[:cut] if cut > 0 else None
