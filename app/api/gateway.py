@@ -23,7 +23,7 @@ from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.template_errors import ChatTemplateError
-from app.engine.tool_spec import ToolRequest
+from app.engine.tool_spec import ToolRequest, ToolSpec
 from app.host.jobs import (
     HostClosed,
     ModelGone,
@@ -61,10 +61,12 @@ ApiEvent = Token | Finished | ApiFailure
 @dataclass(frozen=True)
 class ProjectView:
     """A project a request names (``app/api/project_field.py``): its id (the key of its
-    warm opening) and its system text."""
+    warm opening), its system text, and its tools (offered when a request names none:
+    the client gets the calls back, the server never runs them)."""
 
     id: str
     system_text: str
+    tools: tuple[ToolSpec, ...] = ()
 
 
 @dataclass

@@ -12,7 +12,7 @@ picks (the HTTP status is decided here, in ``app.api``, never in the host).
 from __future__ import annotations
 
 from app.api.gateway import ApiJob, ProjectView, failure_for
-from app.chat.project_chat import system_text
+from app.chat.project_chat import stored_tools, system_text
 from app.chat.projects import ProjectError, ProjectStore
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.templates.override import AUTO, PLAIN
@@ -55,7 +55,9 @@ class HostGateway:
                     found = self.projects.load(row.id)
                 except ProjectError:
                     return None
-                return ProjectView(found.id, system_text(found)) if found.api else None
+                if not found.api:
+                    return None
+                return ProjectView(found.id, system_text(found), stored_tools(found))
         return None
 
 

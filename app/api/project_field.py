@@ -1,6 +1,7 @@
 """The API's ``project`` extension field (issue 44): a chat request may name a project
 shared with the API (by id or name), to be answered with the project's instructions and
-pinned documents as its system turn, starting from the project's warm opening.
+pinned documents as its system turn and its tools (unless it sends its own), starting
+from the project's warm opening.
 
 A project is reached only when its "Reachable through the API" switch is on
 (``Project.api``); another name gets the one answer a missing project gets (404
@@ -16,6 +17,7 @@ from typing import Any
 from app.api.errors import ApiError, bad
 from app.api.gateway import ProjectView
 from app.engine.chat_message import ChatMessage
+from app.engine.tool_spec import AUTO, ToolRequest
 
 MAX_CHARS = 128
 
@@ -63,3 +65,11 @@ def with_project(
             "project_conflict",
         )
     return [ChatMessage("system", view.system_text), *messages] if view.system_text else messages
+
+
+def project_tools(view: ProjectView | None, tools: ToolRequest | None) -> ToolRequest | None:
+    """What a request naming the project offers: its own ``tools`` when it has some
+    (with its ``tool_choice``), else the project's."""
+    if view is None or not view.tools or tools is not None:
+        return tools
+    return ToolRequest(view.tools, AUTO, parallel=True)

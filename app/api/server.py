@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -52,7 +53,7 @@ from app.api.embeddings import (
 from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
 from app.api.image_parts import check_vision
-from app.api.project_field import with_project
+from app.api.project_field import project_tools, with_project
 from app.api.requests import ApiRequests, JobView, QueueFull
 from app.api.schema import ApiRequest, parse_request
 from app.api.sse import ChunkWriter, Reply
@@ -278,6 +279,8 @@ class Handlers:
         if req.project:
             project = self.gateway.project(req.project)
             messages = with_project(project, req.project, messages)
+            if info.capabilities.tools:  # else a project's tools are left out, not refused
+                req = replace(req, tools=project_tools(project, req.tools))
         job = ApiJob(
             id=prefix + uuid.uuid4().hex[:24],
             kind=req.kind,

@@ -95,12 +95,16 @@ class ChatSession:
         self.edit_index: int | None = None
         self._queue: deque[Callable[[], None]] = deque()
         self.on_idle: Callable[[], None] | None = None  # after a reply and queued actions ran
+        # A project by id (its tools narrow what its chats are offered); set by the owner
+        # of the projects (the window), else chats are in none.
+        self.project_of: Callable[[str], Project | None] = lambda _id: None
         self._writer = TranscriptWriter(store, view)
         hooks = SessionHooks(
             conversation=lambda: self.conversation,
             persist=self._persist,
             result_room=self._writer.result_room,
             drain=self._drain,
+            project=self._project,
         )
         self._reply = ReplyRun(link, view, store.images, hooks, tool_host, approvals, post)
 
@@ -131,6 +135,10 @@ class ChatSession:
 
     def can_regenerate(self) -> bool:
         return not self.busy and any(m.role == "assistant" for m in self.conversation.messages)
+
+    def _project(self) -> Project | None:
+        project_id = self.conversation.project_id
+        return self.project_of(project_id) if project_id else None
 
     def _fresh(self) -> Conversation:
         return Conversation(system_prompt=self.system_prompt)

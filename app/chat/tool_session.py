@@ -19,6 +19,8 @@ from typing import Any
 
 from app.chat.conversation import Conversation, Message
 from app.chat.image_store import ImageStore
+from app.chat.project_chat import offered_tools
+from app.chat.projects import Project
 from app.chat.session_link import EngineLink, ReplyRequest, SessionView
 from app.chat.tool_records import cut_result
 from app.chat.tool_round import Approvals, Decision, Post, ToolLoop, rounds_notice, tool_request
@@ -35,6 +37,7 @@ class SessionHooks:
     persist: Callable[[], bool]  # write the transcript (False: it failed, a note said so)
     result_room: Callable[[], int]  # bytes the transcript has left for a round's results
     drain: Callable[[], None]  # the reply ended: run the actions that waited for it
+    project: Callable[[], Project | None]  # the open chat's project (its tools), if any
 
 
 class ToolRounds:
@@ -60,6 +63,7 @@ class ToolRounds:
         self._request = request
         self._loop = ToolLoop(host, approvals, post, self._calls_changed, self._calls_done)
         self._image_notes: set[tuple[str, str]] = set()  # images said to be unreadable
+        self._tool_notes: set[tuple[str, tuple[str, ...]]] = set()  # missing tools said
 
     @property
     def active(self) -> bool:
@@ -123,10 +127,20 @@ class ToolRounds:
                 self._view.notice(f"{error} The message is sent without it.")
         return parts
 
-    def _offered(self, req: ReplyRequest, tools: list[McpTool]) -> None:
-        """The host listed its tools: the reply is asked for, offering them."""
+    def _offered(self, req: ReplyRequest, listed: list[McpTool]) -> None:
+        """The host listed its tools: the reply is asked for, offering them (in a
+        project that chose tools, only those: ``offered_tools``)."""
         if self._request() is not req:
             return  # stopped meanwhile
+        project = self._session.project()
+        tools, missing = offered_tools(project, listed)
+        note = (self._session.conversation().id, tuple(missing))
+        if project is not None and missing and note not in self._tool_notes:
+            self._tool_notes.add(note)
+            self._view.notice(
+                f"Not offered now: {', '.join(missing)} of {project.name} (switched off "
+                "in Tools, or its server is not running)."
+            )
         req.tools = tools
         self._loop.offer(tools)
         self.ask(req)

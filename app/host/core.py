@@ -22,6 +22,7 @@ from app.engine.local.crash_steps import EngineSteps, marked
 from app.engine.local.engine import Engine
 from app.engine.local.offload import fit_report, load_with_fallback
 from app.engine.templates.override import AUTO, TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.host.drafts import draft_candidates
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
@@ -107,13 +108,14 @@ class EngineCore:
         project: str,
         messages: list[ChatMessage],
         params: SamplingParams,
+        tools: ToolRequest | None,
         again: Callable[[], object],
     ) -> None:
         """Read ``project``'s opening ahead of its next new chat; a reply queued meanwhile
         stops it, and ``again`` queues it once more, behind that reply."""
         self.prefixes.preempt.clear()
         how = self.prefixes.prebuild(
-            self.engine, self.pool, project, messages, params, self.prefixes.preempt
+            self.engine, self.pool, project, messages, params, tools, self.prefixes.preempt
         )
         log.info("project %s's opening read ahead: %s", project, how or "none")
         if how == "stopped":

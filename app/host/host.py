@@ -27,6 +27,7 @@ from app.engine.local.crash_steps import EngineSteps
 from app.engine.local.engine import Engine
 from app.engine.native.guard import NativeGuard, store_file
 from app.engine.templates.override import TemplateOverride
+from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
 from app.host.core import EngineCore
 from app.host.jobs import HostClosed, ReplyFailed, ReplyJob
@@ -133,18 +134,24 @@ class EngineHost:
         self.post(self._core.reset)
 
     def build_prefix(
-        self, project: str, messages: list[ChatMessage], params: SamplingParams, tries: int = 3
+        self,
+        project: str,
+        messages: list[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
+        tries: int = 3,
     ) -> None:
-        """Read ``project``'s opening (``messages``: its system turn) ahead of its next
-        new chat, behind the work queued now; a reply queued meanwhile goes first and
-        the read starts again after it (at most ``tries`` times)."""
+        """Read ``project``'s opening (``messages``: its system turn; ``tools``: what its
+        chats' first round offers) ahead of its next new chat, behind the work queued
+        now; a reply queued meanwhile goes first and the read starts again after it (at
+        most ``tries`` times)."""
 
         def task() -> None:
             def again() -> None:
                 if tries > 1:
-                    self.build_prefix(project, messages, params, tries - 1)
+                    self.build_prefix(project, messages, params, tools, tries - 1)
 
-            self._core.build_prefix(project, messages, params, again)
+            self._core.build_prefix(project, messages, params, tools, again)
 
         self.post(task)
 

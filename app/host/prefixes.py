@@ -96,6 +96,7 @@ class Prefixes:
         project: str,
         messages: Sequence[ChatMessage],
         params: SamplingParams,
+        tools: ToolRequest | None,
         stop: threading.Event,
     ) -> str:
         """Read ``project``'s opening now, ahead of its next new chat (the project
@@ -103,7 +104,7 @@ class Prefixes:
         could not be set aside in the pool: its next message would read it all again),
         "stopped" (``stop``: a reply came first; the cache is emptied), or "" (none)."""
         try:
-            keyed = self._keyed(engine, project, messages, params, None)
+            keyed = self._keyed(engine, project, messages, params, tools)
             if keyed is None:
                 return ""
             found, header, key = keyed

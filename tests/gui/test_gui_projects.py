@@ -126,7 +126,9 @@ def test_the_dialog_makes_renames_and_edits_a_project(
     assert dlg.list.currentItem().text() == "Job"
 
     read_ahead: list[str] = []
-    monkeypatch.setattr(window.client, "build_prefix", lambda p, _params: read_ahead.append(p.id))
+    monkeypatch.setattr(
+        window.client, "build_prefix", lambda p, _params, _tools=None: read_ahead.append(p.id)
+    )
     dlg.instructions.setPlainText("Answer in one line.")
     assert dlg.save_button.isEnabled()
     assert "about 6 tokens" in dlg.estimate.text()

@@ -5,6 +5,7 @@ instructions makes a new opening once, and after a restart the saved one is used
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,7 +205,6 @@ def test_a_changed_project_is_read_ahead_and_gives_way_to_a_reply(
     own_engine: Engine, engine: Engine, tmp_path: Path
 ) -> None:
     session_engine, engine = engine, own_engine
-    import threading
 
     store = ConversationStore(tmp_path / "data")
     host = EngineHost(engine, tmp_path / "models", store, QuietListener())
@@ -213,7 +213,7 @@ def test_a_changed_project_is_read_ahead_and_gives_way_to_a_reply(
     # Stopped before it ends (a reply was queued): nothing kept, the cache emptied.
     stop = threading.Event()
     stop.set()
-    got = prefixes.prebuild(engine, host._core.pool, PROJECT, system, GREEDY, stop)
+    got = prefixes.prebuild(engine, host._core.pool, PROJECT, system, GREEDY, None, stop)
     assert got == "stopped" and not prefix_files(tmp_path) and not engine.cached_tokens
     thread = host.start()
     try:
@@ -223,7 +223,7 @@ def test_a_changed_project_is_read_ahead_and_gives_way_to_a_reply(
         assert host.drain(120)
         assert isinstance(events[-1], Finished)  # the reply ran, the read went on after it
         assert prefixes.stats.built == 1 and len(prefix_files(tmp_path)) == 1
-        again = prefixes.prebuild(engine, host._core.pool, PROJECT, system, GREEDY, stop)
+        again = prefixes.prebuild(engine, host._core.pool, PROJECT, system, GREEDY, None, stop)
         assert again == "kept"
     finally:
         host.close()
@@ -237,7 +237,6 @@ def test_a_changed_project_is_read_ahead_and_gives_way_to_a_reply(
 def test_a_read_ahead_waits_when_the_open_chat_could_not_be_set_aside(
     engine: Engine, tmp_path: Path
 ) -> None:
-    import threading
 
     store = ConversationStore(tmp_path / "data")
     # A pool of 1 MiB: the chat's cache (some 2 MB) cannot be set aside in it.
@@ -248,6 +247,60 @@ def test_a_read_ahead_waits_when_the_open_chat_could_not_be_set_aside(
     held = list(engine.cached_tokens)
     system = [ChatMessage("system", SHORT)]
     got = host._core.prefixes.prebuild(
-        engine, host._core.pool, PROJECT, system, GREEDY, threading.Event()
+        engine, host._core.pool, PROJECT, system, GREEDY, None, threading.Event()
     )
     assert got == "deferred" and engine.cached_tokens == held  # the chat's cache stays
+
+
+def test_a_read_ahead_with_the_projects_tools_is_the_opening_its_chat_uses(
+    own_engine: Engine, tmp_path: Path
+) -> None:
+    """The read-ahead words the tools as the chat's first round does (issue 44): the
+    first new chat after it restores it, and a read without the tools is another one."""
+    from app.chat.project_chat import offered_tools, opening_request
+    from app.chat.projects import Project
+    from app.chat.tool_round import tool_request
+    from app.engine.templates.override import TemplateOverride
+    from tests import llama_chat
+    from tests.fakes.mcp import tool
+
+    engine = own_engine
+    source = llama_chat.template_source("Qwen-Qwen2.5-7B-Instruct.jinja")
+    engine.set_template(TemplateOverride("custom", source=source))
+    listed = [tool("sea", "weather", "Weather at sea.", place="string")]
+    listed.append(tool("sea", "tides", "Tide table.", port="string"))
+    specs = [
+        {"name": t.qualified, "description": t.description, "parameters": dict(t.input_schema)}
+        for t in listed
+    ]
+    project = Project(instructions=SHORT, mcp_tools=["tides", "weather"], tool_specs=specs[::-1])
+    store = ConversationStore(tmp_path / "data")
+    host = EngineHost(engine, tmp_path / "models", store, QuietListener())
+    prefixes, pool = host._core.prefixes, host._core.pool
+    system = [ChatMessage("system", SHORT)]
+    ahead = opening_request(project, [], GREEDY)
+    assert ahead is not None
+    stop = threading.Event()
+    assert prefixes.prebuild(engine, pool, project.id, system, GREEDY, ahead, stop) == "built"
+    opening = len(engine.cached_tokens)
+    assert prefixes.prebuild(engine, pool, project.id, system, GREEDY, None, stop) == "built"
+    assert len(engine.cached_tokens) < opening  # without the tools: a shorter opening
+    engine.reset()
+    events: list[ReplyEvent] = []
+    offered, _ = offered_tools(project, listed)
+    job = ReplyJob(
+        new_id(),
+        "gui",
+        [*system, ChatMessage("user", QUESTION)],
+        GREEDY,
+        events.append,
+        conv_id=new_id(),
+        tools=tool_request(offered, 0, GREEDY),
+    )
+    job.prefix = project.id
+    host.run_here(job)
+    done = events[-1]
+    assert isinstance(done, Finished), done
+    assert prefixes.stats.from_ram == 1 and prefixes.stats.built == 2
+    assert done.metrics.cached_tokens == opening
+    assert done.metrics.evaluated_tokens <= 1.1 * engine.count_tokens(QUESTION) + 8

@@ -100,6 +100,10 @@ class ProjectSettingsBox(QWidget):
         self.tools.setObjectName("projectTools")
         self.tools.setAccessibleName("MCP tools of the project")
         self.tools.setMaximumHeight(90)
+        self.tools.setToolTip(
+            "Its chats are offered only the ticked tools; with none ticked, the tools "
+            "switched on in Tools. A ticked tool switched off there is not offered."
+        )
         self.tools.itemChanged.connect(self._on_tool)
         row = QHBoxLayout()
         row.addWidget(self.adapters, 1)

@@ -341,12 +341,15 @@ class EngineClient(QObject):
         self.host.submit(self.worker.reply_job(job))
         return self._next_request
 
-    def build_prefix(self, project: Project, params: SamplingParams) -> None:
+    def build_prefix(
+        self, project: Project, params: SamplingParams, tools: ToolRequest | None = None
+    ) -> None:
         """Read ``project``'s opening now (it changed), so its next new chat starts warm;
-        a reply asked for meanwhile goes first."""
+        ``tools``: what that chat's first round offers (``opening_request``). A reply
+        asked for meanwhile goes first."""
         text = system_text(project)
         if text:
-            self.host.build_prefix(project.id, [ChatMessage("system", text)], params)
+            self.host.build_prefix(project.id, [ChatMessage("system", text)], params, tools)
 
     def forget_prefix(self, project_id: str) -> None:
         """Drop a deleted project's saved openings (behind the work queued now)."""

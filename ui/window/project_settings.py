@@ -16,8 +16,8 @@ project of that chat names, once per chat shown:
 
 Nothing goes back to the project: a chat may use another model, preset or adapters,
 and only the dialog edits a project. The tools a project names are stored (with their
-specs) by the dialog; offering only those to its chats is the chat session's tool
-filter, which is not part of this module.
+specs) by the dialog; offering only those to its chats is the chat session's
+(``app.chat.project_chat.offered_tools``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from PySide6.QtWidgets import QMessageBox
 from app.chat.conversation import Conversation
 from app.chat.projects import Project, ProjectError, ProjectStore
 from app.config.presets import PresetError, PresetStore
+from app.engine.tool_spec import ToolSpec
 from app.gguf.lora import LoraStack
 from app.models.library import LibraryEntry
 from ui.chat.project_settings_box import model_label, same_model
@@ -152,6 +153,17 @@ class ProjectSettings(QObject):
                     }
                 )
         return specs
+
+    def app_tools(self) -> list[ToolSpec]:
+        """The tools a chat is offered now when its project chose none (switched on,
+        servers ready), without waiting for a server."""
+        return [
+            tool.spec()
+            for status in self._win.tools.proxy.statuses()
+            if status.state == "ready"
+            for tool in status.tools
+            if tool.enabled
+        ]
 
     # -- a project's chat shown --------------------------------------------------------
 

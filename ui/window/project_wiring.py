@@ -17,7 +17,8 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QMenuBar
 
 from app.chat.conversation import ConversationError
-from app.chat.projects import ProjectError, ProjectStore, ProjectSummary
+from app.chat.project_chat import opening_request
+from app.chat.projects import Project, ProjectError, ProjectStore, ProjectSummary
 from ui.api.api_status import ApiControl
 from ui.chat.conversation_list import ConversationList
 from ui.chat.project_dialog import ProjectsDialog
@@ -56,6 +57,7 @@ class WindowProjects:
         self.dialog: ProjectsDialog | None = None
         self.settings = ProjectSettings(win, self.store)  # what its chats run with
         self.settings.choicesChanged.connect(self._on_choices_changed)
+        self.ctx.session.project_of = self.project_of  # its tools narrow what chats offer
         win.sidebar.moveRequested.connect(self.move_chat)  # a drop, or a row's menu
         menu = _chat_menu(win.menuBar())
         menu.setToolTipsVisible(True)  # a disabled submenu says why
@@ -130,7 +132,16 @@ class WindowProjects:
         wanted = str(project.model.get("path", ""))
         if wanted and wanted != str(info.path):
             return  # its opening is read once that model is loaded, at its next new chat
-        self.ctx.client.build_prefix(project, self._win.sampling_panel.params())
+        params = self._win.sampling_panel.params()
+        tools = opening_request(project, self.settings.app_tools(), params)
+        self.ctx.client.build_prefix(project, params, tools)
+
+    def project_of(self, project_id: str) -> Project | None:
+        """The saved project ``project_id`` (None: gone or unreadable)."""
+        try:
+            return self.store.load(project_id)
+        except ProjectError:
+            return None
 
     def _on_choices_changed(self) -> None:
         box = self.dialog.settings if self.dialog is not None else None

@@ -5,6 +5,7 @@ message a 400, a bad value a 400 naming the field."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import openai
@@ -15,6 +16,8 @@ from app.api.gateway import ProjectView
 from app.api.host_gateway import HostGateway
 from app.api.schema import parse_chat
 from app.chat.projects import Project, ProjectStore
+from app.engine.backend import Capabilities
+from app.engine.tool_spec import ToolRequest, ToolSpec
 from tests.conftest import Serve
 
 MODEL = "gemma-3-270m-it-Q4_K_M"
@@ -81,3 +84,38 @@ def test_the_host_gateway_reaches_only_projects_shared_with_the_api(tmp_path: An
     assert gateway.project(shared.id) == view
     assert gateway.project("Diary") is None and gateway.project(private.id) is None
     assert HostGateway(host=None).project("Harbour") is None  # type: ignore[arg-type]
+
+
+TIDES = ToolSpec("tides", "Tide table.", {"type": "object", "properties": {"port": {}}})
+
+
+def test_a_project_offers_its_tools_unless_the_request_has_its_own(serve: Serve) -> None:
+    server, gw = serve()
+    view = ProjectView("p1", "Answer as the harbour master.", (TIDES,))
+    gw.projects = {"p1": view}
+    c = client(server.url)
+    c.chat.completions.create(model=MODEL, messages=USER, extra_body={"project": "p1"})
+    assert gw.submitted[-1].tools is None  # a model without tool calling: left out
+    assert gw.info is not None
+    gw.info = dataclasses.replace(gw.info, capabilities=Capabilities(tools=True))
+    c.chat.completions.create(model=MODEL, messages=USER, extra_body={"project": "p1"})
+    assert gw.submitted[-1].tools == ToolRequest((TIDES,), "auto", parallel=True)
+    own = [{"type": "function", "function": {"name": "clock", "parameters": {"type": "object"}}}]
+    c.chat.completions.create(
+        model=MODEL, messages=USER, tools=own, tool_choice="none", extra_body={"project": "p1"}
+    )
+    got = gw.submitted[-1].tools
+    assert got is not None and [t.name for t in got.tools] == ["clock"] and got.choice == "none"
+    c.chat.completions.create(model=MODEL, messages=USER)
+    assert gw.submitted[-1].tools is None  # no project, no tools
+
+
+def test_the_host_gateway_gives_a_shared_project_its_stored_tools(tmp_path: Any) -> None:
+    store = ProjectStore(tmp_path)
+    spec = {"name": "tides", "description": "Tide table.", "parameters": {"type": "object"}}
+    shared = Project(name="Harbour", api=True, mcp_tools=["tides"], tool_specs=[spec])
+    store.save(shared)
+    view = HostGateway(host=None, projects=store).project("Harbour")  # type: ignore[arg-type]
+    assert view is not None and view.tools == (
+        ToolSpec("tides", "Tide table.", {"type": "object"}),
+    )
