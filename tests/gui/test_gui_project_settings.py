@@ -131,6 +131,28 @@ def test_a_project_chat_offers_its_model(
     assert len(asked) == (1 if reply == QMessageBox.StandardButton.Yes else 2)
 
 
+def test_a_chat_shown_while_a_model_loads_offers_its_model_after_the_load(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At start-up the last chat is shown while the last model loads: the project's
+    model is offered once that load ends, not during it (nor never)."""
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"another fake model")
+    made = project(window, model=file_model(other) or {})
+    asked = second_yes(monkeypatch, QMessageBox.StandardButton.No)
+    window.loaded_model.set_loading(True)
+    new_chat_in(qtbot, window, made.id)
+    qtbot.wait(50)
+    assert asked == []
+    window.loaded_model.set_loading(False)
+    qtbot.waitUntil(lambda: bool(asked), timeout=5000)
+    assert asked == ["Load other.gguf for this project? The model reloads."]
+    window.loaded_model.set_loading(True)  # a later load: nothing is waiting for it
+    window.loaded_model.set_loading(False)
+    qtbot.wait(50)
+    assert len(asked) == 1
+
+
 def test_the_preset_goes_to_a_new_chat_not_to_an_opened_one(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:

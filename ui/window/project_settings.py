@@ -11,7 +11,8 @@ project of that chat names, once per chat shown:
 - adapters are applied hot (``set_lora_stack``) when every file is there, else a notice
   names the missing one;
 - a model other than the one in use is offered with a question ("Load X for this
-  project? The model reloads."), asked after the chat is shown; Yes loads it as
+  project? The model reloads."), asked after the chat is shown, or once the load under
+  way ends (a chat reopened at start-up, while the last model loads); Yes loads it as
   Open model does, or connects to the server.
 
 Nothing goes back to the project: a chat may use another model, preset or adapters,
@@ -90,6 +91,10 @@ class ProjectSettings(QObject):
         self.ctx, self.store, self._win = win.ctx, store, win
         self.library: list[LibraryEntry] = []  # the library's models, as last scanned
         self.shown = ""  # the chat whose project's settings were applied last
+        # A chat shown while a load was under way (at start-up, the last model): its
+        # project's model is offered once the load ends (``_after_load``).
+        self._waiting: tuple[str, Project] | None = None
+        win.ctx.model.loadingChanged.connect(self._after_load)
         # First: the other listeners (the Think button, the draft model) see the preset.
         win.session_view.conversation_listeners.insert(0, self.on_conversation)
         if win.services is not None:  # a GUI-thread slot: the scan answers from its thread
@@ -217,10 +222,18 @@ class ProjectSettings(QObject):
         self._win.lora_panel.set_stack(stack)
         self.ctx.client.set_lora_stack(stack)
 
+    def _after_load(self, loading: bool) -> None:
+        waiting, self._waiting = self._waiting, None
+        if not loading and waiting is not None:
+            self._offer_model(*waiting)
+
     def _offer_model(self, conv_id: str, project: Project) -> None:
         model = project.model
-        if self.ctx.session.conversation.id != conv_id or self.ctx.model.loading:
-            return  # another chat was shown meanwhile, or a load is under way
+        if self.ctx.session.conversation.id != conv_id:
+            return  # another chat was shown meanwhile
+        if self.ctx.model.loading:
+            self._waiting = (conv_id, project)  # asked once the load ends
+            return
         if same_model(model, self.current_model()):
             return
         conn = self._win.remote.store.get(model["connection"]) if "connection" in model else None
