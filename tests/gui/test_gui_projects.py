@@ -5,6 +5,8 @@ project is deleted keeping its chats or, after a second yes only, with them."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ from pytestqt.qtbot import QtBot
 
 from app.chat.conversation import new_id
 from app.chat.project_chat import system_text
+from app.chat.project_pins import read_pinned_file
 from app.chat.projects import Project, ProjectError
 from app.documents.sources import Source
 from tests.fakes.engine import FakeEngine
@@ -293,3 +296,39 @@ def test_a_chat_dropped_on_a_project_moves_into_it_and_out(
     assert window.projects.ctx.store.load(first).project_id == project.id
     window.sidebar.moveRequested.emit(first, "")
     assert window.projects.ctx.store.load(first).project_id == ""
+
+
+def test_a_pinned_file_changed_is_read_again_before_a_new_chat(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new chat in a project reads a changed pinned file again first (the project
+    keeps the new text, so its opening is made anew); a file gone leaves the copy."""
+    notes = tmp_path / "notes.md"
+    notes.write_text("High water at six.\n", encoding="utf-8")
+    gone = tmp_path / "gone.md"
+    gone.write_text("Berths one to nine.\n", encoding="utf-8")
+    made = Project(name="Harbour", instructions="Be brief.")
+    made.pinned = [
+        {**read_pinned_file(notes), "n": 1},
+        {**read_pinned_file(gone), "n": 2},
+    ]
+    window.projects.store.save(made)
+    window.projects.refresh()
+    gone.unlink()
+    notes.write_text("High water at seven.\n", encoding="utf-8")
+    os.utime(notes, ns=(1, 2_000_000_000))  # a new stamp even on a coarse clock
+    notices: list[str] = []
+    ctx = dataclasses.replace(window.projects.ctx, notice=notices.append)
+    monkeypatch.setattr(window.projects, "ctx", ctx)
+    window.projects.new_chat(made.id)
+    qtbot.waitUntil(lambda: window.conversation.project_id == made.id, timeout=10000)
+    prompt = window.conversation.system_prompt
+    assert "High water at seven." in prompt and "Berths one to nine." in prompt
+    saved = window.projects.store.load(made.id)
+    assert [e["name"] for e in saved.pinned] == ["notes.md", "gone.md"]
+    assert saved.pinned[0]["stamp"] == [notes.stat().st_size, 2_000_000_000]
+    assert notices == [
+        f"gone.md, pinned to Harbour, is no longer at {gone}: its chats use the copy read before."
+    ]
+    window.projects.new_chat(made.id)  # nothing changed: at once, the gone file said once
+    assert window.conversation.system_prompt == prompt and len(notices) == 1

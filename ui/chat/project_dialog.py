@@ -12,7 +12,6 @@ with it after a second yes that lists them; the chats themselves are the window'
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.chat.project_chat import system_text
+from app.chat.project_pins import read_pinned_file
 from app.chat.projects import (
     INSTRUCTIONS_MAX,
     MAX_PINNED,
@@ -45,7 +45,7 @@ from app.chat.projects import (
     ProjectStore,
     name_problem,
 )
-from app.documents.sources import MAX_SOURCE_CHARS, Source, source_from_dict
+from app.documents.sources import source_from_dict
 from app.engine.token_estimate import estimate_tokens
 from app.util.errors import DocumentError
 from ui.chat.document_attach import file_filter
@@ -64,33 +64,6 @@ class ProjectChats(Protocol):
     def release(self, project_id: str) -> None: ...
     def delete_chats(self, project_id: str) -> None: ...
     def deleted(self, project_id: str) -> None: ...
-
-
-def read_pinned_file(path: Path) -> dict[str, Any]:
-    """``path`` read whole into a pinned entry (``Project.pinned``); runs off the GUI thread.
-
-    Raises:
-        DocumentError: it cannot be read, or holds no text.
-    """
-    from app.documents.library import whole_text  # the readers load only when used
-    from app.documents.parse_child import parse_bounded
-    from app.util.hashing import sha256_file
-
-    path = path.absolute()
-    before = os.stat(path)
-    text = whole_text(parse_bounded(path))
-    if not text.strip():
-        raise DocumentError(f"{path.name} has no text to read.")
-    text = text[:MAX_SOURCE_CHARS]
-    lines = text.count("\n") + 1
-    source = Source(1, str(path), path.name, text, None, 1, lines, -1, True)
-    after = os.stat(path)
-    settled = (before.st_size, before.st_mtime_ns) == (after.st_size, after.st_mtime_ns)
-    return {
-        **source.to_dict(),
-        "stamp": [after.st_size, after.st_mtime_ns],
-        "sha256": sha256_file(path) if settled else "",
-    }
 
 
 def ask_delete(parent: QWidget, name: str, n_chats: int) -> str:
@@ -259,6 +232,13 @@ class ProjectsDialog(QDialog):
             self.list.setCurrentRow(0)
         self.list.blockSignals(False)
         self._follow()
+
+    def pins_read_again(self, project: Project) -> None:
+        """``project``'s pinned files were read again and saved: shown, if it is the one
+        shown (its copy here takes them, so a later save keeps them)."""
+        if self.project is not None and self.project.id == project.id:
+            self.project.pinned = list(project.pinned)
+            self._show_pinned()
 
     def selected_id(self) -> str:
         item = self.list.currentItem()

@@ -1,27 +1,30 @@
-"""Projects in the window (issue 44), first slice: the store on the data folder, Chat →
-Projects… (``ProjectsDialog``), Chat → New chat in project, Move chat to project and
-Remove chat from project (on the open chat), and the project's name on its chats' rows.
-What a project's chats run with follows them: ``ui.window.project_settings``.
-
-The sidebar stays a flat list here; the collapsible tree of projects, with chats dragged
-in and out, is the next slice (``ui/chat/project_tree.py`` in the plan).
+"""Projects in the window (issue 44): the store on the data folder, Chat → Projects…
+(``ProjectsDialog``), Chat → New chat in project (its pinned files read again first when
+they changed), Move chat to project and Remove chat from project (on the open chat, or
+any chat from the sidebar), and the project's name on its chats' rows. What a project's
+chats run with follows them: ``ui.window.project_settings``; the sidebar's grouping:
+``ui.chat.project_tree``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QMenu, QMenuBar
 
+from app.chat import project_pins
 from app.chat.conversation import ConversationError
 from app.chat.project_chat import opening_request
 from app.chat.projects import Project, ProjectError, ProjectStore, ProjectSummary
+from app.util.errors import DocumentError
 from ui.api.api_status import ApiControl
 from ui.chat.conversation_list import ConversationList
 from ui.chat.project_dialog import ProjectsDialog
+from ui.common.background import run_in_background
 from ui.common.context import Context
 from ui.settings.sampling_panel import SamplingPanel
 from ui.window.project_settings import ProjectSettings, SettingsHost
@@ -55,6 +58,7 @@ class WindowProjects:
         self.store = ProjectStore(self.ctx.dirs.root)  # <data>/projects
         win.api.gateway.projects = self.store  # API requests may name the shared ones
         self.dialog: ProjectsDialog | None = None
+        self._gone_said: set[tuple[str, str]] = set()  # (project, path) said to be gone
         self.settings = ProjectSettings(win, self.store)  # what its chats run with
         self.settings.choicesChanged.connect(self._on_choices_changed)
         self.ctx.session.project_of = self.project_of  # its tools narrow what chats offer
@@ -151,12 +155,50 @@ class WindowProjects:
     # -- the open chat -------------------------------------------------------------------
 
     def new_chat(self, project_id: str) -> None:
-        """A new chat in the project: it starts from its instructions and documents."""
+        """A new chat in the project: it starts from its instructions and documents,
+        those whose files changed read again first (``app.chat.project_pins``)."""
         try:
             project = self.store.load(project_id)
         except ProjectError as exc:
             self.ctx.notice(f"Could not start a chat in the project: {exc}")
             return
+        changed, gone = project_pins.stale(project)
+        for path in gone:
+            if (project.id, str(path)) not in self._gone_said:
+                self._gone_said.add((project.id, str(path)))
+                self.ctx.notice(
+                    f"{path.name}, pinned to {project.name}, is no longer at {path}: its "
+                    "chats use the copy read before."
+                )
+        if not changed:
+            self.ctx.session.new_chat(project)
+            return
+        names = ", ".join(p.name for p in changed)
+        self.ctx.status(f"Reading {names} again: changed since it was pinned…", 5000)
+        run_in_background(
+            lambda: _read_again(changed),
+            lambda got: self._start_refreshed(project, got),
+            lambda exc: self._start_refreshed(project, ([], [repr(exc)])),
+            owner=self.dialog_action,
+        )
+
+    def _start_refreshed(
+        self, project: Project, got: tuple[list[dict[str, Any]], list[str]]
+    ) -> None:
+        """The changed pinned files were read again: saved in the project (a new opening
+        follows), then the new chat starts from them."""
+        entries, failures = got
+        for why in failures:
+            self.ctx.notice(f"A pinned document of {project.name} was not read again: {why}")
+        if entries:
+            try:  # as saved now: the dialog may have changed it while the files were read
+                project = self.store.load(project.id)
+                project_pins.refreshed(project, entries)
+                self.store.save(project)
+            except ProjectError as exc:
+                self.ctx.notice(f"The project {project.name} could not be saved: {exc}")
+            if self.dialog is not None:
+                self.dialog.pins_read_again(project)
         self.ctx.session.new_chat(project)
 
     def move_chat(self, conv_id: str, project_id: str) -> None:
@@ -247,3 +289,15 @@ def _fill(menu: QMenu, rows: list[ProjectSummary], act: Callable[[str], None]) -
 
 def wire_projects(win: ProjectsHost) -> WindowProjects:
     return WindowProjects(win)
+
+
+def _read_again(paths: list[Path]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Each of ``paths`` read whole (off the GUI thread): the entries, and why any failed."""
+    entries: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for path in paths:
+        try:
+            entries.append(project_pins.read_pinned_file(path))
+        except (DocumentError, OSError) as exc:
+            failures.append(f"{path.name}: {exc}")
+    return entries, failures
