@@ -53,6 +53,7 @@ THEMES = ("system", "light", "dark")
 LAYOUT_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 LAYOUT_ENTRIES = 16
 LAYOUT_CHARS = 16_384
+MAX_FOLDED = 1000
 # Where each group's settings belong, to say so when one is found in another place.
 GROUPS = {"load": LoadConfig, "sampling": SamplingParams, "api": ApiSettings}
 
@@ -68,6 +69,7 @@ class AppSettings:
     imported_models: list[str] = field(default_factory=list)  # GGUFs listed where they are
     recent_models: list[str] = field(default_factory=list)  # most recent first
     window_layout: dict[str, str] = field(default_factory=dict)  # name -> base64 blob
+    folded_projects: list[str] = field(default_factory=list)  # sidebar groups folded
     theme: str = "system"  # follow the OS, or force "light" / "dark"
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -141,6 +143,7 @@ class AppSettings:
             )
         recent = _recent(data.get("recent_models", _ABSENT), notes)
         layout = _layout(data.get("window_layout", _ABSENT), notes)
+        folded = _folded(data.get("folded_projects", _ABSENT), notes)
         theme = data.get("theme")
         settings = cls(
             model_path=take("model_path", _is_path(model_path), None),
@@ -154,6 +157,7 @@ class AppSettings:
             imported_models=paths[:MAX_IMPORTED],
             recent_models=recent,
             window_layout=layout,
+            folded_projects=folded,
             theme=take("theme", theme in THEMES, "system"),
             load=load,
             sampling=sampling,
@@ -214,6 +218,17 @@ def _recent(value: Any, notes: list[str]) -> list[str]:
     kept = list(dict.fromkeys(p for p in items if _is_path(p)))[:MAX_RECENT]
     if kept != value:
         notes.append("recent_models was not a short list of file paths; it was tidied.")
+    return kept
+
+
+def _folded(value: Any, notes: list[str]) -> list[str]:
+    """The projects folded in the sidebar: ids, each once, at most ``MAX_FOLDED``."""
+    if value is _ABSENT:
+        return []
+    items = value if isinstance(value, list) else []
+    kept = list(dict.fromkeys(p for p in items if _is_id(p)))[:MAX_FOLDED]
+    if kept != value:
+        notes.append("folded_projects was not a short list of project ids; it was tidied.")
     return kept
 
 

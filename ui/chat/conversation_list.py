@@ -99,6 +99,7 @@ class ConversationList(QWidget):
     openAtRequested = Signal(str, int, str)
     projectsRequested = Signal()
     moveRequested = Signal(str, str)
+    projectActionRequested = Signal(str, str)  # "new", "edit", "json", "markdown", "delete"
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -399,7 +400,10 @@ class ConversationList(QWidget):
             pid = str(item.data(PROJECT_ROLE))
             fold = "Expand" if pid in self.list.collapsed else "Collapse"
             menu.addAction(fold, lambda: self.list.toggle(pid))
-            menu.addAction("Projects…", self.projectsRequested.emit)
+            if pid:
+                self._project_actions(menu, pid)
+            else:
+                menu.addAction("Projects…", self.projectsRequested.emit)
             return menu
         conv_id = str(item.data(ID_ROLE))
         menu.addAction("Open", lambda: self.openRequested.emit(conv_id))
@@ -415,6 +419,17 @@ class ConversationList(QWidget):
         menu.addSeparator()
         menu.addAction("Delete…", lambda: self.deleteRequested.emit(conv_id))
         return menu
+
+    def _project_actions(self, menu: QMenu, pid: str) -> None:
+        """A project header's menu, below its fold."""
+        ask = self.projectActionRequested.emit
+        menu.addAction("New chat in project", lambda: ask("new", pid))
+        menu.addAction("Edit project…", lambda: ask("edit", pid))
+        menu.addSeparator()
+        menu.addAction("Export as JSON…", lambda: ask("json", pid))
+        menu.addAction("Export as Markdown…", lambda: ask("markdown", pid))
+        menu.addSeparator()
+        menu.addAction("Delete project…", lambda: ask("delete", pid))
 
     def add_move_actions(self, menu: QMenu, conv_id: str, group: str | None) -> None:
         """The menu's moves: into each project it is not in, and out of its own."""

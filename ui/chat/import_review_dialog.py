@@ -5,6 +5,8 @@ Don't attach. Nothing on it is used unless the user picks Attach
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
@@ -24,17 +26,24 @@ INTRO = (
 
 
 class ImportReview(QDialog):
-    """Lists ``held``; accepted (Attach) or rejected (Don't attach, the default)."""
+    """Lists what an import held back (``lines``); accepted (Attach) or rejected (Don't
+    attach, the default)."""
 
-    def __init__(self, held: HeldBack, parent: QWidget | None = None) -> None:
+    def __init__(
+        self,
+        lines: Sequence[str],
+        parent: QWidget | None = None,
+        title: str = "Imported conversation",
+        intro_text: str = INTRO,
+    ) -> None:
         super().__init__(parent)
         self.setObjectName("importReviewDialog")
-        self.setWindowTitle("Imported conversation")
-        intro = QLabel(INTRO, self)
+        self.setWindowTitle(title)
+        intro = QLabel(intro_text, self)
         intro.setWordWrap(True)
         self.list = QListWidget(self)
         self.list.setObjectName("importReviewList")
-        self.list.addItems(held.lines())
+        self.list.addItems(list(lines))
         self.buttons = QDialogButtonBox(self)
         self.attach_button = self.buttons.addButton(
             "Attach", QDialogButtonBox.ButtonRole.AcceptRole
@@ -55,7 +64,12 @@ class ImportReview(QDialog):
 
 def confirm_held(held: HeldBack, parent: QWidget | None) -> bool:
     """Ask whether the imported chat may use ``held``; True for Attach."""
-    dialog = ImportReview(held, parent)
+    return confirm_lines(held.lines(), "Imported conversation", INTRO, parent)
+
+
+def confirm_lines(lines: Sequence[str], title: str, intro: str, parent: QWidget | None) -> bool:
+    """Ask whether an import may use what ``lines`` list; True for Attach."""
+    dialog = ImportReview(lines, parent, title, intro)
     try:
         return dialog.exec() == QDialog.DialogCode.Accepted
     finally:

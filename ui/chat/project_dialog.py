@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
+    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
@@ -117,6 +118,8 @@ class ProjectsDialog(QDialog):
     """
 
     changed = Signal()
+    exportRequested = Signal(str, str)  # project id, "json" or "markdown"
+    importRequested = Signal()
 
     def __init__(
         self,
@@ -141,6 +144,15 @@ class ProjectsDialog(QDialog):
         self.new_button.clicked.connect(self.ask_new)
         self.rename_button.clicked.connect(self.ask_rename)
         self.delete_button.clicked.connect(self.ask_delete)
+        self.export_button = QPushButton("Export…", self)
+        self.export_button.setObjectName("projectExport")
+        export_menu = QMenu(self.export_button)
+        export_menu.addAction("As JSON (to import again)…", lambda: self._export("json"))
+        export_menu.addAction("As Markdown (to read)…", lambda: self._export("markdown"))
+        self.export_button.setMenu(export_menu)
+        self.import_button = QPushButton("Import…", self)
+        self.import_button.setObjectName("projectImport")
+        self.import_button.clicked.connect(self.importRequested.emit)
         self.instructions = QPlainTextEdit(self)
         self.instructions.setObjectName("projectInstructions")
         self.instructions.setPlaceholderText("What every new chat in this project starts from")
@@ -184,6 +196,10 @@ class ProjectsDialog(QDialog):
         row = QHBoxLayout()
         for button in (self.new_button, self.rename_button, self.delete_button):
             row.addWidget(button)
+        left.addLayout(row)
+        row = QHBoxLayout()
+        row.addWidget(self.export_button)
+        row.addWidget(self.import_button)
         left.addLayout(row)
         right = QVBoxLayout()
         right.addWidget(QLabel("Instructions (the system prompt of its new chats):", self))
@@ -240,6 +256,11 @@ class ProjectsDialog(QDialog):
             self.project.pinned = list(project.pinned)
             self._show_pinned()
 
+    def _export(self, fmt: str) -> None:
+        if self.project is not None:
+            self.save_instructions()  # what was typed goes with it
+            self.exportRequested.emit(self.project.id, fmt)
+
     def selected_id(self) -> str:
         item = self.list.currentItem()
         return str(item.data(ID_ROLE)) if item is not None else ""
@@ -284,6 +305,7 @@ class ProjectsDialog(QDialog):
         has = self.project is not None
         for w in (self.rename_button, self.delete_button, self.instructions, self.add_button):
             w.setEnabled(has)
+        self.export_button.setEnabled(has)
         self.api_box.setEnabled(has)
         self.save_button.setEnabled(has and self.dirty())
         self.remove_button.setEnabled(has and self.pinned.currentRow() >= 0)

@@ -22,6 +22,7 @@ from app.chat.project_chat import opening_request
 from app.chat.projects import Project, ProjectError, ProjectStore, ProjectSummary
 from app.util.errors import DocumentError
 from ui.api.api_status import ApiControl
+from ui.chat import project_files
 from ui.chat.conversation_list import ConversationList
 from ui.chat.project_dialog import ProjectsDialog
 from ui.common.background import run_in_background
@@ -80,6 +81,9 @@ class WindowProjects:
         self.remove_action.triggered.connect(lambda: self.move_open(""))
         menu.addAction(self.remove_action)
         win.sidebar.projectsRequested.connect(self.show_dialog)
+        win.sidebar.projectActionRequested.connect(self.on_header_action)
+        win.sidebar.list.collapsed.update(self.ctx.settings.value.folded_projects)
+        win.sidebar.list.foldChanged.connect(self._on_fold)
         self.refresh(redraw=False)  # the window lists the chats next
 
     # -- what is shown ---------------------------------------------------------------
@@ -122,9 +126,38 @@ class WindowProjects:
         self.dialog = ProjectsDialog(self.store, self, self.ctx.parent, self.settings)
         self.dialog.changed.connect(self.refresh)
         self.dialog.changed.connect(self._read_ahead)
+        self.dialog.exportRequested.connect(partial(project_files.ask_export, self.ctx, self.store))
+        self.dialog.importRequested.connect(self.ask_import)
         self.dialog.show()
         self.settings.scan_library()  # listed in the dialog when the scan answers
         return self.dialog
+
+    def ask_import(self) -> None:
+        """Import an exported project (what it uses only once confirmed); shown."""
+        project_id = project_files.ask_import(self.ctx, self.store)
+        if project_id:
+            self.refresh()
+            self.show_dialog().reload(project_id)
+
+    def on_header_action(self, what: str, project_id: str) -> None:
+        """A project header's menu in the sidebar: "new", "edit", "json", "markdown" or
+        "delete" (the dialog asks what becomes of its chats, as its button does)."""
+        if what == "new":
+            self.new_chat(project_id)
+        elif what in ("json", "markdown"):
+            project_files.ask_export(self.ctx, self.store, project_id, what)
+        else:
+            dialog = self.show_dialog()
+            dialog.reload(project_id)
+            if what == "delete":
+                dialog.ask_delete()
+
+    def _on_fold(self, _project_id: str) -> None:
+        """Which projects are folded in the sidebar, kept for the next start (ids of
+        projects that exist now only)."""
+        known = {row.id for row in self.store.list()}
+        folded = sorted(pid for pid in self._win.sidebar.list.collapsed if pid in known)
+        self.ctx.settings.update(folded_projects=folded)
 
     def _read_ahead(self) -> None:
         """A project was saved: read its opening now (the engine keeps it when nothing
