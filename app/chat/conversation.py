@@ -46,7 +46,19 @@ NAME_MAX = 1000
 ID_CHARS = 128
 ROLES = ("system", "user", "assistant", "tool")
 # Message fields written only when set, so a file without them is as it always was.
-KEPT_WHEN_SET = ("reasoning", "tool_calls", "tool_call_id", "name", "is_error", "images", "sources")
+KEPT_WHEN_SET = (
+    "reasoning",
+    "tool_calls",
+    "tool_call_id",
+    "name",
+    "is_error",
+    "images",
+    "sources",
+    "summarised",
+    "summary_of",
+)
+# What the model reads of a compaction's summary, after the system prompt.
+SUMMARY_HEADING = "Summary of the earlier conversation:"
 Images = Callable[["Message"], "list[ImagePart]"]  # a message's pictures, read
 
 
@@ -93,6 +105,11 @@ class Message:
     # A user turn's passages from documents (``app.documents.sources.Source.to_dict``):
     # copies, so the turn reads the same when reopened, whatever became of the files.
     sources: list[dict[str, Any]] = field(default_factory=list)
+    # Compaction (``app.chat.compaction``): ``summarised``, its text is in a later summary
+    # (shown, not sent); ``summary_of``, this assistant message is a summary, and the id
+    # of the first message of the tail it replaced (the version that Undo brings back).
+    summarised: bool = False
+    summary_of: str = ""
 
     def chat(self, result_chars: int = 16_000, images: Images | None = None) -> ChatMessage:
         """The turn as a template sees it (a result cut to ``result_chars``, noted);
@@ -161,12 +178,26 @@ class Conversation:
         return [m.chat(result_chars, images) if m else self.system_message() for m in self.sent()]
 
     def sent(self) -> list[Message | None]:
-        """The messages ``chat`` sends, with None for the system prompt."""
-        head: list[Message | None] = [None] if self.system_prompt.strip() else []
-        return head + [m for m in self.messages if not m.forgotten]
+        """The messages ``chat`` sends, with None for the system prompt (which holds the
+        summary of a compacted chat: a summary is no turn of its own)."""
+        head: list[Message | None] = [None] if self.system_text().strip() else []
+        return head + [m for m in self.messages if is_turn(m)]
 
     def system_message(self) -> ChatMessage:
-        return ChatMessage("system", self.system_prompt)
+        return ChatMessage("system", self.system_text())
+
+    def system_text(self) -> str:
+        """The system prompt, then the summary of the compacted turns, if any."""
+        summary = self.active_summary()
+        if summary is None:
+            return self.system_prompt
+        head = f"{self.system_prompt.rstrip()}\n\n" if self.system_prompt.strip() else ""
+        return f"{head}{SUMMARY_HEADING}\n{summary.content.strip()}"
+
+    def active_summary(self) -> Message | None:
+        """The summary the model reads now: the last one on the shown path, not itself
+        summarised again."""
+        return next((m for m in reversed(self.messages) if m.summary_of and not m.summarised), None)
 
     def rename(self, title: str) -> None:
         """A title the user chose (whitespace folded, at most 200 characters)."""
@@ -398,6 +429,7 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
     if not isinstance(m.get("content"), str):
         raise ConversationError(f"{where}: message {i + 1} has no text", damaged=True)
     mid = m.get("id")
+    summary_of = m.get("summary_of")
     offset = m.get("token_offset")
     metrics = m.get("metrics")
     reasoning = m.get("reasoning")
@@ -420,7 +452,15 @@ def _message(m: Any, i: int, where: str, created: float) -> Message:
         # Only a user turn shows pictures (as the OpenAI format and templates have it).
         images=read_image_refs(m.get("images")) if role == "user" else [],
         sources=read_sources(m.get("sources")) if role == "user" else [],
+        summarised=m.get("summarised") is True,
+        summary_of=summary_of if is_valid_id(summary_of) and role == "assistant" else "",
     )
+
+
+def is_turn(m: Message) -> bool:
+    """Whether the model reads ``m`` as a turn: not forgotten, not summarised, not a
+    summary (read in the system turn)."""
+    return not (m.forgotten or m.summarised or m.summary_of)
 
 
 def settle_calls(messages: list[Message]) -> list[Message]:

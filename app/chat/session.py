@@ -42,6 +42,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from app.chat import compaction
+from app.chat.compact_run import CompactRun
+from app.chat.compaction import DEFAULT_PROMPT
 from app.chat.composer import offers_tools
 from app.chat.conversation import Conversation, ConversationError, Message
 from app.chat.doc_refs import read_names, read_paths
@@ -107,12 +110,35 @@ class ChatSession:
             project=self._project,
         )
         self._reply = ReplyRun(link, view, store.images, hooks, tool_host, approvals, post)
+        self._compact = CompactRun(
+            link, view, lambda: self.conversation, self._persist, self._drain
+        )
 
     # -- state ---------------------------------------------------------------------------
 
     @property
     def busy(self) -> bool:
-        return self._reply.request is not None
+        return self._reply.request is not None or self._compact.pending is not None
+
+    @property
+    def compaction_id(self) -> int | None:
+        """The request of the compaction's summary being written, if any."""
+        return self._compact.request_id
+
+    def compact(self, params: SamplingParams, prompt: str = DEFAULT_PROMPT) -> str:
+        """Summarise the older turns (``app.chat.compaction``); "" when it started, else
+        why not. Not while a reply runs."""
+        if self.busy:
+            return "Wait for the reply to end first."
+        self.edit_index = None
+        return self._compact.start(params, prompt)
+
+    def undo_compaction(self) -> bool:
+        """Show the chat as it was before its latest compaction, with its cache."""
+        return not self.busy and self._compact.undo()
+
+    def can_undo_compaction(self) -> bool:
+        return not self.busy and compaction.compacted(self.conversation) is not None
 
     @property
     def unsaved(self) -> bool:
@@ -245,7 +271,11 @@ class ChatSession:
 
     def stop(self) -> None:
         """Stop the reply: the streaming round, or the calls between rounds (running ones
-        are cancelled, unanswered ones marked "cancelled"; no further round)."""
+        are cancelled, unanswered ones marked "cancelled"; no further round), or the
+        compaction's summary (nothing changes)."""
+        if self._compact.pending is not None:
+            self._link.stop()
+            return
         self._reply.stop()
 
     def decide(self, call_id: str, decision: Decision, arguments: str | None = None) -> str:
@@ -368,16 +398,25 @@ class ChatSession:
         the calls it asked for (``Finished.tool_calls``): they are recorded with the
         reply, run or put to the user (``SessionView.tool_calls_changed``), and their
         results answered by the next round of the same reply."""
+        if self._compact.owns(request):
+            self._compact.on_finished(request, text, metrics)
+            return
         self._reply.on_finished(request, text, metrics, reasoning, tool_calls)
 
     def on_cancelled(
         self, request: int, text: str, metrics: MessageMetrics, reasoning: str = ""
     ) -> None:
         """As ``on_finished``, for a reply the user stopped (it keeps what it had)."""
+        if self._compact.owns(request):
+            self._compact.on_ended(request, "")
+            return
         self._reply.on_cancelled(request, text, metrics, reasoning)
 
     def on_failed(self, request: int, message: str) -> None:
         """The reply failed with ``message``: what was shown of it stays, the error beside it."""
+        if self._compact.owns(request):
+            self._compact.on_ended(request, message)
+            return
         self._reply.on_failed(request, message)
 
     def switch_version(self, index: int, step: int) -> bool:

@@ -55,6 +55,7 @@ from app.util.datafiles import DataFileError, ensure_directory, parse_json, read
 
 DEFAULT_BUDGET_BYTES = 1024 * 1024 * 1024
 SNAPSHOT_SUFFIX = ".lpkv"
+UNDO_MARK = "u"  # <conv>u<summary>.lpkv: the cache before a compaction (``undo_id``)
 MAX_TRANSCRIPT_BYTES = 64 * 1024 * 1024  # a very long chat with pasted logs is ~10 MB
 MAX_DEPTH = 16  # a transcript nests 5 levels: messages[{metrics{token_times_ms[...]}}]
 
@@ -386,8 +387,15 @@ class ConversationStore:
             os.utime(self.snapshot_path(conv_id))
 
     def drop_snapshot(self, conv_id: str) -> None:
-        with self._snapshot_lock, contextlib.suppress(FileNotFoundError):
-            self.snapshot_path(conv_id).unlink()
+        """Delete ``conv_id``'s snapshot; a conversation's also its compactions' undo
+        snapshots (``undo_id``)."""
+        with self._snapshot_lock:
+            with contextlib.suppress(FileNotFoundError):
+                self.snapshot_path(conv_id).unlink()
+            if UNDO_MARK not in conv_id:
+                for path in self.snapshots_dir.glob(f"{_checked(conv_id)}{UNDO_MARK}*"):
+                    with contextlib.suppress(OSError):
+                        path.unlink()
 
     def total_snapshot_bytes(self) -> int:
         with self._snapshot_lock:
@@ -431,7 +439,8 @@ class ConversationStore:
 
     def _drop_orphans(self, keep: frozenset[str]) -> None:
         for conv_id, _, _ in self._snapshot_files():
-            if conv_id not in keep and not os.path.lexists(self.transcript_path(conv_id)):
+            owner = conv_id.split(UNDO_MARK, 1)[0]  # an undo snapshot's conversation
+            if owner not in keep and not os.path.lexists(self.transcript_path(owner)):
                 with contextlib.suppress(OSError):
                     self.snapshot_path(conv_id).unlink()
 
@@ -471,6 +480,13 @@ def _row(conv: Conversation, snapshot_bytes: int, transcript_bytes: int) -> Conv
         transcript_bytes=transcript_bytes,
         project_id=conv.project_id,
     )
+
+
+def undo_id(conv_id: str, summary_id: str) -> str:
+    """The snapshot name of the cache before the compaction that wrote ``summary_id``
+    in ``conv_id`` (``app.chat.compaction``: Undo restores it). Ids are hex, so
+    ``UNDO_MARK`` never occurs in one; the snapshot goes with its conversation."""
+    return f"{_checked(conv_id)}{UNDO_MARK}{_checked(summary_id)}"
 
 
 def _checked(conv_id: str) -> str:

@@ -29,6 +29,7 @@ from app.engine.native.guard import NativeGuard, store_file
 from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
+from app.host import compaction_steps
 from app.host.core import EngineCore
 from app.host.jobs import HostClosed, ReplyFailed, ReplyJob
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
@@ -170,6 +171,22 @@ class EngineHost:
 
     def drop_snapshot(self, conv_id: str) -> None:
         self.post(lambda: self._core.drop_snapshot(conv_id))
+
+    def settle(self, conv_id: str, messages: list[ChatMessage], params: SamplingParams) -> None:
+        """A compacted chat read into the cache and saved (``compaction_steps.settle``)."""
+
+        def task() -> None:
+            compaction_steps.settle(self._core, conv_id, messages, params)
+
+        self.post(task)
+
+    def restore_undo(self, conv_id: str, summary_id: str) -> None:
+        """Undo's cache (``compaction_steps.restore_undo``)."""
+
+        def task() -> None:
+            compaction_steps.restore_undo(self._core, conv_id, summary_id)
+
+        self.post(task)
 
     def set_lora_stack(self, stack: LoraStack) -> None:
         self.post(lambda: self._core.set_lora_stack(stack))

@@ -146,6 +146,10 @@ class ReplyJob:
     # A new chat in this project (an id): it starts from the project's opening, read
     # once and kept (``app/host/prefixes.py``), when no cached conversation serves it.
     prefix: str = ""
+    # A compaction's summary (its message's id): written on a fork of the cache, which is
+    # as before afterwards (``app/host/compaction_steps.py``); the state before it is
+    # kept for Undo. Nothing is prepared or saved after it.
+    compaction: str = ""
     # Told who stopped the job (``halt``): an API request's own record of it.
     on_halt: Callable[[StopCause], None] | None = None
     relay: Relay = field(init=False, repr=False, compare=False)

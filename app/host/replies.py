@@ -19,6 +19,7 @@ from app.engine.backend import EngineEvent, Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
 from app.engine.templates.override import AUTO
+from app.host import compaction_steps
 from app.host.core import EngineCore, gui_key
 from app.host.jobs import (
     ModelGone,
@@ -87,6 +88,12 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
             core.pool.prepare(key, job.messages, party)
         else:
             core.pool.start_empty(party)
+        if job.compaction:
+            summary = compaction_steps.summarise(core, job, lambda ev: _stream(core, relay, ev))
+            if summary is None:
+                raise NoResult()
+            relay.send(summary)
+            return
         events = core.engine.generate(
             job.messages, job.params, job.stop, job.end_thinking, tools=job.tools
         )

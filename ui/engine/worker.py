@@ -69,6 +69,7 @@ class GenerateJob:
     end_thinking: threading.Event = field(default_factory=threading.Event)
     tools: ToolRequest | None = None
     prefix: str = ""  # a new chat in this project starts from its opening (``ReplyJob``)
+    compaction: str = ""  # a compaction's summary, on a fork of the cache (``ReplyJob``)
 
 
 class EngineWorker(QObject):
@@ -186,9 +187,10 @@ class EngineWorker(QObject):
             stop=job.stop,
             end_thinking=job.end_thinking,
             conv_id=job.conv_id,
-            next_turn=bool(job.conv_id),
+            next_turn=bool(job.conv_id) and not job.compaction,
             tools=job.tools,
             prefix=job.prefix,
+            compaction=job.compaction,
         )
 
     def generate(self, job: GenerateJob) -> None:
@@ -318,10 +320,13 @@ class EngineClient(QObject):
         params: SamplingParams,
         tools: ToolRequest | None = None,
         prefix: str = "",
+        compaction: str = "",
     ) -> int:
         """Queue a reply; its snapshot is saved as ``conv_id``'s after it ('' for none).
         ``tools``: what the model may call (its calls come with ``finished``); ``prefix``:
-        the project of a new chat, which starts from the project's opening.
+        the project of a new chat, which starts from the project's opening;
+        ``compaction``: a compaction's summary (its message's id), written on a fork of
+        the cache (nothing saved after it but the cache before it, for Undo).
 
         Returns the request id.
         """
@@ -337,9 +342,18 @@ class EngineClient(QObject):
             self._end_thinking,
             tools,
             prefix,
+            compaction,
         )
         self.host.submit(self.worker.reply_job(job))
         return self._next_request
+
+    def settle(self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams) -> None:
+        """Read a compacted chat into the cache up to its next turn, and save it (queued)."""
+        self.host.settle(conv_id, list(messages), params)
+
+    def restore_undo(self, conv_id: str, summary_id: str) -> None:
+        """Load the cache saved before the compaction that wrote ``summary_id`` (queued)."""
+        self.host.restore_undo(conv_id, summary_id)
 
     def build_prefix(
         self, project: Project, params: SamplingParams, tools: ToolRequest | None = None
