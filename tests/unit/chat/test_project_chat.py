@@ -4,6 +4,7 @@ the project's opening; later replies and chats outside a project do not."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,14 @@ def test_the_opening_is_read_with_the_tools_its_first_round_offers() -> None:
     assert opening_request(chose(), [], SamplingParams()) is None
 
 
+def asked(link: Link, n: int) -> None:
+    """Wait for the ``n``-th reply to be asked for (the tools are listed on a thread)."""
+    deadline = time.monotonic() + 10
+    while len(link.calls) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(link.calls) == n
+
+
 class Notices(View):
     def __init__(self) -> None:
         self.notices: list[str] = []
@@ -154,6 +163,7 @@ def test_a_chat_in_a_project_is_offered_its_tools_and_told_of_missing_ones(
     session.project_of = {project.id: project}.get
     session.new_chat(project)
     assert session.send("When is high water?", SamplingParams())
+    asked(link, 1)
     kw = link.calls[-1][1]
     assert [t.name for t in kw["tools"].tools] == ["tides"]
     assert kw["prefix"] == project.id
@@ -162,9 +172,11 @@ def test_a_chat_in_a_project_is_offered_its_tools_and_told_of_missing_ones(
     ]
     session.on_finished(1, "At six.", MessageMetrics(), "")
     assert session.send("And tomorrow?", SamplingParams())
+    asked(link, 2)
     assert [t.name for t in link.calls[-1][1]["tools"].tools] == ["tides"]
     assert len(view.notices) == 1  # said once per chat
     session.on_finished(2, "At seven.", MessageMetrics(), "")
     session.new_chat()  # outside the project: every tool switched on
     assert session.send("Hi", SamplingParams())
+    asked(link, 3)
     assert [t.name for t in link.calls[-1][1]["tools"].tools] == ["weather", "tides", "mail"]
