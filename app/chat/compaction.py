@@ -144,7 +144,6 @@ def undo(conv: Conversation) -> str | None:
     return summary.id
 
 
-def summarised_count(conv: Conversation, summary: Message) -> int:
-    """How many messages ``summary`` holds (the card's "Summary of N earlier messages")."""
-    at = next((k for k, m in enumerate(conv.messages) if m is summary), -1)
-    return at - _tail_start(conv.messages, at) if at >= 0 else 0
+def summarised_before(msgs: Sequence[Message], at: int) -> int:
+    """How many messages the summary at ``at`` holds ("Summary of N earlier messages")."""
+    return at - _tail_start(msgs, at)

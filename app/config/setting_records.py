@@ -65,7 +65,8 @@ class SamplingParams:
     # Draft with the model's own next-token (MTP) layers, where it has them (before
     # prompt lookup; a chosen draft model comes first).
     mtp: bool = True
-    # When the conversation outgrows the context: "stop", "truncate_middle" or "rolling".
+    # When the conversation outgrows the context: "stop", "truncate_middle", "rolling" or
+    # "compact" (the chat summarises its older turns first: ``app.chat.compaction``).
     overflow: str = "truncate_middle"
     # Reasoning models: thinking "auto" (the template's default), "on" or "off"; effort
     # "auto" (the template's default), "low", "medium" or "high"; a budget in thinking

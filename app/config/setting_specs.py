@@ -131,10 +131,12 @@ SPECS: tuple[FieldSpec, ...] = (
         "choice",
         "basic",
         "What happens when the conversation no longer fits the context: stop and ask; "
-        "drop the oldest turns after the first exchange (truncate middle); or drop the "
-        "oldest turns (rolling). Dropped messages stay in the transcript; the model "
-        "no longer sees them.",
-        choices=("truncate_middle", "rolling", "stop"),
+        "drop the oldest turns after the first exchange (truncate middle); drop the "
+        "oldest turns (rolling); or compact: when the context is nearly full, the model "
+        "summarises the older turns and the chat goes on from the summary (Chat → Undo "
+        "compaction brings them back). Dropped and summarised messages stay in the "
+        "transcript.",
+        choices=("truncate_middle", "rolling", "stop", "compact"),
     ),
     FieldSpec(
         "mirostat",

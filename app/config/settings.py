@@ -54,6 +54,7 @@ LAYOUT_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_.:-]{0,63}")
 LAYOUT_ENTRIES = 16
 LAYOUT_CHARS = 16_384
 MAX_FOLDED = 1000
+PROMPT_CHARS = 20_000  # a compaction prompt
 # Where each group's settings belong, to say so when one is found in another place.
 GROUPS = {"load": LoadConfig, "sampling": SamplingParams, "api": ApiSettings}
 
@@ -70,6 +71,7 @@ class AppSettings:
     recent_models: list[str] = field(default_factory=list)  # most recent first
     window_layout: dict[str, str] = field(default_factory=dict)  # name -> base64 blob
     folded_projects: list[str] = field(default_factory=list)  # sidebar groups folded
+    compact_prompt: str = ""  # what a compaction asks the model ("": the default)
     theme: str = "system"  # follow the OS, or force "light" / "dark"
     load: LoadConfig = field(default_factory=LoadConfig)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -144,6 +146,7 @@ class AppSettings:
         recent = _recent(data.get("recent_models", _ABSENT), notes)
         layout = _layout(data.get("window_layout", _ABSENT), notes)
         folded = _folded(data.get("folded_projects", _ABSENT), notes)
+        prompt = data.get("compact_prompt")
         theme = data.get("theme")
         settings = cls(
             model_path=take("model_path", _is_path(model_path), None),
@@ -158,6 +161,9 @@ class AppSettings:
             recent_models=recent,
             window_layout=layout,
             folded_projects=folded,
+            compact_prompt=take(
+                "compact_prompt", isinstance(prompt, str) and len(prompt) <= PROMPT_CHARS, ""
+            ),
             theme=take("theme", theme in THEMES, "system"),
             load=load,
             sampling=sampling,

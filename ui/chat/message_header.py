@@ -9,15 +9,23 @@ from collections.abc import Callable, Sequence
 
 from PySide6.QtGui import QTextCursor, QTextFrame
 
+from app.chat.compaction import summarised_before
 from app.chat.conversation import Message
 
 ACTION_SCHEME = "lamplight"
 FORGOTTEN = "not in the model's memory"
+SUMMARISED = "summarised: the model reads it in the summary below"
 VERSION_TIPS = {"prev-version": "Previous version", "next-version": "Next version"}
 # A lone "‹" in small type was a 5 px target: the arrows are drawn larger, and the link
 # takes in the no-break spaces around them, so the clickable part is about 24 px wide.
 ARROW_PAD = "&nbsp;&nbsp;"
 ARROW_SIZE = "text-decoration:none; font-size:large; font-weight:bold"
+
+
+def summary_head(messages: Sequence[Message], index: int) -> str:
+    """A summary card's fold line: "Summary of 14 earlier messages"."""
+    n = summarised_before(messages, index)
+    return f"Summary of {n} earlier message{'s' * (n != 1)}"
 
 
 def stamp_text(created: float, now: float | None = None) -> str:

@@ -27,7 +27,13 @@ from app.engine.metrics import MessageMetrics
 from ui.chat import long_text, thinking_block
 from ui.chat.citations import MessageSources
 from ui.chat.image_viewer import MessageImages
-from ui.chat.message_header import ACTION_SCHEME, FORGOTTEN, MessageHeaders
+from ui.chat.message_header import (
+    ACTION_SCHEME,
+    FORGOTTEN,
+    SUMMARISED,
+    MessageHeaders,
+    summary_head,
+)
 from ui.chat.tool_card import ToolCards
 from ui.common.draft_stats import reply_footer
 
@@ -141,19 +147,24 @@ class TranscriptView(QTextBrowser):
         self.headers.versions = {i: v for i, v in enumerate(versions) if v[1] > 1}
         last_reply = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         for i, m in enumerate(messages):
-            note = FORGOTTEN if m.forgotten else ""
+            note = FORGOTTEN if m.forgotten else SUMMARISED if m.summarised else ""
             if m.role == "user":
                 last = answerable and i == len(messages) - 1
-                actions = ("answer", "edit", "fork") if last else ("edit", "fork")
+                actions: tuple[str, ...] = ("answer", "edit", "fork") if last else ("edit", "fork")
+                actions = () if m.summarised else actions  # read only through its summary
                 note = note or (UNANSWERED if last else "")
                 self.add_user_message(m.content, i, note, m.created, actions, m.images, m.sources)
             elif m.role == "assistant":
                 metrics = m.message_metrics()
                 self.headers.times[i] = m.created
-                frame = self._new_frame("assistant", i, ("fork",), note)
+                frame = self._new_frame("assistant", i, () if m.summarised else ("fork",), note)
                 self._texts[i] = m.content
-                self.thoughts.keep(i, m.reasoning, metrics, m.content)
-                self._fill(frame, m.content, reply_footer(metrics) if metrics else "", "", i)
+                # A summary is a folded card: its text where a reply's thinking goes.
+                said, text = (m.content, "") if m.summary_of else (m.reasoning, m.content)
+                self.thoughts.keep(i, said, metrics, text or said)
+                if m.summary_of:
+                    self.thoughts.heads[i] = summary_head(messages, i)
+                self._fill(frame, text, reply_footer(metrics) if metrics else "", "", i)
                 self.show_tool_calls(i, m, messages)
             elif m.role == "tool" and self._frames:
                 self._frames.append(self._frames[-1])  # a result: its call's card shows it

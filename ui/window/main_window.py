@@ -57,6 +57,7 @@ from ui.settings.sampling_panel import SamplingPanel
 from ui.tools.mcp_control import McpControl
 from ui.tools.mcp_window import McpWindow
 from ui.window import docks, reply_events, send_flow, window_actions, window_state
+from ui.window.compaction_wiring import WindowCompaction
 from ui.window.documents_wiring import wire_documents
 from ui.window.load_events import LoadEvents
 from ui.window.project_wiring import wire_projects
@@ -159,12 +160,12 @@ class MainWindow(QMainWindow):
         self.draft_control = DraftControl(self.ctx, self.sampling_panel)
         self.thinking = ThinkingControls(self)  # the Think button, Stop thinking
         self.mcp = McpWindow(self.ctx, self.tools)  # its page, consent notes, status
-        listeners = self.session_view.conversation_listeners
-        listeners.append(self.prompt_controls.on_conversation_shown)
-        listeners.append(self.draft_control.on_conversation)
+        shown = (self.prompt_controls.on_conversation_shown, self.draft_control.on_conversation)
+        self.session_view.conversation_listeners.extend(shown)
         self._connect_engine()
         wire_documents(self)  # its bar per chat, the viewer, API embeddings, embedder choice
         self.projects = wire_projects(self)  # <data>/projects, Chat → Projects…, the moves
+        self.compaction = WindowCompaction(self, self)  # Chat → Compact chat…, Undo, policy
         self.refresh_sidebar()
         self.update_buttons()
         self.model_drop = ModelDrop(self.ctx, self._add_dropped_adapter, lambda: self.model_manager)

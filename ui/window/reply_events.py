@@ -54,6 +54,7 @@ class ReplyEvents(QObject):
     def __init__(self, win: ReplyHost) -> None:
         super().__init__()  # lives on the GUI thread: its slots are queued there
         self._win = win
+        self._summary_pieces = 0  # a compaction's summary so far
         w = win.ctx.client.worker
         # Bound methods, never lambdas: a lambda would run on the worker's thread.
         w.prefillProgress.connect(self._on_prefill_progress)
@@ -69,6 +70,11 @@ class ReplyEvents(QObject):
     def _current(self, request: int) -> bool:
         return request == self._win.ctx.session.request_id
 
+    def _compacting(self, request: int) -> bool:
+        """A compaction's summary (``app.chat.compact_run``): counted on the status line,
+        never streamed into the transcript; its end goes to the session."""
+        return request == self._win.ctx.session.compaction_id
+
     def _on_prefill_progress(self, request: int, done: int, total: int) -> None:
         if self._current(request) and total > 0:
             # Once read, "writing…" until tokens show (a tool call is written unseen).
@@ -80,6 +86,11 @@ class ReplyEvents(QObject):
             self._win.ctx.session.on_tokens(request, text)
             self._win.chat.add_tokens(text)
             self._win.perf_panel.add_tokens()
+        elif self._compacting(request):
+            self._summary_pieces += 1
+            self._win.status_speed.setText(
+                f"compacting: writing the summary… {self._summary_pieces} tokens"
+            )
 
     def _on_thoughts(self, request: int, text: str) -> None:
         if self._current(request):
@@ -116,6 +127,10 @@ class ReplyEvents(QObject):
         if self._current(request):
             self._win.ctx.session.on_finished(request, text, metrics, reasoning, tool_calls)
             self._win.replyEnded.emit("finished")
+        elif self._compacting(request):
+            self._compaction_ended()
+            self._win.ctx.session.on_finished(request, text, metrics)
+            self._win.replyEnded.emit("compacted")
 
     def _on_cancelled(
         self,
@@ -125,11 +140,18 @@ class ReplyEvents(QObject):
         reasoning: str = "",
         _tool_calls: Sequence[ToolCall] = (),  # a stopped reply's calls are not run
     ) -> None:
-        if self._current(request):
+        if self._current(request) or self._compacting(request):
+            self._compaction_ended()
             self._win.ctx.session.on_cancelled(request, text, metrics, reasoning)
             self._win.replyEnded.emit("cancelled")
 
     def _on_failed(self, request: int, message: str) -> None:
-        if self._current(request):
+        if self._current(request) or self._compacting(request):
+            self._compaction_ended()
             self._win.ctx.session.on_failed(request, message)
             self._win.replyEnded.emit("failed")
+
+    def _compaction_ended(self) -> None:
+        if self._summary_pieces:
+            self._win.status_speed.setText("")
+        self._summary_pieces = 0

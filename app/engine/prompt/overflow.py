@@ -15,6 +15,13 @@ from app.engine.context_map import ContextMap
 from app.engine.template_errors import ChatTemplateError
 
 
+def engine_policy(policy: str) -> str:
+    """What the engine does for ``policy``: "compact" (the chat compacts itself before it
+    fills, ``app.chat.compaction``) drops as "truncate_middle" when a request overflows
+    anyway (one long message, a compaction not yet done)."""
+    return "truncate_middle" if policy == "compact" else policy
+
+
 def protected_head(roles: Sequence[str], policy: str) -> int:
     """How many leading messages a policy never drops.
 
@@ -23,6 +30,7 @@ def protected_head(roles: Sequence[str], policy: str) -> int:
     and results), where the task is usually set. A drop ends before a user message,
     so a call and its result always stay or go together.
     """
+    policy = engine_policy(policy)
     head = 0
     while head < len(roles) and roles[head] == "system":
         head += 1
@@ -43,6 +51,7 @@ def plan_drop(
     user message (so roles still alternate) and holds at least the last
     ``keep_last`` messages. None when the policy cannot free enough.
     """
+    policy = engine_policy(policy)
     if policy not in ("truncate_middle", "rolling") or need <= 0:
         return None
     a = protected_head(roles, policy)
@@ -61,6 +70,7 @@ def fewest_kept(messages: Sequence[ChatMessage], policy: str) -> list[ChatMessag
     """The fewest of ``messages`` a request can be left with after its drops (``plan_drop``
     with ``keep_last=1``): the protected head, and the tail from the last user message a
     kept tail can start at; all of them when the policy cannot drop."""
+    policy = engine_policy(policy)
     if policy not in ("truncate_middle", "rolling"):
         return list(messages)
     roles = [m.role for m in messages]

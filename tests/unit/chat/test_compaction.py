@@ -36,7 +36,7 @@ def test_a_compaction_is_a_version_the_model_reads_through_the_system_turn() -> 
     summary = compaction.apply(conv, found, "They asked 0 to 2.")
     assert summary.summary_of == before[0]
     assert [m.summarised for m in conv.messages] == [True] * 6 + [False] * 5
-    assert compaction.summarised_count(conv, summary) == 6
+    assert compaction.summarised_before(conv.messages, 6) == 6
     assert conv.system_text() == f"Be brief.\n\n{SUMMARY_HEADING}\nThey asked 0 to 2."
     sent = conv.chat()
     assert [m.role for m in sent] == ["system", "user", "assistant", "user", "assistant"]
@@ -64,7 +64,9 @@ def test_a_second_compaction_summarises_the_first_and_undoes_to_it() -> None:
     assert req[0].role == "system" and "Early talk." in req[0].content
     s2 = compaction.apply(conv, second, "Early talk, then 2 to 4.")
     assert conv.active_summary() is s2 and conv.system_text().endswith("then 2 to 4.")
-    assert compaction.summarised_count(conv, s2) == 7  # the first summary and six turns
+    assert (
+        compaction.summarised_before(conv.messages, conv.messages.index(s2)) == 7
+    )  # the first summary and six turns
     assert compaction.undo(conv) == s2.id
     assert conv.active_summary() is s1 and conv.system_text().endswith("Early talk.")
     assert compaction.undo(conv) == s1.id and conv.active_summary() is None
