@@ -9,13 +9,14 @@ what a compaction is).
   the kept turns after it) up to the next turn's opening, and saved, so the next
   message reads only itself. This is the compaction's one-time cost.
 - ``restore_undo``: Undo's cache: the undo snapshot loaded (milliseconds, nothing read
-  again) and saved as the conversation's, or left alone when there is none.
+  again), its file then the conversation's snapshot; nothing when there is none.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -120,6 +121,9 @@ def restore_undo(core: EngineCore, conv_id: str, summary_id: str) -> bool:
         core.pool.forget_live()
         return False
     core.pool.set_live(gui_key(conv_id))
-    core.save_snapshot(conv_id, frozenset({conv_id}))
-    core.store.drop_snapshot(name)
+    try:  # the state is the conversation's again: its file becomes the snapshot
+        os.replace(core.store.snapshot_path(name), core.store.snapshot_path(conv_id))
+    except OSError as exc:
+        log.info("the undo snapshot was not kept as the conversation's: %s", exc)
+        core.save_snapshot(conv_id, frozenset({conv_id}))
     return True
