@@ -22,7 +22,14 @@ from app.chat.metrics_record import metrics_to_dict
 from app.chat.session_link import EngineLink, SessionView
 from app.config.setting_records import SamplingParams
 from app.engine.metrics import MessageMetrics
+from app.engine.token_estimate import estimate_tokens
 
+MIN_SUMMARY = 48  # tokens: less room than this and the summary could say nothing
+FULL = (
+    "The chat is too full to summarise in its {n_ctx:,}-token context: the summary needs "
+    "room beside it. Drop older messages (When the context is full: truncate middle) or "
+    "load the model with a larger context."
+)
 TOO_LITTLE = (
     "There is not enough to compact yet: the last {keep} exchanges always stay, and at "
     "least one more is needed."
@@ -62,19 +69,25 @@ class CompactRun:
         return self.pending.request if self.pending is not None else None
 
     def start(
-        self, params: SamplingParams, prompt: str = compaction.DEFAULT_PROMPT, result_chars: int = 0
+        self, params: SamplingParams, prompt: str = compaction.DEFAULT_PROMPT, n_ctx: int = 0
     ) -> str:
-        """Ask for the summary; "" when asked, else why not (nothing is changed)."""
+        """Ask for the summary; "" when asked, else why not (nothing is changed).
+        ``n_ctx``: the model's context (0: not known), which the request must fit."""
         conv = self._conversation()
         found = compaction.plan(conv)
         if found is None:
             return TOO_LITTLE.format(keep=compaction.KEEP_TURNS)
-        chat = conv.chat(result_chars or params.tool_result_chars)
+        chat = conv.chat(params.tool_result_chars)
         messages = compaction.request(chat, conv, found, prompt)
+        room = compaction.SUMMARY_TOKENS
+        if n_ctx > 0:  # the request must fit as it is: the summary takes what is left
+            room = min(room, n_ctx - conv.n_tokens - estimate_tokens(messages[-1].content) - 16)
+            if room < MIN_SUMMARY:
+                return FULL.format(n_ctx=n_ctx)
         summary_id = new_id()
         asked = replace(
             params,
-            max_tokens=min(params.max_tokens, compaction.SUMMARY_TOKENS),
+            max_tokens=min(params.max_tokens, room),
             tools="off",
             overflow="stop",  # the summary must not drop what it summarises
         )

@@ -131,7 +131,8 @@ class ChatSession:
         if self.busy:
             return "Wait for the reply to end first."
         self.edit_index = None
-        return self._compact.start(params, prompt)
+        n_ctx = self.model.n_ctx if self.model is not None else 0
+        return self._compact.start(params, prompt, n_ctx)
 
     def undo_compaction(self) -> bool:
         """Show the chat as it was before its latest compaction, with its cache."""

@@ -59,7 +59,7 @@ from PySide6.QtWidgets import QApplication
 from app.chat.conversation import Conversation, Message
 from app.chat.import_review import restore
 from app.chat.session import ChatSession
-from app.chat.store import ConversationStore
+from app.chat.store import UNDO_MARK, ConversationStore
 from app.config.paths import data_dirs
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.documents.sources import MAX_SOURCES, Source, sources_from_list
@@ -157,11 +157,21 @@ class Link:
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         tools: ToolRequest | None = None,
+        compaction: str = "",
     ) -> int:
-        request = self.client.generate(conv_id, messages, params, tools)
+        request = self.client.generate(conv_id, messages, params, tools, compaction=compaction)
         self.issued.append(request)
-        self.ops.append(("generate", request, list(messages)))
+        # A compaction's summary leaves the cache as it was (then ``settle`` reads anew).
+        self.ops.append(("compact" if compaction else "generate", request, list(messages)))
         return request
+
+    def settle(self, conv_id: str, messages: list[ChatMessage], params: SamplingParams) -> None:
+        self.ops.append(("settle", 0, list(messages)))
+        self.client.settle(conv_id, messages, params)
+
+    def restore_undo(self, conv_id: str, summary_id: str) -> None:
+        self.ops.append(("undo", 0, []))
+        self.client.restore_undo(conv_id, summary_id)
 
     def stop(self) -> None:
         self.client.stop()
@@ -301,7 +311,10 @@ class Harness(QObject):
 
 
 def roles_alternate(messages: Sequence[Message]) -> bool:
-    return all(a.role != b.role for a, b in itertools.pairwise(messages))
+    """The turns alternate (a compaction's summary and the messages it holds are read in
+    the system turn, not as turns)."""
+    turns = [m for m in messages if not (m.summarised or m.summary_of)]
+    return all(a.role != b.role for a, b in itertools.pairwise(turns))
 
 
 def calls_answered(messages: Sequence[Message]) -> bool:
@@ -414,6 +427,45 @@ class Interleavings(RuleBasedStateMachine):
         rows = [r for r in self.h.store.list() if r.id != self.s.conversation.id]
         if rows:
             self.s.open(rows[pick % len(rows)].id)
+
+    @rule(talk=st.booleans(), undo=st.booleans())
+    def compact(self, talk: bool, undo: bool) -> None:
+        """Compact (``talk``: after three more exchanges, so there is something to);
+        ``undo``: then Undo at once, which brings back the cache from before."""
+        if self.s.busy or self.s.model is None:
+            return
+        for turn in range(3 if talk else 0):
+            if self.s.send(f"fact {turn} please", self.params):
+                self.h.settle()
+        if self.s.busy:
+            return
+        before = self._cache_tokens()
+        if self.s.compact(self.params):
+            return  # too little to compact
+        CHECKED["compactions"] = CHECKED.get("compactions", 0) + 1
+        if not undo:
+            return
+        self.h.settle()
+        if self.s.undo_compaction():
+            self.h.settle()
+            CHECKED["undos"] = CHECKED.get("undos", 0) + 1
+            if before and self.s.conversation.active_summary() is None:
+                assert self._cache_tokens() == before, "Undo did not bring the cache back"
+                CHECKED["undo cache"] = CHECKED.get("undo cache", 0) + 1
+
+    def _cache_tokens(self) -> list[int]:
+        """The real engine's cache ([] on the fake one)."""
+        from app.engine.local.engine import Engine
+
+        engine = self.h.client.host.engine
+        if not isinstance(engine, Engine) or engine.model is None:
+            return []
+        return list(engine.cached_tokens)
+
+    @rule()
+    def undo_compaction(self) -> None:
+        if self.s.undo_compaction():
+            CHECKED["undos"] = CHECKED.get("undos", 0) + 1
 
     @rule()
     def regenerate(self) -> None:
@@ -693,10 +745,13 @@ class Interleavings(RuleBasedStateMachine):
         assert calls_answered(conv.messages)  # (a file read back is settled by its reader)
         # A snapshot disappears only with its conversation.
         now = {p.name.removesuffix(".lpkv") for p in h.store.snapshots_dir.glob("*.lpkv")}
-        lost = self.snapshots_seen - now - self.deleted
+        # An undo snapshot (<conv>u<summary>) goes with an Undo or the next compaction.
+        lost = {c for c in self.snapshots_seen - now - self.deleted if UNDO_MARK not in c}
         assert not lost, f"snapshots deleted while their conversation lives: {lost}"
         unsaved = {conv.id} if self.s.unsaved else set()
-        orphans = {c for c in now if not h.store.transcript_path(c).exists()} - unsaved
+        owners = {c: c.split(UNDO_MARK, 1)[0] for c in now}
+        orphans = {c for c in now if not h.store.transcript_path(owners[c]).exists()}
+        orphans -= {c for c in now if owners[c] in unsaved}
         assert not orphans, f"snapshots without a transcript: {orphans}"
         self.snapshots_seen = now
         if not self.s.unsaved:
@@ -810,7 +865,7 @@ def test_interleavings_fake_backend(qapp: QApplication) -> None:
             suppress_health_check=list(HealthCheck),
         ),
     )
-    print(f"interleaving steps run on the fake backend: {STEPS[0]}")
+    print(f"interleaving steps run on the fake backend: {STEPS[0]}, {CHECKED}")
     assert STEPS[0] >= FAKE_EXAMPLES * 10
 
 
@@ -869,6 +924,7 @@ def test_interleavings_real_engine(qapp: QApplication, model_path: Path) -> None
         params = SamplingParams(max_tokens=6, temperature=0.0, tools="off")
 
     RealInterleavings.model_path = str(model_path)
+    CHECKED.update({"compactions": 0, "undo cache": 0})
     run_state_machine_as_test(
         RealInterleavings,
         settings=settings(
@@ -878,3 +934,40 @@ def test_interleavings_real_engine(qapp: QApplication, model_path: Path) -> None
             suppress_health_check=list(HealthCheck),
         ),
     )
+    print(f"on the real engine: {CHECKED}")
+
+
+def test_interleavings_real_engine_compacting(qapp: QApplication, model_path: Path) -> None:
+    """Compact and Undo among the other actions on the real model, in a context with room
+    for a summary: Undo brings back the very cache from before the compaction."""
+    from app.engine.local.engine import Engine
+
+    class Compacting(Interleavings):
+        backend = Engine
+        load_config = replace(TEST_LOAD, n_ctx=1024)
+        params = SamplingParams(max_tokens=8, temperature=0.0, tools="off")
+
+        @initialize(undo=st.booleans())
+        def start(self, undo: bool) -> None:
+            for turn in range(4):
+                self.s.send(f"Tell me fact number {turn} about the sea.", self.params)
+                self.h.settle()
+            self.compact(talk=False, undo=undo)  # at least one, then random actions
+
+        @rule(undo=st.booleans())
+        def talk_and_compact(self, undo: bool) -> None:
+            self.compact(talk=True, undo=undo)
+
+    Compacting.model_path = str(model_path)
+    CHECKED.update({"compactions": 0, "undos": 0, "undo cache": 0})
+    run_state_machine_as_test(
+        Compacting,
+        settings=settings(
+            max_examples=examples(3),
+            stateful_step_count=12,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    print(f"compaction on the real engine: {CHECKED}")
+    assert CHECKED["compactions"] > 0
