@@ -266,3 +266,39 @@ def test_a_summary_stopped_midway_changes_nothing(
     assert [m.id for m in conv.messages] == ids and conv.active_summary() is None
     assert cache(link) == held and not session.busy
     assert not list(session.store.snapshots_dir.glob(f"{conv.id}u*"))
+
+
+@pytest.mark.parametrize("arch", ["lfm2", "qwen35", "mamba2"])
+def test_a_hybrid_chat_compacts_and_undoes_with_its_checkpoints(arch: str, tmp_path: Path) -> None:
+    """On recurrent and hybrid models the fork is a state copy and the compacted chat
+    ends on a checkpoint: the next turn reads only itself, Undo brings the very state
+    back, checkpoints with it."""
+    from tests.arch_models import arch_model_path
+    from tests.model.test_hybrid_interleavings import PLAIN
+
+    tiny = Engine()
+    tiny.load(arch_model_path(arch), LoadConfig(n_ctx=1024, n_threads=1))
+    tiny.set_template(PLAIN)
+    try:
+        store = ConversationStore(tmp_path / "data")
+        host = EngineHost(tiny, tmp_path / "models", store, QuietListener())
+        link, view = SyncLink(host), View()
+        session = ChatSession(store, link, view, system_prompt="Rules of the harbour.")
+        session.model = tiny.model
+        link.session = session
+        for i in range(4):
+            say(session, link, f"Fact {i} about the harbour, please.")
+        before = cache(link)
+        fork_checkpoints = tiny.export_state().checkpoints
+        assert session.compact(GREEDY) == ""
+        link.deliver()
+        assert session.conversation.active_summary() is not None
+        assert tiny.export_state().checkpoints  # the compacted chat ends on one
+        held = len(cache(link))  # the compacted chat and the next turn's opening
+        done = say(session, link, "And the tides?")
+        assert done.metrics.cached_tokens == held  # nothing read again: only the new turn
+        assert session.undo_compaction() and link.undone
+        assert cache(link) == before
+        assert tiny.export_state().checkpoints == fork_checkpoints
+    finally:
+        tiny.unload()
