@@ -112,6 +112,7 @@ class CompactRun:
             return
         made = compaction.apply(conv, pending.plan, text, metrics_to_dict(metrics))
         made.id = pending.summary_id  # the undo snapshot is named by it
+        conv.n_tokens = max(0, conv.n_tokens - pending.plan.freed)  # until the next reply
         self._persist()
         self._view.show_conversation(conv, opened=False, restoring=False)
         settle = getattr(self._link, "settle", None)  # ``EngineClient.settle``

@@ -141,7 +141,17 @@ def undo(conv: Conversation) -> str | None:
         return None
     if conv.reveal(summary.summary_of) is None:
         return None
+    conv.n_tokens = context_used(conv)
     return summary.id
+
+
+def context_used(conv: Conversation) -> int:
+    """The context the shown version's last reply left in use (0 when not known)."""
+    for m in reversed(conv.messages):
+        metrics = m.message_metrics() if m.role == "assistant" else None
+        if metrics is not None and metrics.context_used:
+            return metrics.context_used
+    return 0
 
 
 def summarised_before(msgs: Sequence[Message], at: int) -> int:

@@ -23,6 +23,7 @@ from PySide6.QtGui import (
     QTextFrameFormat,
 )
 
+from app.chat.conversation import Message
 from app.chat.markdown_render import breakable
 from app.engine.metrics import MessageMetrics
 from ui.common.qt_util import remove_text_frame
@@ -212,6 +213,23 @@ class Thoughts:
         self.notes[index] = no_answer_note(metrics)
         if not answer.strip():
             self.open.add(index)  # all thinking, no answer: show it
+
+    def keep_message(
+        self, index: int, m: Message, metrics: MessageMetrics | None, card: str = ""
+    ) -> str:
+        """Message ``index``'s thinking kept; the text to show as its answer. A summary
+        (``card``: its fold line, "Summary of 14 earlier messages") is a folded card: its
+        text where a reply's thinking goes, and no answer."""
+        if not card:
+            self.keep(index, m.reasoning, metrics, m.content)
+            return m.content
+        self.keep(index, m.content, metrics, m.content)
+        self.heads[index], self.notes[index] = card, ""
+        return ""
+
+    def no_answer(self, index: int) -> str:
+        """Why message ``index`` shows thinking and no answer ("": say nothing)."""
+        return self.notes.get(index, NO_ANSWER)
 
     def forget(self, index: int) -> None:
         self.text.pop(index, None)

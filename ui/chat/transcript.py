@@ -159,11 +159,8 @@ class TranscriptView(QTextBrowser):
                 self.headers.times[i] = m.created
                 frame = self._new_frame("assistant", i, () if m.summarised else ("fork",), note)
                 self._texts[i] = m.content
-                # A summary is a folded card: its text where a reply's thinking goes.
-                said, text = (m.content, "") if m.summary_of else (m.reasoning, m.content)
-                self.thoughts.keep(i, said, metrics, text or said)
-                if m.summary_of:
-                    self.thoughts.heads[i] = summary_head(messages, i)
+                card = summary_head(messages, i) if m.summary_of else ""  # a folded card
+                text = self.thoughts.keep_message(i, m, metrics, card)
                 self._fill(frame, text, reply_footer(metrics) if metrics else "", "", i)
                 self.show_tool_calls(i, m, messages)
             elif m.role == "tool" and self._frames:
@@ -423,8 +420,7 @@ class TranscriptView(QTextBrowser):
             cursor = thinking_block.insert(cursor, toggle, shown, is_open, self._dark())
         if text.strip():
             parts.append(self._body_html(text, index))
-        elif thought and not error:
-            note = self.thoughts.notes.get(slot, thinking_block.NO_ANSWER)
+        elif thought and not error and (note := self.thoughts.no_answer(slot)):
             parts.append(f"<p style='color:#888888'><i>{html.escape(note)}</i></p>")
         if error:
             parts.append(f"<p style='color:#d1242f'>{html.escape(error)}</p>")

@@ -93,11 +93,11 @@ class WindowCompaction:
         info = self.ctx.model.info
         of = f" of {info.n_ctx:,}" if info is not None and info.n_ctx else ""
         freed = f"about {found.freed:,} tokens{of}" if found.freed else "the older turns' room"
-        kept = f"about {found.kept_tokens:,}" if found.kept_tokens else "the"
+        kept = f" (about {found.kept_tokens:,} tokens)" if found.kept_tokens else ""
         text = (
             f"Summarise {found.summarised} earlier messages? That frees {freed}.\n\n"
             f"Once: the model writes the summary (at most {compaction.SUMMARY_TOKENS} "
-            f"tokens) and reads it with the {kept} tokens of the turns that stay.\n\n"
+            f"tokens) and reads it with the turns that stay{kept}.\n\n"
             "The messages stay in the transcript; Chat → Undo compaction brings the chat "
             "back as it is now, without reading it again."
         )
