@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app.chat import compaction
-from app.chat.conversation import Conversation, new_id
+from app.chat.conversation import Conversation, Images, new_id
 from app.chat.metrics_record import metrics_to_dict
 from app.chat.session_link import EngineLink, SessionView
 from app.config.setting_records import SamplingParams
@@ -56,7 +56,11 @@ class CompactRun:
         conversation: Callable[[], Conversation],
         persist: Callable[[], bool],
         drain: Callable[[], None],
+        images: Images | None = None,
     ) -> None:
+        """``images``: reads a message's pictures, as the replies send them (so the
+        summary's request and the compacted chat render as the cache holds them)."""
+        self.images = images
         self._link = link
         self._view = view
         self._conversation = conversation
@@ -77,7 +81,7 @@ class CompactRun:
         found = compaction.plan(conv)
         if found is None:
             return TOO_LITTLE.format(keep=compaction.KEEP_TURNS)
-        chat = conv.chat(params.tool_result_chars)
+        chat = conv.chat(params.tool_result_chars, self.images)
         messages = compaction.request(chat, conv, found, prompt)
         room = compaction.SUMMARY_TOKENS
         if n_ctx > 0:  # the request must fit as it is: the summary takes what is left
@@ -117,7 +121,8 @@ class CompactRun:
         self._view.show_conversation(conv, opened=False, restoring=False)
         settle = getattr(self._link, "settle", None)  # ``EngineClient.settle``
         if settle is not None:
-            settle(conv.id, conv.chat(pending.params.tool_result_chars), pending.params)
+            chars = pending.params.tool_result_chars
+            settle(conv.id, conv.chat(chars, self.images), pending.params)
         n, freed = pending.plan.summarised, pending.plan.freed
         about = f", freeing about {freed:,} tokens" if freed else ""
         self._view.notice(

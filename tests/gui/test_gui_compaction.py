@@ -53,6 +53,7 @@ def test_compact_then_undo_from_the_chat_menu(
     html = window.transcript.toHtml()
     assert "Summary of 4 earlier messages" in html and "summarised: the model reads" in html
     assert "They asked about ports 0 and 1." not in window.transcript.toPlainText()  # folded
+    assert "Copy summary" in window.transcript.toPlainText()
     assert window.compaction.undo_action.isEnabled() or window.session.can_undo_compaction()
     window.compaction.undo_action.trigger()
     assert [m.id for m in window.conversation.messages] == before

@@ -87,12 +87,15 @@ def no_answer_note(m: MessageMetrics | None) -> str:
     return NO_ANSWER
 
 
-def toggle_html(href: str, text: str, is_open: bool, copy_href: str = "") -> str:
-    """The toggle line: an arrow and ``text`` as one link, and Copy thinking."""
+def toggle_html(
+    href: str, text: str, is_open: bool, copy_href: str = "", what: str = "thinking"
+) -> str:
+    """The toggle line: an arrow and ``text`` as one link, and Copy thinking (``what``:
+    "summary" for a compaction's card)."""
     arrow = "▾" if is_open else "▸"
     copy = (
         f"&nbsp;&nbsp;&nbsp;<small><a href='{copy_href}' style='{LINK_STYLE}'>"
-        "Copy thinking</a></small>"
+        f"Copy {what}</a></small>"
         if copy_href
         else ""
     )
@@ -194,13 +197,14 @@ class Thoughts:
         self.heads: dict[int, str] = {}  # message index -> its toggle line text
         self.notes: dict[int, str] = {}  # message index -> why it has no answer
         self.open: set[int] = set()  # message indexes whose thinking is shown
+        self.cards: set[int] = set()  # message indexes that are a compaction's summary
         self.live = False  # the streaming reply is in its thinking
         self.started = 0.0  # monotonic() at the first thinking text
         self.tokens = 0  # the live thinking's tokens so far
         self.budget = 0  # the streaming reply's thinking budget (for its summary)
 
     def clear(self) -> None:
-        self.text, self.heads, self.notes, self.open = {}, {}, {}, set()
+        self.text, self.heads, self.notes, self.open, self.cards = {}, {}, {}, set(), set()
         self.live = False
 
     def keep(self, index: int, thought: str, metrics: MessageMetrics | None, answer: str) -> None:
@@ -225,6 +229,7 @@ class Thoughts:
             return m.content
         self.keep(index, m.content, metrics, m.content)
         self.heads[index], self.notes[index] = card, ""
+        self.cards.add(index)
         return ""
 
     def no_answer(self, index: int) -> str:
@@ -236,6 +241,7 @@ class Thoughts:
         self.heads.pop(index, None)
         self.notes.pop(index, None)
         self.open.discard(index)
+        self.cards.discard(index)
 
     def start(self, index: int) -> None:
         """The streaming reply (message ``index``) begins to think, open."""

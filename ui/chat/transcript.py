@@ -304,7 +304,10 @@ class TranscriptView(QTextBrowser):
         live = self.thoughts.live and index == self._stream_index and self.streaming
         text = self.thoughts.live_text() if live else self.thoughts.heads.get(index, "Thinking")
         copy = self._action_href("copy-thinking", index) if index in self._texts else ""
-        return thinking_block.toggle_html(self._action_href("thinking", index), text, is_open, copy)
+        what = "summary" if index in self.thoughts.cards else "thinking"
+        return thinking_block.toggle_html(
+            self._action_href("thinking", index), text, is_open, copy, what
+        )
 
     def append_thinking(self, text: str, tokens: int) -> None:
         """Append thinking text to the streaming reply (``tokens``: its count so far)."""
