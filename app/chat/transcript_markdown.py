@@ -24,7 +24,7 @@ def to_markdown(conv: Conversation) -> str:
     for i, m in enumerate(conv.messages):
         position, count = conv.version_of(i)
         version = f" *(version {position} of {count})*" if count > 1 else ""
-        lines += [f"**{names.get(m.role, m.role)}**{version}", "", *_body(m)]
+        lines += [f"**{_who(m, names)}**{version}", "", *_body(m)]
     if conv.alternatives:
         lines += ["---", "", "## Other versions", ""]
         where = {m.id: m for m in conv.every_message()}
@@ -33,8 +33,17 @@ def to_markdown(conv: Conversation) -> str:
             start = "the start" if parent is None else f"“{' '.join(parent.content.split())[:40]}”"
             lines += [f"### Version {n + 1} after {start}", ""]
             for m in b.messages:
-                lines += [f"**{names.get(m.role, m.role)}**", "", *_body(m)]
+                lines += [f"**{_who(m, names)}**", "", *_body(m)]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _who(m: Message, names: dict[str, str]) -> str:
+    """A message's heading: who wrote it, and whether it is a compaction's summary or
+    summarised in one (``app.chat.compaction``)."""
+    if m.summary_of:
+        return "Summary of the earlier messages"
+    name = names.get(m.role, m.role)
+    return f"{name} (summarised)" if m.summarised else name
 
 
 # Tags in the thinking that would end the collapsed section early, open another, or

@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pytestqt.qtbot import QtBot
 
+from app.chat import compaction
 from app.chat import store as store_module
 from app.chat.conversation import (
     Conversation,
@@ -397,6 +398,11 @@ def real_conversation(conv_id: str = "") -> Conversation:
         notes=["a note"],
     )
     conv.messages.append(Message("assistant", "It is wide.", metrics=metrics_to_dict(metrics)))
+    for question in ("And deep?", "And cold?"):
+        conv.messages += [Message("user", question), Message("assistant", "Yes.")]
+    found = compaction.plan(conv)  # a compacted chat: its summary, and the version before
+    assert found is not None
+    compaction.apply(conv, found, "They asked about the sea.")
     conv.sampling = sampling_to_dict(SamplingParams(stop=("END",)))
     conv.auto_title()
     return conv
