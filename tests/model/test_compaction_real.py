@@ -33,7 +33,7 @@ from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
 from app.host.listener import QuietListener
 
 CTX = 1024
-GREEDY = SamplingParams.greedy(24)
+GREEDY = SamplingParams.greedy(8)  # short replies: the chat grows by its (long) questions
 TOPICS = ["tides", "berths", "lighthouses", "fishing boats", "harbour walls", "ferries"]
 
 
@@ -170,10 +170,12 @@ def say(session: ChatSession, link: SyncLink, text: str) -> Finished:
 
 
 def fill(session: ChatSession, link: SyncLink) -> None:
-    """Turns until the chat holds more than half the context."""
+    """Turns until the chat holds more than 60% of the context (long questions, read
+    fast; short replies)."""
     for i in range(40):
         topic = TOPICS[i % len(TOPICS)]
-        say(session, link, f"Tell me one short fact about the {topic} of port number {i}.")
+        facts = " ".join(f"Port {i}.{k} has {topic} and a {k}-metre berth." for k in range(4))
+        say(session, link, f"{facts} Tell me one short fact about the {topic} of port {i}.")
         if session.conversation.n_tokens > CTX * 0.6:
             return
     raise AssertionError("the chat never filled the context")
