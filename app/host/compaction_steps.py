@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from app.chat.store import SNAPSHOT_SUFFIX, UNDO_MARK, undo_id
 from app.config.setting_records import SamplingParams
-from app.engine.backend import EngineEvent, Finished
+from app.engine.backend import STASH, EngineEvent, Finished
 from app.engine.chat_message import ChatMessage
 from app.host.core import EngineCore, gui_key
 from app.host.kv_pool import GUI
@@ -34,13 +34,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Stream = Callable[[Iterator[EngineEvent]], Finished | None]
+# The fork's name where the engine stores states itself (llama-server's slot files): a
+# stash of its own, never a party's or a conversation's.
+FORK = STASH + "compaction"
 
 
 def summarise(core: EngineCore, job: ReplyJob, stream: Stream) -> Finished | None:
     """Write ``job``'s summary on a fork of the cache (``job.messages``: the chat and
     the instruction); the cache is as before afterwards."""
     engine = core.engine
-    fork = engine.export_state()
+    fork = engine.export_state(FORK)
     try:
         events = engine.generate(job.messages, job.params, job.stop, job.end_thinking)
         with contextlib.closing(events) as ev:

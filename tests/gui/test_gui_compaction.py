@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QInputDialog, QMessageBox
 from pytestqt.qtbot import QtBot
 
 from app.chat.compaction import DEFAULT_PROMPT
+from app.engine.backend import Capabilities
 from tests.fakes.engine import FakeEngine
 from tests.fakes.window import WindowFactory, send
 from ui.window import compaction_wiring
@@ -96,3 +97,13 @@ def test_the_prompt_is_seen_and_edited(window: MainWindow, monkeypatch: pytest.M
     window.compaction.prompt_action.trigger()
     assert shown == [DEFAULT_PROMPT]
     assert window.compaction.prompt() == "Summarise briefly, keeping {kept} messages out."
+
+
+def test_the_question_says_what_undo_costs_on_the_model_in_use(window: MainWindow) -> None:
+    info = window.loaded_model.info
+    assert info is not None
+    assert compaction_wiring._undo_cost(info) == "without reading it again"
+    remote = replace(info, server="http://127.0.0.1:1", capabilities=Capabilities())
+    assert "reads it again" in compaction_wiring._undo_cost(remote)
+    slots = replace(remote, capabilities=Capabilities(snapshots=True))  # llama-server's
+    assert compaction_wiring._undo_cost(slots) == "without reading it again"

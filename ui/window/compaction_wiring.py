@@ -18,6 +18,7 @@ from PySide6.QtWidgets import QInputDialog, QLabel, QMainWindow, QMenu, QMessage
 
 from app.chat import compaction
 from app.chat.compact_run import TOO_LITTLE
+from app.engine.backend import ModelInfo
 from ui.common.context import Context
 from ui.settings.sampling_panel import SamplingPanel
 from ui.window import window_actions
@@ -99,7 +100,7 @@ class WindowCompaction:
             f"Once: the model writes the summary (at most {compaction.SUMMARY_TOKENS} "
             f"tokens) and reads it with the turns that stay{kept}.\n\n"
             "The messages stay in the transcript; Chat → Undo compaction brings the chat "
-            "back as it is now, without reading it again."
+            f"back as it is now, {_undo_cost(info)}."
         )
         answer = QMessageBox.question(
             self.ctx.parent,
@@ -151,3 +152,12 @@ class WindowCompaction:
             return
         if compaction.plan(conv) is not None and self.compact():
             self.ctx.status("The chat is nearly as long as the context: compacting it…", 5000)
+
+
+def _undo_cost(info: ModelInfo | None) -> str:
+    """What Undo costs with the model in use: nothing read again where the cache is saved
+    (in-process, llama-server's slot files); an OpenAI-compatible server reads the chat
+    again, as it does every message."""
+    if info is not None and info.server and not info.capabilities.snapshots:
+        return "and this server reads it again with your next message (it keeps its own cache)"
+    return "without reading it again"
