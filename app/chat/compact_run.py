@@ -11,7 +11,6 @@ again and asks for the cache saved before the compaction (``restore_undo``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,7 +41,6 @@ class _Pending:
     conv_id: str
     plan: compaction.Plan
     summary_id: str
-    started: float
     params: SamplingParams  # the chat's: the compacted chat is read as its replies render it
 
 
@@ -97,7 +95,7 @@ class CompactRun:
         )
         extra: dict[str, Any] = {"compaction": summary_id}  # a keyword an EngineLink may lack
         request = self._link.generate(conv.id, messages, asked, **extra)
-        self.pending = _Pending(request, conv.id, found, summary_id, time.monotonic(), params)
+        self.pending = _Pending(request, conv.id, found, summary_id, params)
         return ""
 
     def owns(self, request: int) -> bool:

@@ -92,8 +92,7 @@ def request(
     """The summary's request: the chat as the model reads it (``conv.chat()``), then the
     instruction as a user turn (naming how many messages stay)."""
     kept = sum(1 for m in conv.messages[found.end :] if is_turn(m))
-    text = prompt.replace("{kept}", str(kept)) if "{kept}" in prompt else prompt
-    return [*chat, ChatMessage("user", text)]
+    return [*chat, ChatMessage("user", prompt.replace("{kept}", str(kept)))]
 
 
 def apply(

@@ -111,7 +111,12 @@ class ChatSession:
         )
         self._reply = ReplyRun(link, view, store.images, hooks, tool_host, approvals, post)
         self._compact = CompactRun(
-            link, view, lambda: self.conversation, self._persist, self._drain, self._pictures
+            link,
+            view,
+            lambda: self.conversation,
+            self._persist,
+            self._drain,
+            self._reply.rounds.pictures,  # as the replies read them, notes and all
         )
 
     # -- state ---------------------------------------------------------------------------
@@ -162,10 +167,6 @@ class ChatSession:
 
     def can_regenerate(self) -> bool:
         return not self.busy and any(m.role == "assistant" for m in self.conversation.messages)
-
-    def _pictures(self, m: Message) -> list[ImagePart]:
-        """A message's pictures as the store has them (one unreadable is left out)."""
-        return self.store.images.load_all(m.images)[0]
 
     def _project(self) -> Project | None:
         project_id = self.conversation.project_id

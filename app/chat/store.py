@@ -393,7 +393,14 @@ class ConversationStore:
             with contextlib.suppress(FileNotFoundError):
                 self.snapshot_path(conv_id).unlink()
             if UNDO_MARK not in conv_id:
-                for path in self.snapshots_dir.glob(f"{_checked(conv_id)}{UNDO_MARK}*"):
+                self.drop_undo_snapshots(conv_id)
+
+    def drop_undo_snapshots(self, conv_id: str, keep: str = "") -> None:
+        """Delete ``conv_id``'s undo snapshots (``undo_id``), but ``keep`` (a name)."""
+        with self._snapshot_lock:
+            pattern = f"{_checked(conv_id)}{UNDO_MARK}*{SNAPSHOT_SUFFIX}"
+            for path in self.snapshots_dir.glob(pattern):
+                if path.stem != keep:
                     with contextlib.suppress(OSError):
                         path.unlink()
 

@@ -106,7 +106,7 @@ class ToolRounds:
             system_prompt=conv.system_prompt,
             messages=list(conv.messages) if req.rounds else req.prompt,
         )
-        chat = shown.chat(req.params.tool_result_chars, self._pictures)
+        chat = shown.chat(req.params.tool_result_chars, self.pictures)
         extra: dict[str, Any] = {}  # keywords only when used: an EngineLink may lack them
         if req.tools:
             extra["tools"] = tool_request(req.tools, req.rounds, req.params)
@@ -116,7 +116,7 @@ class ToolRounds:
         req.sent = shown.sent()
         req.parts, req.thinking = [], []
 
-    def _pictures(self, m: Message) -> list[ImagePart]:
+    def pictures(self, m: Message) -> list[ImagePart]:
         """The pictures of ``m`` read from the store; one that cannot be read is left out
         with a note (once per image and conversation): the message goes without it."""
         parts, errors = self._images.load_all(m.images)

@@ -218,23 +218,25 @@ class AppSettings:
 
 def _recent(value: Any, notes: list[str]) -> list[str]:
     """The recent-models list: paths, each once, at most ``MAX_RECENT``."""
-    if value is _ABSENT:
-        return []
-    items = value if isinstance(value, list) else []
-    kept = list(dict.fromkeys(p for p in items if _is_path(p)))[:MAX_RECENT]
-    if kept != value:
-        notes.append("recent_models was not a short list of file paths; it was tidied.")
-    return kept
+    return _short_list(value, _is_path, MAX_RECENT, "recent_models", "file paths", notes)
 
 
 def _folded(value: Any, notes: list[str]) -> list[str]:
     """The projects folded in the sidebar: ids, each once, at most ``MAX_FOLDED``."""
+    return _short_list(value, _is_id, MAX_FOLDED, "folded_projects", "project ids", notes)
+
+
+def _short_list(
+    value: Any, ok: Callable[[Any], bool], most: int, key: str, what: str, notes: list[str]
+) -> list[str]:
+    """``value`` as a list of the items ``ok`` takes, each once, at most ``most``; a note
+    when that changed it ([] when absent)."""
     if value is _ABSENT:
         return []
     items = value if isinstance(value, list) else []
-    kept = list(dict.fromkeys(p for p in items if _is_id(p)))[:MAX_FOLDED]
+    kept = list(dict.fromkeys(p for p in items if ok(p)))[:most]
     if kept != value:
-        notes.append("folded_projects was not a short list of project ids; it was tidied.")
+        notes.append(f"{key} was not a short list of {what}; it was tidied.")
     return kept
 
 

@@ -20,9 +20,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from app.chat.store import SNAPSHOT_SUFFIX, UNDO_MARK, undo_id
+from app.chat.store import undo_id
 from app.config.setting_records import SamplingParams
-from app.engine.backend import STASH, EngineEvent, Finished
+from app.engine.backend import STASH, EngineEvent, Finished, KvState
 from app.engine.chat_message import ChatMessage
 from app.host.core import EngineCore, gui_key
 from app.host.kv_pool import GUI
@@ -49,15 +49,24 @@ def summarise(core: EngineCore, job: ReplyJob, stream: Stream) -> Finished | Non
         with contextlib.closing(events) as ev:
             ended = stream(ev)
     finally:
-        try:
-            engine.import_state(fork)
-        except LamplightError as exc:  # the cache is empty then: the chat reads again
-            log.warning("the cache before the summary was not put back: %s", exc)
-            core.pool.forget_live()
-            return None
+        put_back = _put_back(core, fork)
+    if not put_back:
+        return None
     if ended is not None and ended.metrics.stop_reason != "cancelled" and job.conv_id:
         save_undo(core, job.conv_id, job.compaction)
     return ended
+
+
+def _put_back(core: EngineCore, fork: KvState) -> bool:
+    """The cache as it was before the summary; False when it could not be (then it is
+    empty, and the chat is read again)."""
+    try:
+        core.engine.import_state(fork)
+    except LamplightError as exc:
+        log.warning("the cache before the summary was not put back: %s", exc)
+        core.pool.forget_live()
+        return False
+    return True
 
 
 def save_undo(core: EngineCore, conv_id: str, summary_id: str) -> None:
@@ -67,19 +76,10 @@ def save_undo(core: EngineCore, conv_id: str, summary_id: str) -> None:
         return
     name = undo_id(conv_id, summary_id)
     try:
-        _drop_other_undos(core, conv_id, name)
+        core.store.drop_undo_snapshots(conv_id, keep=name)
         core.cache.save(name, frozenset({conv_id, name}))
     except (LamplightError, OSError) as exc:
         log.warning("the cache before the compaction was not saved: %s", exc)
-
-
-def _drop_other_undos(core: EngineCore, conv_id: str, keep: str) -> None:
-    store = core.store
-    assert store is not None
-    for path in store.snapshots_dir.glob(f"{conv_id}{UNDO_MARK}*{SNAPSHOT_SUFFIX}"):
-        if path.stem != keep:
-            with contextlib.suppress(OSError):
-                path.unlink()
 
 
 def settle(
