@@ -8,15 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.chat.session import ChatSession
-from app.chat.store import ConversationStore
 from app.config.setting_records import LoadConfig
-from app.host.host import EngineHost
-from app.host.listener import QuietListener
 from app.remote.connection import Connection
 from app.remote.llama_server.backend import LlamaServerBackend
 from app.remote.openai.backend import OpenAIBackend
-from tests.model.test_compaction_real import GREEDY, SyncLink, View, say
+from tests.model.test_compaction_real import GREEDY, say, session_on
 from tests.server_fixture import RunningServer
 
 
@@ -26,12 +22,7 @@ def test_a_chat_on_llama_server_compacts_and_undoes(
     backend = LlamaServerBackend(Connection("c45", "test server", "llama-server", llama_server.url))
     backend.load("", LoadConfig())
     try:
-        store = ConversationStore(tmp_path / "data")
-        host = EngineHost(backend, tmp_path / "models", store, QuietListener())
-        link, view = SyncLink(host), View()
-        session = ChatSession(store, link, view, system_prompt="You answer about the harbour.")
-        session.model = backend.model
-        link.session = session
+        session, link, view = session_on(backend, tmp_path)
         for i in range(4):
             say(session, link, f"Port {i} has a red lighthouse and a ferry. Tell me about it.")
         before = list(backend._slot.map.tokens)
@@ -60,12 +51,7 @@ def test_a_chat_on_an_openai_compatible_server_compacts_and_undoes(
     backend = OpenAIBackend(Connection("c45o", "test /v1", "openai", llama_server.url))
     backend.load("", LoadConfig())
     try:
-        store = ConversationStore(tmp_path / "data")
-        host = EngineHost(backend, tmp_path / "models", store, QuietListener())
-        link, view = SyncLink(host), View()
-        session = ChatSession(store, link, view, system_prompt="You answer about the harbour.")
-        session.model = backend.model
-        link.session = session
+        session, link, view = session_on(backend, tmp_path)
         for i in range(4):
             say(session, link, f"Port {i} has a red lighthouse and a ferry. Tell me about it.")
         ids = [m.id for m in session.conversation.messages]

@@ -21,7 +21,7 @@ from app.chat.conversation import Conversation, Message
 from app.chat.session import ChatSession
 from app.chat.store import ConversationStore, undo_id
 from app.config.setting_records import LoadConfig, SamplingParams
-from app.engine.backend import Finished, Token
+from app.engine.backend import Backend, Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
@@ -154,13 +154,21 @@ def small_engine(model_path: Path) -> Iterator[Engine]:
 @pytest.fixture()
 def rig(small_engine: Engine, tmp_path: Path) -> Iterator[tuple[ChatSession, SyncLink, View]]:
     small_engine.reset()
+    yield session_on(small_engine, tmp_path)
+
+
+def session_on(
+    backend: Backend, tmp_path: Path, system: str = "You answer about the harbour."
+) -> tuple[ChatSession, SyncLink, View]:
+    """A chat session on ``backend`` through a host on ``tmp_path``, its jobs run in
+    place (``SyncLink``)."""
     store = ConversationStore(tmp_path / "data")
-    host = EngineHost(small_engine, tmp_path / "models", store, QuietListener())
+    host = EngineHost(backend, tmp_path / "models", store, QuietListener())
     link, view = SyncLink(host), View()
-    session = ChatSession(store, link, view, system_prompt="You answer about the harbour.")
-    session.model = small_engine.model
+    session = ChatSession(store, link, view, system_prompt=system)
+    session.model = backend.model
     link.session = session
-    yield session, link, view
+    return session, link, view
 
 
 def say(session: ChatSession, link: SyncLink, text: str) -> Finished:
@@ -282,12 +290,7 @@ def test_a_hybrid_chat_compacts_and_undoes_with_its_checkpoints(arch: str, tmp_p
     tiny.load(arch_model_path(arch), LoadConfig(n_ctx=1024, n_threads=1))
     tiny.set_template(PLAIN)
     try:
-        store = ConversationStore(tmp_path / "data")
-        host = EngineHost(tiny, tmp_path / "models", store, QuietListener())
-        link, view = SyncLink(host), View()
-        session = ChatSession(store, link, view, system_prompt="Rules of the harbour.")
-        session.model = tiny.model
-        link.session = session
+        session, link, _view = session_on(tiny, tmp_path, "Rules of the harbour.")
         for i in range(4):
             say(session, link, f"Fact {i} about the harbour, please.")
         before = cache(link)
