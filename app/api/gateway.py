@@ -88,6 +88,8 @@ class ApiJob:
     # Whose cached conversations it may reuse: the server's key (``config.api_party``).
     party: str = LOCAL_API
     prefix: str = ""  # a project's id: the reply starts from its opening (``ReplyJob``)
+    # Not "": a compaction's summary, written on a copy of the cache (``ReplyJob``).
+    compaction: str = ""
 
     def halt(self, why: StopCause) -> None:
         """Stop the job for ``why`` (the first reason given is the one kept)."""

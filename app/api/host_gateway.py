@@ -85,5 +85,6 @@ def reply_job(job: ApiJob) -> ReplyJob:
         tools=job.tools,
         party=job.party,
         prefix=job.prefix,
+        compaction=job.compaction,
         on_halt=job.halt,
     )

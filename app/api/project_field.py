@@ -7,7 +7,9 @@ A project is reached only when its "Reachable through the API" switch is on
 (``Project.api``); another name gets the one answer a missing project gets (404
 ``project_not_found``), so the API does not tell which private projects exist. A
 request that names a project and sends its own system (or developer) message is
-refused (400 ``project_conflict``): the two are never merged silently.
+refused (400 ``project_conflict``): the two are never merged silently. The one
+system message it may send is the summary a compaction returned (``compaction.system``,
+which starts with ``SUMMARY_HEADING``): it is put after the project's instructions.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from app.api.errors import ApiError, bad
 from app.api.gateway import ProjectView
+from app.chat.conversation import SUMMARY_HEADING
 from app.engine.chat_message import ChatMessage
 from app.engine.tool_spec import AUTO, ToolRequest
 
@@ -57,6 +60,11 @@ def with_project(
             code="project_not_found",
             param="project",
         )
+    if messages and summary_message(messages[0]):
+        system = "\n\n".join(t for t in (view.system_text, messages[0].content) if t.strip())
+        messages = messages[1:]
+    else:
+        system = view.system_text
     if any(m.role in ("system", "developer") for m in messages):
         raise bad(
             "A request that names a project takes its instructions from the project: "
@@ -64,7 +72,12 @@ def with_project(
             "project",
             "project_conflict",
         )
-    return [ChatMessage("system", view.system_text), *messages] if view.system_text else messages
+    return [ChatMessage("system", system), *messages] if system else messages
+
+
+def summary_message(message: ChatMessage) -> bool:
+    """Whether ``message`` is the summary a compaction returned for a project's chat."""
+    return message.role == "system" and message.content.startswith(SUMMARY_HEADING)
 
 
 def project_tools(view: ProjectView | None, tools: ToolRequest | None) -> ToolRequest | None:

@@ -130,7 +130,8 @@ class ApiServer:
                 return
             import uvicorn
 
-            from app.api.server import H11, build_app
+            from app.api.http_errors import H11
+            from app.api.server import build_app
 
             sock = bind(self.config.host, self.config.port)
             bound = sock.getsockname()

@@ -30,6 +30,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+from app.api.compact_field import CompactAsk, read_compact
 from app.api.errors import ApiError, bad, unsupported
 from app.api.gateway import ApiKind
 from app.api.image_parts import IMAGE_KINDS, ImageBudget, image_part
@@ -102,6 +103,7 @@ class ApiRequest:
     user: str = ""
     tools: ToolRequest | None = None  # None: the request offers no tools
     project: str = ""  # a chat request's ``project`` (``app/api/project_field.py``)
+    compact: CompactAsk | None = None  # its ``compact`` (``app/api/compact_field.py``)
 
     def params_for(self, n_ctx: int) -> SamplingParams:
         """The sampling settings with the length limit for a context of ``n_ctx``."""
@@ -172,7 +174,12 @@ def parse_chat(body: object) -> ApiRequest:
         raise unsupported("prediction", "Predicted outputs")
     tools = parse_tools(data)
     messages = link_results(_messages(data.get("messages")))
-    return replace(_request("chat", data, messages), tools=tools, project=read_project(data))
+    return replace(
+        _request("chat", data, messages),
+        tools=tools,
+        project=read_project(data),
+        compact=read_compact(data),
+    )
 
 
 def parse_completion(body: object) -> ApiRequest:
@@ -183,6 +190,8 @@ def parse_completion(body: object) -> ApiRequest:
     """
     data = _object(body)
     _refuse_common(data)
+    if data.get("compact") not in (None, False):
+        raise bad("`compact` is for chat requests (/v1/chat/completions).", "compact")
     if data.get("echo") not in (None, False):
         raise unsupported("echo", "Echoing the prompt")
     suffix = data.get("suffix")

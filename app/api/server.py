@@ -39,9 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from app.api import limits
+from app.api import compact_field, limits
 from app.api.config import api_party
 from app.api.embeddings import (
     EmbedService,
@@ -52,6 +51,7 @@ from app.api.embeddings import (
 )
 from app.api.errors import ApiError, cut_short, failure_event
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
+from app.api.http_errors import on_api_error, on_crash, on_http_error
 from app.api.image_parts import check_vision
 from app.api.project_field import project_tools, with_project
 from app.api.requests import ApiRequests, JobView, QueueFull
@@ -60,7 +60,7 @@ from app.api.sse import ChunkWriter, Reply
 from app.chat.composer import tool_offer
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
-from app.engine.tool_spec import ToolRequest
+from app.engine.tool_spec import NONE, ToolRequest
 from app.host.jobs import model_id
 from app.host.kv_pool import LOCAL_API
 
@@ -70,12 +70,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONCURRENCY = 64  # requests inside the app at once (streams included)
-ROUTES_HINT = "/v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings"
-
-
-def error_response(error: ApiError) -> Response:
-    headers = {k.decode(): v.decode() for k, v in error.response_headers()}
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
 
 
 def make_emit(
@@ -272,8 +266,7 @@ class Handlers:
     async def complete(self, request: Request, req: ApiRequest) -> Response:
         info = self.loaded()  # whatever ``req.model`` says: see the module's docstring
         check_vision(req.messages, info.capabilities)
-        client = request.client
-        address = f"{client.host}:{client.port}" if client else ""
+        address = job_client(request)
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
         messages, project = req.messages, None
         if req.project:
@@ -281,6 +274,13 @@ class Handlers:
             messages = with_project(project, req.project, messages)
             if info.capabilities.tools:  # else a project's tools are left out, not refused
                 req = replace(req, tools=project_tools(project, req.tools))
+        tools = self.tools_for(req, info)  # refused before a summary is written
+        found: dict[str, Any] | None = None
+        if req.compact is not None:
+            compacting = await self.compact(request, req, messages, info, tools)
+            if compacting is None:  # the client went away while the summary was written
+                return Response(status_code=204)
+            messages, found = compacting
         job = ApiJob(
             id=prefix + uuid.uuid4().hex[:24],
             kind=req.kind,
@@ -289,10 +289,28 @@ class Handlers:
             params=req.params_for(info.n_ctx),
             reuse=req.reuse,
             client=req.user or address,
-            tools=self.tools_for(req, info),
+            tools=tools,
             party=self.party,
             prefix=project.id if project is not None and _first_turn(messages) else "",
         )
+        queue, events = await self.run(request, job, first_token=req.stream)
+        if events is None:  # the client went away before its answer began
+            return Response(status_code=204)
+        last = events[-1]
+        if isinstance(last, ApiFailure):
+            raise ApiError.from_failure(last)
+        reply = Reply(req.kind, job.id, job.model_id, int(time.time()), found)
+        if not req.stream:
+            assert isinstance(last, Finished)
+            headers = {"x-lamplight-cached-tokens": str(last.metrics.cached_tokens)}
+            return JSONResponse(reply.body(last), headers=headers)
+        return self.stream(job, queue, events, ChunkWriter(reply, req.include_usage))
+
+    async def run(
+        self, request: Request, job: ApiJob, first_token: bool
+    ) -> tuple[asyncio.Queue[ApiEvent], list[ApiEvent] | None]:
+        """Queue ``job`` and wait for its answer (or its first token): its queue and
+        events, the last one as the client sees it; None when the client went away."""
         queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
         job.emit = make_emit(asyncio.get_running_loop(), queue, job)
         try:
@@ -300,18 +318,57 @@ class Handlers:
         except QueueFull as exc:
             wait = str(self.requests.retry_after())
             raise ApiError(429, str(exc), headers={"Retry-After": wait}) from exc
-        reply = Reply(req.kind, job.id, job.model_id, int(time.time()))
-        events = await self.wait(request, job, queue, first_token=req.stream)
-        if events is None:  # the client went away before its answer began
-            return Response(status_code=204)
-        last = events[-1] = _ending(job, events[-1])
-        if isinstance(last, ApiFailure):
-            raise ApiError.from_failure(last)
-        if not req.stream:
-            assert isinstance(last, Finished)
-            headers = {"x-lamplight-cached-tokens": str(last.metrics.cached_tokens)}
-            return JSONResponse(reply.body(last), headers=headers)
-        return self.stream(job, queue, events, ChunkWriter(reply, req.include_usage))
+        events = await self.wait(request, job, queue, first_token)
+        if events is not None:
+            events[-1] = _ending(job, events[-1])
+        return queue, events
+
+    async def compact(
+        self,
+        request: Request,
+        req: ApiRequest,
+        messages: list[ChatMessage],
+        info: ModelInfo,
+        tools: ToolRequest | None,
+    ) -> tuple[list[ChatMessage], dict[str, Any]] | None:
+        """The messages to answer from, and the response's ``compaction``
+        (``app.api.compact_field``); None when the client went away meanwhile. The
+        summary is offered the request's ``tools``, none callable: the history renders
+        as the cache holds it."""
+        ask = req.compact
+        found = compact_field.plan(messages, ask.keep) if ask is not None else None
+        if ask is None or found is None:
+            return messages, compact_field.too_little(ask or compact_field.CompactAsk())
+        job = ApiJob(
+            id="compact-" + uuid.uuid4().hex[:24],
+            kind="chat",
+            model_id=model_id(info),
+            messages=compact_field.summary_request(messages, found, ask),
+            params=compact_field.summary_params(req.params, ask),
+            reuse=req.reuse,
+            client=req.user or job_client(request),
+            party=self.party,
+            compaction="api",
+            tools=replace(tools, choice=NONE) if tools is not None else None,
+        )
+        _, events = await self.run(request, job, first_token=False)
+        if events is None:
+            return None
+        done = events[-1]
+        if isinstance(done, ApiFailure):
+            if done.code != "context_length_exceeded":
+                raise ApiError.from_failure(done)
+            return messages, compact_field.no_room(info.n_ctx)
+        assert isinstance(done, Finished)
+        if done.metrics.stop_reason == "context_full":
+            return messages, compact_field.no_room(info.n_ctx)
+        if not done.text.strip():
+            return messages, compact_field.skipped(compact_field.EMPTY)
+        after = compact_field.compacted(messages, found, done.text)
+        offset = len(messages) - len(req.messages)  # a project's system message
+        in_project = bool(req.project)
+        system = compact_field.summary_block(done.text) if in_project else after[0].content
+        return after, compact_field.report(found, done, system, offset)
 
     def tools_for(self, req: ApiRequest, info: ModelInfo) -> ToolRequest | None:
         """The request's tools, if the model can take them: tools it may call are
@@ -422,58 +479,6 @@ class Handlers:
         return JobStream(body(), on_close, headers)
 
 
-# -- errors ------------------------------------------------------------------------------
-
-
-async def on_api_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ApiError)
-    return error_response(exc)
-
-
-async def on_http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    headers = dict(exc.headers or {})
-    where = f"{request.method} {request.url.path}"
-    if exc.status_code == 404:
-        error = ApiError(404, f"Unknown URL: {where}. This server serves {ROUTES_HINT}.")
-    elif exc.status_code == 405:
-        allowed = headers.get("Allow", "")
-        error = ApiError(
-            405, f"{where} is not allowed; use {allowed or 'another method'}.", headers=headers
-        )
-    else:
-        error = ApiError(exc.status_code, exc.detail or "Request refused.", headers=headers)
-    return error_response(error)
-
-
-async def on_crash(request: Request, exc: Exception) -> Response:
-    log.error("API request failed", exc_info=exc)
-    return error_response(ApiError(500, f"Internal error: {type(exc).__name__}: {exc}"))
-
-
-class H11(H11Protocol):
-    """uvicorn's h11 protocol, answering a malformed request in the OpenAI error shape."""
-
-    def send_400_response(self, msg: str) -> None:
-        import h11
-
-        error = ApiError(400, f"{msg} ({ROUTES_HINT} take HTTP/1.1 with JSON bodies.)")
-        payload = error.encoded()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            (b"connection", b"close"),
-            *error.response_headers(),
-        ]
-        try:
-            self.transport.write(self.conn.send(h11.Response(status_code=400, headers=headers)))
-            self.transport.write(self.conn.send(h11.Data(data=payload)) or b"")
-            self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
-        except h11.LocalProtocolError:  # a response had begun: just close
-            pass
-        self.transport.close()
-
-
 def build_app(
     gateway: EngineGateway,
     requests: ApiRequests,
@@ -522,6 +527,12 @@ def build_app(
             Exception: on_crash,
         },
     )
+
+
+def job_client(request: Request) -> str:
+    """The client's address, for the UI ("" when not known)."""
+    client = request.client
+    return f"{client.host}:{client.port}" if client else ""
 
 
 def _first_turn(messages: list[ChatMessage]) -> bool:

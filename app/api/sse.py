@@ -91,6 +91,9 @@ class Reply:
     id: str
     model: str
     created: int
+    # The request's compaction (``app.api.compact_field.report``): in the whole response,
+    # or in a stream's first chunk.
+    compaction: dict[str, Any] | None = None
 
     @property
     def object(self) -> str:
@@ -120,7 +123,7 @@ class Reply:
             "choices": [choice],
             "usage": usage(m),
             "timings": timings(m),
-        }
+        } | ({"compaction": self.compaction} if self.compaction is not None else {})
 
 
 class ChunkWriter:
@@ -151,11 +154,13 @@ class ChunkWriter:
         """The role chunk a chat stream opens with (nothing for a completion)."""
         if self.reply.kind != "chat":
             return b""
+        found = self.reply.compaction
+        tail = self._tail if found is None else f',"compaction":{_dumps(found)}{self._tail}'
         return (
             self._head
             + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
             + '"logprobs":null,"finish_reason":null}]'
-            + self._tail
+            + tail
         ).encode()
 
     def token(self, text: str, reasoning: bool = False) -> bytes:

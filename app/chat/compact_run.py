@@ -22,6 +22,7 @@ from app.chat.session_link import EngineLink, SessionView
 from app.config.setting_records import SamplingParams
 from app.engine.metrics import MessageMetrics
 from app.engine.token_estimate import estimate_tokens
+from app.engine.tool_spec import ToolRequest
 
 MIN_SUMMARY = 48  # tokens: less room than this and the summary could say nothing
 FULL = (
@@ -42,6 +43,7 @@ class _Pending:
     plan: compaction.Plan
     summary_id: str
     params: SamplingParams  # the chat's: the compacted chat is read as its replies render it
+    tools: ToolRequest | None  # described, none callable, as its replies were offered them
 
 
 class CompactRun:
@@ -55,10 +57,13 @@ class CompactRun:
         persist: Callable[[], bool],
         drain: Callable[[], None],
         images: Images | None = None,
+        tools: Callable[[str], ToolRequest | None] | None = None,
     ) -> None:
-        """``images``: reads a message's pictures, as the replies send them (so the
+        """``images``: reads a message's pictures, as the replies send them; ``tools``:
+        the tools a conversation's last reply was offered, none callable (so the
         summary's request and the compacted chat render as the cache holds them)."""
         self.images = images
+        self._tools = tools
         self._link = link
         self._view = view
         self._conversation = conversation
@@ -94,8 +99,11 @@ class CompactRun:
             overflow="stop",  # the summary must not drop what it summarises
         )
         extra: dict[str, Any] = {"compaction": summary_id}  # a keyword an EngineLink may lack
+        tools = self._tools(conv.id) if self._tools is not None else None
+        if tools is not None:
+            extra["tools"] = tools
         request = self._link.generate(conv.id, messages, asked, **extra)
-        self.pending = _Pending(request, conv.id, found, summary_id, params)
+        self.pending = _Pending(request, conv.id, found, summary_id, params, tools)
         return ""
 
     def owns(self, request: int) -> bool:
@@ -120,7 +128,8 @@ class CompactRun:
         settle = getattr(self._link, "settle", None)  # ``EngineClient.settle``
         if settle is not None:
             chars = pending.params.tool_result_chars
-            settle(conv.id, conv.chat(chars, self.images), pending.params)
+            extra = {"tools": pending.tools} if pending.tools is not None else {}
+            settle(conv.id, conv.chat(chars, self.images), pending.params, **extra)
         n, freed = pending.plan.summarised, pending.plan.freed
         about = f", freeing about {freed:,} tokens" if freed else ""
         self._view.notice(

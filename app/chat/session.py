@@ -117,6 +117,7 @@ class ChatSession:
             self._persist,
             self._drain,
             self._reply.rounds.pictures,  # as the replies read them, notes and all
+            self._reply.rounds.described,  # the tools the chat's cache was read with
         )
 
     # -- state ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ the reply in flight; ``ToolRounds`` reads and asks for them through ``SessionHoo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from app.chat.conversation import Conversation, Message
@@ -26,6 +26,7 @@ from app.chat.tool_records import cut_result
 from app.chat.tool_round import Approvals, Decision, Post, ToolLoop, rounds_notice, tool_request
 from app.config.setting_records import SamplingParams
 from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
+from app.engine.tool_spec import NONE, ToolRequest
 from app.mcp.tool_host import McpTool, ToolHost
 
 
@@ -64,6 +65,7 @@ class ToolRounds:
         self._loop = ToolLoop(host, approvals, post, self._calls_changed, self._calls_done)
         self._image_notes: set[tuple[str, str]] = set()  # images said to be unreadable
         self._tool_notes: set[tuple[str, tuple[str, ...]]] = set()  # missing tools said
+        self._offer: tuple[str, ToolRequest | None] = ("", None)  # (conv id, its last offer)
 
     @property
     def active(self) -> bool:
@@ -110,11 +112,20 @@ class ToolRounds:
         extra: dict[str, Any] = {}  # keywords only when used: an EngineLink may lack them
         if req.tools:
             extra["tools"] = tool_request(req.tools, req.rounds, req.params)
+            self._offer = (conv.id, replace(extra["tools"], choice=NONE))
+        elif req.rounds == 0:
+            self._offer = (conv.id, None)
         if opens_project(conv, chat, req.rounds):
             extra["prefix"] = conv.project_id  # starts from the project's opening
         req.id = self._link.generate(conv.id, chat, req.params, **extra)
         req.sent = shown.sent()
         req.parts, req.thinking = [], []
+
+    def described(self, conv_id: str) -> ToolRequest | None:
+        """The tools the last reply in ``conv_id`` was offered, none callable (so a
+        compaction's summary renders the chat as the cache holds it); None for none."""
+        offer_conv, offer = self._offer
+        return offer if offer_conv == conv_id else None
 
     def pictures(self, m: Message) -> list[ImagePart]:
         """The pictures of ``m`` read from the store; one that cannot be read is left out

@@ -24,6 +24,7 @@ from app.chat.store import undo_id
 from app.config.setting_records import SamplingParams
 from app.engine.backend import STASH, EngineEvent, Finished, KvState
 from app.engine.chat_message import ChatMessage
+from app.engine.tool_spec import ToolRequest
 from app.host.core import EngineCore, gui_key
 from app.host.kv_pool import GUI
 from app.util.errors import LamplightError
@@ -45,7 +46,9 @@ def summarise(core: EngineCore, job: ReplyJob, stream: Stream) -> Finished | Non
     engine = core.engine
     fork = engine.export_state(FORK)
     try:
-        events = engine.generate(job.messages, job.params, job.stop, job.end_thinking)
+        events = engine.generate(
+            job.messages, job.params, job.stop, job.end_thinking, tools=job.tools
+        )
         with contextlib.closing(events) as ev:
             ended = stream(ev)
     finally:
@@ -83,11 +86,16 @@ def save_undo(core: EngineCore, conv_id: str, summary_id: str) -> None:
 
 
 def settle(
-    core: EngineCore, conv_id: str, messages: list[ChatMessage], params: SamplingParams
+    core: EngineCore,
+    conv_id: str,
+    messages: list[ChatMessage],
+    params: SamplingParams,
+    tools: ToolRequest | None = None,
 ) -> int:
     """Read the compacted chat (``messages``, ending with a reply) into the cache, up to
-    the next turn's opening, and save it; the tokens read. It shares little with the
-    cache (the summary comes right after the system prompt), so it is read whole."""
+    the next turn's opening, with ``tools`` described as its replies offer them, and
+    save it; the tokens read. It shares little with the cache (the summary comes right
+    after the system prompt), so it is read whole."""
     engine = core.engine
     if not messages or engine.model is None:
         return 0
@@ -95,7 +103,7 @@ def settle(
     history, reply = messages[:-1], messages[-1]
     read = 0
     try:
-        found = engine.opening(messages, params, None) if engine.capabilities.prefix else None
+        found = engine.opening(messages, params, tools) if engine.capabilities.prefix else None
         if found is not None:
             core.pool.forget_live()  # the state before is the undo snapshot now
             read = engine.warm_opening(found)

@@ -172,11 +172,17 @@ class EngineHost:
     def drop_snapshot(self, conv_id: str) -> None:
         self.post(lambda: self._core.drop_snapshot(conv_id))
 
-    def settle(self, conv_id: str, messages: list[ChatMessage], params: SamplingParams) -> None:
+    def settle(
+        self,
+        conv_id: str,
+        messages: list[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
+    ) -> None:
         """A compacted chat read into the cache and saved (``compaction_steps.settle``)."""
 
         def task() -> None:
-            compaction_steps.settle(self._core, conv_id, messages, params)
+            compaction_steps.settle(self._core, conv_id, messages, params, tools)
 
         self.post(task)
 

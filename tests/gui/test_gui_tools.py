@@ -472,3 +472,29 @@ def test_a_call_being_written_shows_its_progress(
     assert call_progress_text(3000, 12000, 10.0).endswith(
         "3,000 tokens, 12,000 characters · 300.0 tok/s"
     )
+
+
+def test_a_chat_with_a_call_compacts_with_its_tools_described(
+    qtbot: QtBot, window: MainWindow, fake: FakeEngine, host: FakeMcpHost
+) -> None:
+    """The summary of a chat offered tools is asked with them, none callable (the cache
+    was read with them described), over the call and its result."""
+    ask(qtbot, window)
+    click(window.transcript, "Allow once")
+    settled(qtbot, window)
+    fake.tool_calls = ()
+    for i in range(3):
+        with qtbot.waitSignal(window.replyEnded, timeout=10_000):
+            qtbot.keyClicks(window.chat_input, f"And port {i}?")
+            qtbot.keyClick(window.chat_input, Qt.Key.Key_Return)
+    offered = fake.tools[-1]
+    assert offered is not None and offered.choice == "auto"
+    fake.reply = "We added 2 and 3 with the add tool: 5."
+    with qtbot.waitSignal(window.replyEnded, timeout=10_000):
+        assert window.session.compact(window.sampling_panel.params()) == ""
+    described = fake.tools[-1]
+    assert described is not None and described.choice == "none"
+    assert described.tools == offered.tools
+    asked = fake.requests[-1]
+    assert [m.role for m in asked[:4]] == ["user", "assistant", "tool", "assistant"]
+    assert window.conversation.active_summary() is not None

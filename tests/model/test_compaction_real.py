@@ -25,7 +25,7 @@ from app.engine.backend import Backend, Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
-from app.engine.tool_spec import ToolRequest
+from app.engine.tool_spec import NONE, ToolRequest
 from app.host import compaction_steps
 from app.host.core import gui_key
 from app.host.host import EngineHost
@@ -66,6 +66,8 @@ class SyncLink:
         self.stop_after: int | None = None  # tokens after which the next job is stopped
         self.settled: list[int] = []
         self.undone = False
+        self.offer: ToolRequest | None = None  # tools described to every reply (none callable)
+        self.settled_tools: list[ToolRequest | None] = []
         self._later: Callable[[], None] | None = None
 
     def generate(
@@ -97,6 +99,7 @@ class SyncLink:
             conv_id=conv_id,
             next_turn=bool(conv_id) and not compaction,
             compaction=compaction,
+            tools=tools if tools is not None else self.offer,
         )
         jobs.append(job)
         self.jobs.append(job)
@@ -134,8 +137,16 @@ class SyncLink:
     def drop_snapshot(self, conv_id: str) -> None:
         self.host._core.drop_snapshot(conv_id)
 
-    def settle(self, conv_id: str, messages: list[ChatMessage], params: SamplingParams) -> None:
-        self.settled.append(compaction_steps.settle(self.host._core, conv_id, messages, params))
+    def settle(
+        self,
+        conv_id: str,
+        messages: list[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
+    ) -> None:
+        self.settled_tools.append(tools)
+        core = self.host._core
+        self.settled.append(compaction_steps.settle(core, conv_id, messages, params, tools))
 
     def restore_undo(self, conv_id: str, summary_id: str) -> None:
         self.undone = compaction_steps.restore_undo(self.host._core, conv_id, summary_id)
@@ -307,3 +318,30 @@ def test_a_hybrid_chat_compacts_and_undoes_with_its_checkpoints(arch: str, tmp_p
         assert tiny.export_state().checkpoints == fork_checkpoints
     finally:
         tiny.unload()
+
+
+def test_a_chat_offered_tools_compacts_reading_only_the_instruction(
+    rig: tuple[ChatSession, SyncLink, View],
+) -> None:
+    """The tools are described in the prompt (the cache holds them): the summary and
+    the compacted chat are rendered with them, none callable, so the summary reads only
+    its instruction and the turns after it only their own tokens."""
+    from tests.tool_templates import TIME, WEATHER
+
+    session, link, _view = rig
+    link.offer = ToolRequest((WEATHER, TIME), NONE)
+    session._compact._tools = lambda _conv_id: link.offer  # as ``ToolRounds.described``
+    for i in range(4):
+        say(session, link, f"Port {i} has a {i}-metre berth. Which port is that?")
+    assert session.compact(GREEDY) == ""
+    summary_job = link.jobs[-1]
+    link.deliver()
+    assert summary_job.tools == link.offer
+    asked = link.host._core.engine.count_tokens(summary_job.messages[-1].content)
+    assert link.ended[link.n].metrics.evaluated_tokens <= asked + 8
+    assert link.settled_tools == [link.offer] and link.settled[0] > 0
+    for i in range(3):
+        text = f"And the ferries of pier {i}?"
+        done = say(session, link, text)
+        new = link.host._core.engine.count_tokens(text)
+        assert done.metrics.evaluated_tokens <= 1.1 * new + 8, (i, done.metrics, new)

@@ -165,9 +165,15 @@ class Link:
         self.ops.append(("compact" if compaction else "generate", request, list(messages)))
         return request
 
-    def settle(self, conv_id: str, messages: list[ChatMessage], params: SamplingParams) -> None:
+    def settle(
+        self,
+        conv_id: str,
+        messages: list[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
+    ) -> None:
         self.ops.append(("settle", 0, list(messages)))
-        self.client.settle(conv_id, messages, params)
+        self.client.settle(conv_id, messages, params, tools)
 
     def restore_undo(self, conv_id: str, summary_id: str) -> None:
         self.ops.append(("undo", 0, []))

@@ -347,9 +347,16 @@ class EngineClient(QObject):
         self.host.submit(self.worker.reply_job(job))
         return self._next_request
 
-    def settle(self, conv_id: str, messages: Sequence[ChatMessage], params: SamplingParams) -> None:
-        """Read a compacted chat into the cache up to its next turn, and save it (queued)."""
-        self.host.settle(conv_id, list(messages), params)
+    def settle(
+        self,
+        conv_id: str,
+        messages: Sequence[ChatMessage],
+        params: SamplingParams,
+        tools: ToolRequest | None = None,
+    ) -> None:
+        """Read a compacted chat into the cache up to its next turn, with the tools its
+        replies are offered, and save it (queued)."""
+        self.host.settle(conv_id, list(messages), params, tools)
 
     def restore_undo(self, conv_id: str, summary_id: str) -> None:
         """Load the cache saved before the compaction that wrote ``summary_id`` (queued)."""
