@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.api.gateway import ApiFailure, ApiJob
-from app.api.sse import FINISH
+from app.api.messages_reply import error_body as anthropic_error
+from app.api.sse import FINISH, error_body
 from app.engine.backend import Finished
 from app.util.errors import LamplightError
 
@@ -78,11 +79,15 @@ class ApiError(LamplightError):
             headers=headers,
         )
 
-    def body(self) -> dict[str, Any]:
+    def body(self, path: str = "") -> dict[str, Any]:
+        """The error for a request to ``path``: Anthropic's shape under ``/v1/messages``,
+        OpenAI's elsewhere."""
+        if anthropic_path(path):
+            return anthropic_error(self.status, self.message)
         return error_body(self.message, self.type, self.code, self.param)
 
-    def encoded(self) -> bytes:
-        return json.dumps(self.body(), ensure_ascii=False).encode()
+    def encoded(self, path: str = "") -> bytes:
+        return json.dumps(self.body(path), ensure_ascii=False).encode()
 
     def response_headers(self) -> list[tuple[bytes, bytes]]:
         """Headers for the response (content type and length are added by the sender)."""
@@ -105,10 +110,6 @@ def unsupported(param: str, what: str) -> ApiError:
         code="unsupported_parameter",
         param=param,
     )
-
-
-def error_body(message: str, type: str, code: str | None, param: str | None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 # Replies the model's own server cut (Lamplight connected to a remote one): the
@@ -171,15 +172,14 @@ def cut_short(job: ApiJob, done: Finished) -> ApiFailure | None:
     )
 
 
-def failure_event(failure: ApiFailure) -> bytes:
-    """A failure after the 200 of a stream: one ``data:`` event, and no ``[DONE]``."""
-    body = error_body(failure.message, failure.type, failure.code, failure.param)
-    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+def anthropic_path(path: str) -> bool:
+    """Whether a request to ``path`` speaks Anthropic's Messages API (its errors too)."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
-async def send_error(send: Any, error: ApiError) -> None:
-    """Send ``error`` as a whole response over raw ASGI ``send``."""
-    payload = error.encoded()
+async def send_error(send: Any, error: ApiError, path: str = "") -> None:
+    """Send ``error`` as a whole response to a request for ``path`` over raw ASGI ``send``."""
+    payload = error.encoded(path)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),

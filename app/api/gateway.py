@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -120,6 +121,11 @@ class EngineGateway(Protocol):
 
     def project(self, ref: str) -> ProjectView | None:
         """The project with id or name ``ref``, if it is shared with the API."""
+
+    def count(
+        self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Future[int]:
+        """The tokens a reply's prompt would take (counted on the engine's thread)."""
 
 
 __all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for"]

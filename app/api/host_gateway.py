@@ -11,11 +11,16 @@ picks (the HTTP status is decided here, in ``app.api``, never in the host).
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 from app.api.gateway import ApiJob, ProjectView, failure_for
 from app.chat.project_chat import stored_tools, system_text
 from app.chat.projects import ProjectError, ProjectStore
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.chat_message import ChatMessage
 from app.engine.templates.override import AUTO, PLAIN
+from app.engine.tool_spec import ToolRequest
 from app.host.host import EngineHost
 from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
 from app.host.line import ReplyLine
@@ -45,6 +50,11 @@ class HostGateway:
 
     def join(self, job: ApiJob, limit: int) -> int:
         return self.host.line.join(reply_job(job), limit)
+
+    def count(
+        self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Future[int]:
+        return self.host.count_prompt(messages, params, tools)
 
     def project(self, ref: str) -> ProjectView | None:
         if self.projects is None:

@@ -16,17 +16,18 @@ from app.api.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-ROUTES_HINT = "/v1/models, /v1/chat/completions, /v1/completions and /v1/embeddings"
+ROUTES_HINT = "/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/messages"
 
 
-def error_response(error: ApiError) -> Response:
+def error_response(error: ApiError, path: str = "") -> Response:
+    """``error`` as a response to a request for ``path`` (its API's shape)."""
     headers = {k.decode(): v.decode() for k, v in error.response_headers()}
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(error.body(path), status_code=error.status, headers=headers)
 
 
 async def on_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def on_http_error(request: Request, exc: Exception) -> Response:
@@ -42,12 +43,13 @@ async def on_http_error(request: Request, exc: Exception) -> Response:
         )
     else:
         error = ApiError(exc.status_code, exc.detail or "Request refused.", headers=headers)
-    return error_response(error)
+    return error_response(error, request.url.path)
 
 
 async def on_crash(request: Request, exc: Exception) -> Response:
     log.error("API request failed", exc_info=exc)
-    return error_response(ApiError(500, f"Internal error: {type(exc).__name__}: {exc}"))
+    crash = ApiError(500, f"Internal error: {type(exc).__name__}: {exc}")
+    return error_response(crash, request.url.path)
 
 
 class H11(H11Protocol):

@@ -5,8 +5,9 @@ reach the handlers, which watch it for the client's disconnect).
 - ``HostCheck``: the ``Host`` header must name a loopback host or the configured one
   (400), so a web page cannot reach a loopback server through DNS rebinding. A
   wildcard bind (0.0.0.0, ::) takes any host name: it needs an API key anyway.
-- ``ApiKeyCheck``: ``Authorization: Bearer <key>`` compared in constant time (401 +
-  ``WWW-Authenticate``); CORS preflights (OPTIONS) pass, to be answered by CORS.
+- ``ApiKeyCheck``: ``Authorization: Bearer <key>`` (or Anthropic's ``x-api-key``)
+  compared in constant time (401 + ``WWW-Authenticate``); CORS preflights (OPTIONS)
+  pass, to be answered by CORS.
 - ``BodyLimit``: POST bodies must be ``application/json`` (415: a cross-origin page
   then needs a CORS preflight) and at most ``max_bytes`` long, by ``Content-Length`` or
   counted as a chunked body arrives (413).
@@ -60,7 +61,7 @@ async def drain(receive: Receive, limit: int = DRAIN_BYTES) -> None:
 async def refuse(scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
     if scope.get("method") in ("POST", "PUT", "PATCH"):
         await drain(receive)
-    await send_error(send, error)
+    await send_error(send, error, scope.get("path", ""))
 
 
 def host_name(value: str) -> str:
@@ -138,11 +139,14 @@ class ApiKeyCheck:
         given = header(scope, b"authorization") or b""
         if given[:7].lower() == b"bearer ":
             given = b"Bearer " + given[7:].strip()
+        elif not given and (key := header(scope, b"x-api-key")):  # Anthropic's clients
+            given = b"Bearer " + key.strip()
         if not hmac.compare_digest(given, self.expected):
             message = (
                 "Incorrect API key provided."
                 if given
-                else "This server needs an API key: send `Authorization: Bearer <key>`."
+                else "This server needs an API key: send `Authorization: Bearer <key>` "
+                "(or `x-api-key: <key>`)."
             )
             error = ApiError(
                 401,
@@ -210,4 +214,4 @@ class BodyLimit:
         except ApiError as error:
             if started:
                 raise
-            await send_error(send, error)  # the body is drained already
+            await send_error(send, error, scope.get("path", ""))  # the body is drained already

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from app.api.compact_field import CompactAsk, read_compact
 from app.api.errors import ApiError, bad, unsupported
@@ -43,6 +43,7 @@ from app.engine.chat_message import ChatMessage, ImagePart, Role
 from app.engine.tool_spec import ToolRequest
 from app.util.datafiles import DataFileError, parse_json, reason
 
+Dialect = Literal["openai", "anthropic"]
 MAX_DEPTH = 64
 # Commas and brackets (a bound on JSON values, strings' own included): 4,096 messages
 # take about 16,000, and 200,000 parse in well under 0.2 s whatever their shape.
@@ -104,6 +105,7 @@ class ApiRequest:
     tools: ToolRequest | None = None  # None: the request offers no tools
     project: str = ""  # a chat request's ``project`` (``app/api/project_field.py``)
     compact: CompactAsk | None = None  # its ``compact`` (``app/api/compact_field.py``)
+    dialect: Dialect = "openai"  # whose shape the answer takes ("anthropic": /v1/messages)
 
     def params_for(self, n_ctx: int) -> SamplingParams:
         """The sampling settings with the length limit for a context of ``n_ctx``."""
@@ -350,7 +352,7 @@ def _request(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -
             break
     stop = data.get("stop")
     if stop is not None:
-        values["stop"] = _stop(stop)
+        values["stop"] = stop_strings(stop)
     values.update(_structured(data, api_name))
     values.update(_thinking(data, api_name))
     try:
@@ -385,14 +387,19 @@ def _request(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -
     )
 
 
-def _stop(stop: object) -> tuple[str, ...]:
+def stop_strings(stop: object, name: str = "stop") -> tuple[str, ...]:
+    """A request's stop strings (field ``name``): a string or a list, bounded.
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
     items = [stop] if isinstance(stop, str) else stop
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise bad("`stop` must be a string or a list of strings.", "stop")
+        raise bad(f"`{name}` must be a string or a list of strings.", name)
     if len(items) > MAX_STOP:
-        raise bad(f"`stop` takes at most {MAX_STOP} strings.", "stop")
+        raise bad(f"`{name}` takes at most {MAX_STOP} strings.", name)
     if any(not s or len(s) > MAX_STOP_CHARS for s in items):
-        raise bad(f"Each `stop` string must have 1 to {MAX_STOP_CHARS} characters.", "stop")
+        raise bad(f"Each `{name}` string must have 1 to {MAX_STOP_CHARS} characters.", name)
     return tuple(items)
 
 

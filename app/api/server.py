@@ -2,16 +2,14 @@
 
 ``GET /v1/models``, ``GET /v1/models/{id}``, ``POST /v1/chat/completions``,
 ``POST /v1/completions``, ``POST /v1/embeddings`` (``embeddings``: the embed worker,
-not the engine's queue) and ``GET /lamplight/status``. Imported only when a server
-starts (``runner.ApiServer.start``), so the GUI's start-up never loads Starlette.
+not the engine's queue), Anthropic's ``POST /v1/messages`` and
+``POST /v1/messages/count_tokens`` (``messages_schema``, ``messages_reply``), and
+``GET /lamplight/status``. Imported only when a server starts
+(``runner.ApiServer.start``), so the GUI's start-up never loads Starlette.
 
-Tokens come back from the engine thread through ``job.emit``, which posts them to
-this request's ``asyncio.Queue`` with ``call_soon_threadsafe``. A streamed response
-starts (200) only with its first token: a job that fails before it (an overflowing
-prompt, a model that changed) gets its real status code; a failure after it, or a
-reply cut short (``errors.cut_short``), is one ``data: {"error": ...}`` event without
-``[DONE]``. A client that goes away, while waiting or while streaming, sets
-``job.stop`` and is dropped from the queue.
+Every answer takes one path (``job_runs.JobRuns``: queued on the host's line, waited
+for, whole or streamed); only its shape differs (OpenAI's ``sse.ChunkWriter``,
+Anthropic's ``messages_reply.MessageEvents``), errors included (``ApiError.body``).
 
 Bodies are parsed on a worker thread, one at a time (``schema.parse_request``), so a
 large one never stalls the event loop and the other clients. The ``model`` a request
@@ -25,7 +23,6 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -36,9 +33,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from app.api import compact_field, limits
 from app.api.config import api_party
@@ -49,20 +45,24 @@ from app.api.embeddings import (
     response_json,
     run_embedding,
 )
-from app.api.errors import ApiError, cut_short, failure_event
-from app.api.gateway import ApiEvent, ApiFailure, ApiJob, ApiKind, EngineGateway
+from app.api.errors import ApiError
+from app.api.gateway import ApiFailure, ApiJob, ApiKind, EngineGateway, failure_for
 from app.api.http_errors import on_api_error, on_crash, on_http_error
 from app.api.image_parts import check_vision
+from app.api.job_runs import JobRuns, StreamWriter
+from app.api.messages_reply import MessageEvents, MessagesReply
 from app.api.project_field import project_tools, with_project
-from app.api.requests import ApiRequests, JobView, QueueFull
-from app.api.schema import ApiRequest, parse_request
+from app.api.request_bodies import BodyKind, parse_body
+from app.api.requests import ApiRequests, JobView
+from app.api.schema import ApiRequest
 from app.api.sse import ChunkWriter, Reply
 from app.chat.composer import tool_offer
-from app.engine.backend import Finished, ModelInfo, Token
+from app.engine.backend import Finished, ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.tool_spec import NONE, ToolRequest
 from app.host.jobs import model_id
 from app.host.kv_pool import LOCAL_API
+from app.util.errors import LamplightError
 
 if TYPE_CHECKING:
     from app.api.config import ApiConfig
@@ -70,48 +70,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONCURRENCY = 64  # requests inside the app at once (streams included)
-
-
-def make_emit(
-    loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[ApiEvent], job: ApiJob
-) -> Callable[[ApiEvent], None]:
-    """``job.emit``: thread-safe and never blocking; a closed loop stops the job."""
-
-    def emit(event: ApiEvent) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody listens any more
-            job.stop.set()
-
-    return emit
-
-
-def _terminal(event: ApiEvent) -> bool:  # the job's relay lets exactly one through
-    return isinstance(event, Finished | ApiFailure)
-
-
-def _ending(job: ApiJob, event: ApiEvent) -> ApiEvent:
-    """``event``, or the failure a reply cut short becomes."""
-    if isinstance(event, Finished):
-        return cut_short(job, event) or event
-    return event
-
-
-class JobStream(StreamingResponse):
-    """A streamed reply whose end, however it comes (a disconnect included), runs
-    ``on_close``: the job is stopped and dropped from the line (nothing, once it ended)."""
-
-    def __init__(
-        self, content: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str]
-    ) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
-        self.on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
 
 
 class Handlers:
@@ -126,7 +84,7 @@ class Handlers:
     ) -> None:
         self.gateway = gateway
         self.requests = requests
-        self.max_wait_s = max_wait_s
+        self.runs = JobRuns(requests, max_wait_s)
         self.parser = parser  # one thread: bodies are parsed one at a time, off the loop
         self.embedder = embedder  # None: /v1/embeddings answers 503
         self.party = party  # whose cached conversations its requests reuse (the key's)
@@ -256,18 +214,40 @@ class Handlers:
     async def completion(self, request: Request) -> Response:
         return await self.complete(request, await self.parse("completion", request))
 
-    async def parse(self, kind: ApiKind, request: Request) -> ApiRequest:
+    async def messages(self, request: Request) -> Response:
+        """Anthropic's Messages API (``messages_schema``, ``messages_reply``)."""
+        return await self.complete(request, await self.parse("messages", request))
+
+    async def count_tokens(self, request: Request) -> Response:
+        """Anthropic's ``/v1/messages/count_tokens``: the prompt counted on the engine's
+        thread, behind what is queued there (at most ``max_wait_s``)."""
+        req = await self.parse("count", request)
+        info = self.loaded()
+        check_vision(req.messages, info.capabilities)
+        counted = self.gateway.count(req.messages, req.params, self.tools_for(req, info))
+        try:
+            with anyio.fail_after(self.runs.max_wait_s):
+                n = await asyncio.wrap_future(counted)
+        except TimeoutError:
+            raise self.runs.queue_timeout() from None
+        except LamplightError as exc:
+            raise ApiError.from_failure(failure_for(exc)) from exc
+        return JSONResponse({"input_tokens": n})
+
+    async def parse(self, kind: ApiKind | BodyKind, request: Request) -> ApiRequest:
         """The request's body, checked on the parser's thread (one body at a time, so
         the memory parses take is bounded too)."""
         raw = await request.body()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.parser, parse_request, kind, raw)
+        return await loop.run_in_executor(self.parser, parse_body, kind, raw)
 
     async def complete(self, request: Request, req: ApiRequest) -> Response:
         info = self.loaded()  # whatever ``req.model`` says: see the module's docstring
         check_vision(req.messages, info.capabilities)
         address = job_client(request)
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
+        if req.dialect == "anthropic":
+            prefix = "msg_"
         messages, project = req.messages, None
         if req.project:
             project = self.gateway.project(req.project)
@@ -293,35 +273,25 @@ class Handlers:
             party=self.party,
             prefix=project.id if project is not None and _first_turn(messages) else "",
         )
-        queue, events = await self.run(request, job, first_token=req.stream)
+        queue, events = await self.runs.run(request, job, first_token=req.stream)
         if events is None:  # the client went away before its answer began
             return Response(status_code=204)
         last = events[-1]
         if isinstance(last, ApiFailure):
             raise ApiError.from_failure(last)
-        reply = Reply(req.kind, job.id, job.model_id, int(time.time()), found)
+        reply: Reply | MessagesReply
+        writer: StreamWriter
+        if req.dialect == "anthropic":
+            reply = MessagesReply(job.id, job.model_id, req.params.stop)
+            writer = MessageEvents(reply)
+        else:
+            reply = Reply(req.kind, job.id, job.model_id, int(time.time()), found)
+            writer = ChunkWriter(reply, req.include_usage)
         if not req.stream:
             assert isinstance(last, Finished)
             headers = {"x-lamplight-cached-tokens": str(last.metrics.cached_tokens)}
             return JSONResponse(reply.body(last), headers=headers)
-        return self.stream(job, queue, events, ChunkWriter(reply, req.include_usage))
-
-    async def run(
-        self, request: Request, job: ApiJob, first_token: bool
-    ) -> tuple[asyncio.Queue[ApiEvent], list[ApiEvent] | None]:
-        """Queue ``job`` and wait for its answer (or its first token): its queue and
-        events, the last one as the client sees it; None when the client went away."""
-        queue: asyncio.Queue[ApiEvent] = asyncio.Queue()
-        job.emit = make_emit(asyncio.get_running_loop(), queue, job)
-        try:
-            self.requests.enqueue(job)
-        except QueueFull as exc:
-            wait = str(self.requests.retry_after())
-            raise ApiError(429, str(exc), headers={"Retry-After": wait}) from exc
-        events = await self.wait(request, job, queue, first_token)
-        if events is not None:
-            events[-1] = _ending(job, events[-1])
-        return queue, events
+        return self.runs.stream(job, queue, events, writer)
 
     async def compact(
         self,
@@ -351,7 +321,7 @@ class Handlers:
             compaction="api",
             tools=replace(tools, choice=NONE) if tools is not None else None,
         )
-        _, events = await self.run(request, job, first_token=False)
+        _, events = await self.runs.run(request, job, first_token=False)
         if events is None:
             return None
         done = events[-1]
@@ -379,105 +349,6 @@ class Handlers:
             raise ApiError(400, offer.refusal, code="unsupported_parameter", param="tools")
         return offer.tools
 
-    async def wait(
-        self,
-        request: Request,
-        job: ApiJob,
-        queue: asyncio.Queue[ApiEvent],
-        first_token: bool,
-    ) -> list[ApiEvent] | None:
-        """Events up to the terminal one (or the first token), or None if the client left."""
-        events: list[ApiEvent] = []
-        gone = timed_out = False
-        async with anyio.create_task_group() as group:
-
-            async def watch() -> None:
-                nonlocal gone
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                gone = True
-                group.cancel_scope.cancel()
-
-            group.start_soon(watch)
-            try:
-                while True:
-                    event = await self.next_event(job, queue, waited=bool(events))
-                    if event is None:
-                        timed_out = True
-                        break
-                    events.append(event)
-                    if _terminal(event) or (first_token and isinstance(event, Token)):
-                        break
-            finally:
-                answered = bool(events) and (
-                    _terminal(events[-1]) or (first_token and isinstance(events[-1], Token))
-                )
-                if not answered:  # the client left, or the server is stopping
-                    self.requests.abandon(job)
-            group.cancel_scope.cancel()
-        if timed_out and not gone:
-            raise self.queue_timeout()
-        return None if gone else events
-
-    async def next_event(
-        self, job: ApiJob, queue: asyncio.Queue[ApiEvent], waited: bool
-    ) -> ApiEvent | None:
-        """The job's next event; None when it is still queued after ``max_wait_s``
-        (its place is given up)."""
-        if waited:
-            return await queue.get()
-        with anyio.move_on_after(self.max_wait_s):
-            return await queue.get()
-        if self.requests.withdraw(job):
-            return None
-        return await queue.get()  # it runs (a long prompt, say): its answer comes
-
-    def queue_timeout(self) -> ApiError:
-        wait = self.requests.retry_after()
-        return ApiError(
-            503,
-            f"The request waited {self.max_wait_s:g} s in the queue without starting; "
-            f"try again in {wait} s.",
-            code="queue_timeout",
-            headers={"Retry-After": str(wait)},
-        )
-
-    def stream(
-        self,
-        job: ApiJob,
-        queue: asyncio.Queue[ApiEvent],
-        first: list[ApiEvent],
-        writer: ChunkWriter,
-    ) -> Response:
-        def write(events: list[ApiEvent]) -> tuple[bytes, bool]:
-            """The events' bytes, and whether the last was the reply's end."""
-            out = bytearray()
-            for event in map(lambda e: _ending(job, e), events):
-                if isinstance(event, Token):
-                    out += writer.token(event.text, event.reasoning)
-                elif isinstance(event, Finished):
-                    return bytes(out + writer.finish(event)), True
-                elif isinstance(event, ApiFailure):
-                    return bytes(out + failure_event(event)), True
-            return bytes(out), False
-
-        async def body() -> AsyncIterator[bytes]:
-            chunk, ended = write(first)
-            yield writer.start() + chunk
-            while not ended:
-                events = [await queue.get()]
-                while not queue.empty():  # what arrived meanwhile goes out in one send
-                    events.append(queue.get_nowait())
-                chunk, ended = write(events)
-                yield chunk
-
-        def on_close() -> None:
-            # A stream cut before its end stops its job; a job that ended is left as it is.
-            self.requests.abandon(job)
-
-        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        return JobStream(body(), on_close, headers)
-
 
 def build_app(
     gateway: EngineGateway,
@@ -498,6 +369,8 @@ def build_app(
         Route("/v1/chat/completions", handlers.chat, methods=["POST"]),
         Route("/v1/completions", handlers.completion, methods=["POST"]),
         Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
+        Route("/v1/messages", handlers.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"]),
         Route("/lamplight/status", handlers.status, methods=["GET"]),
     ]
     middleware = [

@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from app.api.gateway import ApiKind
+from app.api.gateway import ApiFailure, ApiKind
 from app.engine.backend import Finished
 from app.engine.metrics import MessageMetrics
 from app.engine.tool_spec import TOOL_CALLS
@@ -187,6 +187,10 @@ class ChunkWriter:
         data.update(extra)
         return data
 
+    def failure(self, failure: ApiFailure) -> bytes:
+        """A failure after the 200: one ``data:`` event, and no ``[DONE]``."""
+        return failure_event(failure)
+
     def finish(self, done: Finished) -> bytes:
         """The tool calls' chunks, the finish_reason chunk, the usage chunk when asked
         for, then ``[DONE]``."""
@@ -204,3 +208,13 @@ class ChunkWriter:
         if self.include_usage:
             events.append(self.chunk([], usage=usage(m), timings=timings(m)))
         return b"".join(b"data: " + _dumps(e).encode() + b"\n\n" for e in events) + DONE
+
+
+def error_body(message: str, type: str, code: str | None, param: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def failure_event(failure: ApiFailure) -> bytes:
+    """A failure after the 200 of a stream: one ``data:`` event, and no ``[DONE]``."""
+    body = error_body(failure.message, failure.type, failure.code, failure.param)
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"

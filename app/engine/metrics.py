@@ -32,11 +32,13 @@ class MessageMetrics:
 
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cache_written: int = 0  # of the prompt, read and saved for later requests (API openings)
     evaluated_tokens: int = 0
     prefill_ms: float = 0.0
     generated_tokens: int = 0
     token_times_ms: list[float] = field(default_factory=list)
     stop_reason: str = ""
+    stop_match: str = ""  # the stop string that ended it ("" for none, or a template token)
     n_ctx: int = 0
     seed: int | None = None
     cache_note: str = ""  # why the KV cache was rebuilt instead of reused, if it was

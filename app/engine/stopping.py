@@ -16,15 +16,18 @@ class StopStringFilter:
         self._stops = tuple(s for s in dict.fromkeys(stops) if s)
         self._held = ""
         self.hit = False
+        self.matched = ""  # the stop string that ended the text, once ``hit``
 
     def feed(self, piece: str) -> str:
         """Text that is safe to show now; sets ``hit`` when a stop string completes."""
         if self.hit:
             return ""
         text = self._held + piece
-        first = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        found = [(i, s) for s in self._stops if (i := text.find(s)) >= 0]
+        first = min(i for i, _ in found) if found else -1
         if first >= 0:
             self.hit = True
+            self.matched = next(s for i, s in found if i == first)
             self._held = ""
             return text[:first]
         keep = self._longest_partial(text)

@@ -24,6 +24,7 @@ from app.engine.local.offload import fit_report, load_with_fallback
 from app.engine.templates.override import AUTO, TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
+from app.host import prompt_cache
 from app.host.drafts import draft_candidates
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
 from app.host.listener import HostListener
@@ -68,6 +69,9 @@ class EngineCore:
         # Projects' openings, read once and kept (``prefixes``): beside the snapshots.
         folder = store.snapshots_dir.parent / "prefixes" if store is not None else None
         self.prefixes = Prefixes(self.cache, folder)
+        # API parties' long openings (agents' prompts), kept across restarts.
+        api = store.snapshots_dir.parent / prompt_cache.FOLDER if store is not None else None
+        self.prompt_cache = Prefixes(self.cache, api, prompt_cache.MAX_BYTES)
         # The window's template choice (the engine's own until it sets one); a job with
         # a template of its own puts this one back.
         self.template_choice: TemplateOverride = AUTO

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 from app.chat.store import ConversationStore
@@ -29,7 +30,7 @@ from app.engine.native.guard import NativeGuard, store_file
 from app.engine.templates.override import TemplateOverride
 from app.engine.tool_spec import ToolRequest
 from app.gguf.lora import LoraStack
-from app.host import compaction_steps
+from app.host import compaction_steps, prompt_count
 from app.host.core import EngineCore
 from app.host.jobs import HostClosed, ReplyFailed, ReplyJob
 from app.host.kv_pool import DEFAULT_POOL_MB, KvPool
@@ -185,6 +186,32 @@ class EngineHost:
             compaction_steps.settle(self._core, conv_id, messages, params, tools)
 
         self.post(task)
+
+    def count_prompt(
+        self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Future[int]:
+        """The tokens a reply's prompt would take (``prompt_count.count``), counted on
+        the engine thread behind what is queued; a closed host's is HostClosed."""
+        done: Future[int] = Future()
+
+        def task() -> None:
+            try:
+                done.set_result(prompt_count.count(self.engine, messages, params, tools))
+            except Exception as exc:  # the caller hears of it, whatever it is
+                done.set_exception(exc)
+
+        if not self.post(task):
+            done.set_exception(HostClosed())
+        return done
+
+    def prompt_cache_usage(self) -> tuple[int, int]:
+        """The API's saved openings on disk: how many, and their bytes (``prompt_cache``;
+        file sizes only, so any thread may ask)."""
+        return self._core.prompt_cache.usage()
+
+    def clear_prompt_cache(self) -> None:
+        """Drop the API's saved openings, in memory and on disk (queued)."""
+        self.post(self._core.prompt_cache.clear)
 
     def restore_undo(self, conv_id: str, summary_id: str) -> None:
         """Undo's cache (``compaction_steps.restore_undo``)."""

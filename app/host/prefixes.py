@@ -18,13 +18,15 @@ cached conversation of the party already serves it (``KvPool.prepare``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,11 +57,17 @@ class PrefixStats:
 
 
 class Prefixes:
-    """The projects' openings, in memory and under ``folder`` (None: memory only)."""
+    """Openings, in memory and under ``folder`` (None: memory only), each kept for an
+    owner (a project, or an API party: ``prompt_cache``). ``max_bytes`` None: one file
+    per owner (a project's opening replaces its older one); else every owner keeps as
+    many as fit in ``max_bytes`` on disk, the least recently used going first."""
 
-    def __init__(self, cache: SessionCache | None, folder: Path | None) -> None:
+    def __init__(
+        self, cache: SessionCache | None, folder: Path | None, max_bytes: int | None = None
+    ) -> None:
         self._cache = cache
         self._folder = folder
+        self.max_bytes = max_bytes
         self._ram: OrderedDict[str, KvState] = OrderedDict()
         self.stats = PrefixStats()
         # Set when a reply is queued: an opening read ahead stops for it (``prebuild``).
@@ -72,13 +80,15 @@ class Prefixes:
         messages: Sequence[ChatMessage],
         params: SamplingParams,
         tools: ToolRequest | None,
+        wanted: Callable[[Opening], bool] | None = None,
     ) -> str:
         """Make ``engine``'s cache hold ``project``'s opening (``messages``: its system
         turn); how: "ram", "disk", "built", or "" when it does not (the reply then reads
-        everything, as without a project). Never raises."""
+        everything, as without a project; ``wanted`` said no to the opening). Never
+        raises."""
         try:
             keyed = self._keyed(engine, project, messages, params, tools)
-            if keyed is None:
+            if keyed is None or (wanted is not None and not wanted(keyed[0])):
                 return ""
             found, header, key = keyed
             return self._restore(engine, project, key, header) or self._build(
@@ -109,7 +119,7 @@ class Prefixes:
                 return ""
             found, header, key = keyed
             path = self._path(project, key)
-            if key in self._ram or (path is not None and path.exists()):
+            if f"{project}.{key}" in self._ram or (path is not None and path.exists()):
                 return "kept"
             if not pool.set_aside():
                 return "deferred"
@@ -149,10 +159,10 @@ class Prefixes:
     def _restore(
         self, engine: Backend, project: str, key: str, header: SnapshotHeader | None
     ) -> str:
-        state = self._ram.get(key)
+        state = self._ram.get(f"{project}.{key}")  # an owner's own: never another's
         if state is not None:
             engine.import_state(state)
-            self._ram.move_to_end(key)
+            self._ram.move_to_end(f"{project}.{key}")
             self.stats.from_ram += 1
             return "ram"
         path = self._path(project, key)
@@ -165,8 +175,10 @@ class Prefixes:
             path.unlink(missing_ok=True)
             return ""
         engine.import_state(state)
-        self._remember(key, state)
+        self._remember(f"{project}.{key}", state)
         self.stats.from_disk += 1
+        with contextlib.suppress(OSError):  # most recently used: the last to go
+            os.utime(path)
         return "disk"
 
     def _build(
@@ -185,14 +197,52 @@ class Prefixes:
         """Copy the opening out of the engine: in memory, and over the project's file."""
         state = engine.export_state()
         self.stats.built += 1
-        self._remember(key, state)
+        self._remember(f"{project}.{key}", state)
         path = self._path(project, key)
         if header is not None and path is not None:
             write_snapshot(path, header, state)
-            for old in self._files(project):
-                if old != path:  # what the project's opening held before a change
-                    old.unlink(missing_ok=True)
+            if self.max_bytes is None:
+                for old in self._files(project):
+                    if old != path:  # what the project's opening held before a change
+                        old.unlink(missing_ok=True)
+            else:
+                self._trim(path)
         return "built"
+
+    def _trim(self, kept: Path) -> None:
+        """The least recently used files go until the folder fits ``max_bytes`` (the
+        one just written stays, whatever its size)."""
+        if self._folder is None or self.max_bytes is None:
+            return
+        files = []
+        for path in self._folder.glob(f"*{SUFFIX}"):
+            with contextlib.suppress(OSError):
+                stat = path.stat()
+                files.append((stat.st_mtime, stat.st_size, path))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files):
+            if total <= self.max_bytes:
+                break
+            if path != kept:
+                path.unlink(missing_ok=True)
+                total -= size
+
+    def usage(self) -> tuple[int, int]:
+        """How many openings are kept on disk, and their bytes."""
+        if self._folder is None or not self._folder.is_dir():
+            return 0, 0
+        sizes = []
+        for path in self._folder.glob(f"*{SUFFIX}"):
+            with contextlib.suppress(OSError):
+                sizes.append(path.stat().st_size)
+        return len(sizes), sum(sizes)
+
+    def clear(self) -> None:
+        """Every opening gone, in memory and on disk."""
+        self._ram.clear()
+        if self._folder is not None and self._folder.is_dir():
+            for path in self._folder.glob(f"*{SUFFIX}"):
+                path.unlink(missing_ok=True)
 
     def _remember(self, key: str, state: KvState) -> None:
         self._ram[key] = state

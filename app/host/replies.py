@@ -19,7 +19,7 @@ from app.engine.backend import EngineEvent, Finished, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.metrics import MessageMetrics
 from app.engine.templates.override import AUTO
-from app.host import compaction_steps
+from app.host import compaction_steps, prompt_cache
 from app.host.core import EngineCore, gui_key
 from app.host.jobs import (
     ModelGone,
@@ -75,6 +75,7 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
     swapped = want is not None and caps.template_override and want != core.template_choice
     key = gui_key(job.conv_id) if job.conv_id else None
     party = job_party(job)
+    warmed = prompt_cache.Warmed()
     try:
         if swapped:
             core.engine.set_template(want or AUTO)
@@ -85,7 +86,10 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
             core.pool.start_empty(party)
             core.prefixes.apply(core.engine, job.prefix, opens, job.params, job.tools)
         elif job.reuse:
-            core.pool.prepare(key, job.messages, party)
+            served = core.pool.prepare(key, job.messages, party)
+            if served == "none" and job.origin == "api":  # an agent's opening, saved?
+                args = (core.engine, party, job.messages, job.params, job.tools)
+                warmed = prompt_cache.warm(core.prompt_cache, *args)
         else:
             core.pool.start_empty(party)
         if job.compaction:
@@ -101,6 +105,7 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
             ended = _stream(core, relay, ev)
         if ended is None:
             raise NoResult()
+        prompt_cache.account(ended.metrics, warmed)
         if job.origin == "gui":
             relay.send(ended)
         _after(core, job, key, party, ended)

@@ -7,14 +7,17 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from pathlib import Path
 
 from app.api.gateway import ApiFailure, ApiJob, EngineGateway, ProjectView
 from app.api.host_gateway import reply_job
+from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
-from app.engine.chat_message import ToolCall
+from app.engine.chat_message import ChatMessage, ToolCall
 from app.engine.metrics import MessageMetrics
+from app.engine.tool_spec import ToolRequest
 from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
 from app.host.line import ReplyLine
 
@@ -46,6 +49,8 @@ class FakeGateway:
         self.fail: ApiFailure | None = None
         self.fail_after = 0
         self.stop_reason = "eos"
+        self.stop_match = ""  # the stop string a "stop_string" reply ended on
+        self.thinking: list[str] = []  # thinking tokens, before the answer's
         self.cached_tokens = 3
         self.is_loading = False
         self.projects: dict[str, ProjectView] = {}  # shared with the API, by id and name
@@ -82,6 +87,14 @@ class FakeGateway:
 
     def project(self, ref: str) -> ProjectView | None:
         return self.projects.get(ref)
+
+    def count(
+        self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> Future[int]:
+        """A word per token, as ``_one`` counts a prompt."""
+        done: Future[int] = Future()
+        done.set_result(sum(len(m.content.split()) + 2 for m in messages))
+        return done
 
     def join(self, job: ApiJob, limit: int) -> int:
         reply = reply_job(job)
@@ -124,6 +137,10 @@ class FakeGateway:
             if job.stop.is_set():
                 break
         parts: list[str] = []
+        for text in self.thinking:
+            metrics.generated_tokens += 1
+            job.relay.send(Token(text, reasoning=True))
+        thought = "".join(self.thinking)
         for i, text in enumerate(self.tokens[: job.params.max_tokens]):
             if self.fail is not None and i >= self.fail_after:
                 job.relay.send(ReplyFailed(Scripted(self.fail)))
@@ -143,12 +160,14 @@ class FakeGateway:
             return
         limited = len(self.tokens) > job.params.max_tokens
         metrics.stop_reason = "max_tokens" if limited else self.stop_reason
+        metrics.stop_match = self.stop_match if metrics.stop_reason == "stop_string" else ""
         calling = self.tool_calls and job.tools and job.tools.active
         if calling and not limited and job.messages[-1].role != "tool":
             metrics.stop_reason = "tool_calls"
-            job.relay.send(Finished("".join(parts), metrics, tool_calls=self.tool_calls))
+            calls = self.tool_calls
+            job.relay.send(Finished("".join(parts), metrics, thought, tool_calls=calls))
             return
-        job.relay.send(Finished("".join(parts), metrics))
+        job.relay.send(Finished("".join(parts), metrics, thought))
 
 
 def as_gateway(fake: FakeGateway) -> EngineGateway:

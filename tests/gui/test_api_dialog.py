@@ -71,3 +71,21 @@ def test_the_body_limit_and_the_address_shown(window: MainWindow) -> None:
         ApiSettings(enabled=True, port=0, max_body_mb=100)
     )
     assert not window.api.running
+
+
+def test_the_prompt_cache_shows_its_size_and_clears(qtbot: QtBot, window: MainWindow) -> None:
+    """The window's data folder holds two saved openings: the dialog says so, and Clear
+    empties the folder (on the engine's thread)."""
+    from app.host import prompt_cache
+
+    host = window.api.gateway.host
+    folder = host._core.store.snapshots_dir.parent / prompt_cache.FOLDER  # type: ignore[union-attr]
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("pa.k1.lpkv", "pb.k2.lpkv"):
+        (folder / name).write_bytes(b"x" * (3 << 20))
+    dialog = window_actions.show_api_dialog(window)
+    assert dialog.cache_label.text() == "2 saved prompts, 6 MB"
+    assert dialog.clear_cache.isEnabled()
+    dialog.clear_cache.click()
+    assert dialog.cache_label.text() == "empty" and not dialog.clear_cache.isEnabled()
+    qtbot.waitUntil(lambda: not list(folder.glob("*.lpkv")), timeout=5000)

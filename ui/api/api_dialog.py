@@ -66,8 +66,9 @@ class ApiDialog(QDialog):
 
         intro = QLabel(
             "Let other programs (editors, scripts, agents) use the loaded model through an "
-            "OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions and "
-            "/v1/completions. Requests wait in line with your chats.",
+            "OpenAI-compatible API (GET /v1/models, POST /v1/chat/completions and "
+            "/v1/completions) and Anthropic's (POST /v1/messages, for coding agents). "
+            "Requests wait in line with your chats.",
             self,
         )
         intro.setWordWrap(True)
@@ -94,6 +95,7 @@ class ApiDialog(QDialog):
         form.addRow("Allowed web origins", self.origins_edit)
         form.addRow("Queue size", self.queue_box)
         form.addRow("Largest request", self.body_box)
+        form.addRow("Prompt cache", self._build_cache_row())
         self.buttons = QDialogButtonBox(
             QDialogButtonBox.StandardButton.Ok
             | QDialogButtonBox.StandardButton.Apply
@@ -138,6 +140,37 @@ class ApiDialog(QDialog):
             key_row.addWidget(b)
         return key_row
 
+    def _build_cache_row(self) -> QHBoxLayout:
+        """What the prompt cache keeps on disk, and its Clear button."""
+        self.cache_label = QLabel("", self)
+        self.cache_label.setObjectName("apiPromptCache")
+        self.cache_label.setToolTip(
+            "Agents' long system prompts and tools, kept so the first request after a "
+            "restart or a model switch does not read them again. Each API key sees only "
+            "its own."
+        )
+        self.clear_cache = QPushButton("Clear", self)
+        self.clear_cache.setObjectName("apiPromptCacheClear")
+        self.clear_cache.clicked.connect(self._on_clear_cache)
+        row = QHBoxLayout()
+        row.addWidget(self.cache_label, 1)
+        row.addWidget(self.clear_cache)
+        return row
+
+    def _show_cache(self) -> None:
+        count, size = self._control.prompt_cache_usage()
+        self.cache_label.setText(
+            f"{count} saved prompt{'s' if count != 1 else ''}, {size / 2**20:,.0f} MB"
+            if count
+            else "empty"
+        )
+        self.clear_cache.setEnabled(count > 0)
+
+    def _on_clear_cache(self) -> None:
+        self._control.clear_prompt_cache()
+        self.cache_label.setText("empty")
+        self.clear_cache.setEnabled(False)
+
     def _build_limits(self) -> None:
         """The origins, queue and request size fields, and the status lines."""
         self.origins_edit = QLineEdit(self)
@@ -180,6 +213,7 @@ class ApiDialog(QDialog):
         self.queue_box.setValue(s.max_queue)
         self.body_box.setValue(s.max_body_mb)  # one over the limit shows (and saves) as it
         self._show_state()
+        self._show_cache()
 
     def _show_state(self) -> None:
         if self._control.running:

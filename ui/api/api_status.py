@@ -183,6 +183,13 @@ class ApiControl(QObject):
         self.label.setStyleSheet(RUNNING_STYLE)
         self.stop_button.show()
 
+    def prompt_cache_usage(self) -> tuple[int, int]:
+        """The API's saved openings on disk: how many, and their bytes."""
+        return self.gateway.host.prompt_cache_usage()
+
+    def clear_prompt_cache(self) -> None:
+        self.gateway.host.clear_prompt_cache()
+
     def copy_url(self) -> None:
         if self.server is None:
             return

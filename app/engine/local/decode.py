@@ -79,6 +79,11 @@ class Reply:
         return self._stops.hit or self._think_stops.hit
 
     @property
+    def matched(self) -> str:
+        """The stop string that ended the reply ("" for none, or a template's token)."""
+        return self._stops.matched or self._think_stops.matched
+
+    @property
     def text(self) -> str:
         return "".join(self._parts)
 
@@ -257,6 +262,7 @@ def decode(job: DecodeJob) -> Generator[EngineEvent, None, None]:
     if parser is not None:
         metrics.notes.extend(parser.problems)
     metrics.stop_reason = TOOL_CALLS if calls else reason
+    metrics.stop_match = reply.matched if reason == "stop_string" else ""
     metrics.kv_tokens = len(cmap.tokens)
     read_perf(native, metrics)
     job.ended()

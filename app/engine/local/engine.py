@@ -46,6 +46,7 @@ from app.engine.local.loaded_model import LoadedModel, prepare
 from app.engine.local.loader import open_llama
 from app.engine.local.model_template import auto_template
 from app.engine.local.prompt import LocalCache, LocalTemplates, room_maker
+from app.engine.local.prompt_count import count_prompt
 from app.engine.local.prompt_tokenizer import NO_PROJECTOR, NOT_SEEN
 from app.engine.local.reply_decode import decode_reply
 from app.engine.local.sampler import build_sampler
@@ -412,6 +413,13 @@ class Engine:
         model, chat, _kv, _prompt = self._parts()
         model.tokenizer.use_images(messages)
         return model.tokenizer.tokenize(chat.template.render(messages, True), bos=True)
+
+    def count_prompt(
+        self, messages: Sequence[ChatMessage], params: SamplingParams, tools: ToolRequest | None
+    ) -> int:
+        """Tokens the prompt for ``messages`` takes (``prompt_count.count_prompt``)."""
+        model, chat, _kv, _prompt = self._parts()
+        return count_prompt(model, chat, messages, params, tools)
 
     def use_images(self, messages: Sequence[ChatMessage]) -> None:
         """The images the next renders of ``messages`` may show (by digest).

@@ -89,6 +89,11 @@ class TemplateState:
         """``template`` with the request's thinking switches and tools bound."""
         return bind_tools(request_template(template, params), self.tools, self.tool_format)
 
+    def bound_for(self, params: SamplingParams, tools: ToolRequest | None) -> ChatTemplate:
+        """The template in use as a request with ``params`` and ``tools`` binds it,
+        without making it the one renders use."""
+        return bind_tools(request_template(self.template, params), tools, self.tool_format)
+
     @property
     def rendering(self) -> ChatTemplate:
         """The template renders use: the last request's, switches bound."""

@@ -35,6 +35,7 @@ from app.remote.llama_server.wire import (
     events,
     generation_error,
     progress_of,
+    stop_match,
     stop_reason,
     token_ids,
 )
@@ -117,6 +118,7 @@ def stream_completion(
     elif final:
         slot.timings(final, metrics, first_request, keep)
         metrics.stop_reason = stop_reason(final, len(prompt.tokens), metrics.n_ctx)
+        metrics.stop_match = stop_match(final, metrics.stop_reason)
     elif not thought_cut:
         end_lost(metrics, unfinished(link.connection.url))
     return Finished(reply, metrics)

@@ -278,6 +278,12 @@ def stop_reason(final: dict[str, Any], n_prompt: int, n_ctx: int) -> str:
     return "eos"
 
 
+def stop_match(final: dict[str, Any], reason: str) -> str:
+    """The stop string the server says ended a reply ("" for none), bounded."""
+    word = final.get("stopping_word")
+    return word[:256] if reason == "stop_string" and isinstance(word, str) else ""
+
+
 def progress_of(progress: Any) -> PrefillProgress | None:
     """A ``prompt_progress`` event as ``PrefillProgress`` (None when it says nothing)."""
     if not isinstance(progress, dict):

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from app.api.errors import ApiError, cut_short, failure_event
+from app.api.errors import ApiError, cut_short
 from app.api.gateway import ApiFailure, ApiJob
 from app.api.schema import BASE, MAX_JSON_ITEMS, load_body, parse_chat, parse_completion
-from app.api.sse import ChunkWriter, Reply, timings, usage
+from app.api.sse import ChunkWriter, Reply, failure_event, timings, usage
 from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished
 from app.engine.chat_message import ChatMessage

@@ -1,0 +1,138 @@
+"""Anthropic's Messages API on the real model (issue 46), through the official
+``anthropic`` SDK: against ``lamplight serve`` a message, a stream read by the SDK's
+accumulator, ``count_tokens`` equal to the prompt the reply read, and a second turn
+reading only its new tokens; in-process, with Qwen 2.5's tool template that opens a
+thinking block, a forced call comes back as a ``tool_use`` block, its ``tool_result``
+is read, and the answer's thinking is a ``thinking`` block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from app.api.config import ApiConfig
+from app.api.host_gateway import HostGateway
+from app.api.runner import ApiServer
+from app.engine.local.engine import Engine
+from app.engine.templates.override import TemplateOverride
+from app.host.host import EngineHost
+from app.host.listener import QuietListener
+from tests.serve_fixture import Served, running
+
+SYSTEM = "You answer questions about the harbour in one short sentence."
+QUESTION = "When is high water at the north pier, and which berth is free?"
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "The current weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def served(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    args = ["--port", "0", "--threads", "1", "--n-ctx", "2048", "--model", str(model_path)]
+    with running(tmp_path_factory.mktemp("serve"), args) as s:
+        yield s
+
+
+def client(root: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=root, api_key="none", max_retries=0, timeout=300)
+
+
+def test_messages_count_tokens_and_a_second_turn_on_the_real_model(served: Served) -> None:
+    c = client(served.root)
+    history: Any = [{"role": "user", "content": QUESTION}]
+    counted = c.messages.count_tokens(model=served.model, system=SYSTEM, messages=history)
+    first = c.messages.create(model=served.model, max_tokens=12, system=SYSTEM, messages=history)
+    u = first.usage
+    # The count is the prompt the reply read: what it evaluated and what the cache held.
+    assert counted.input_tokens == u.input_tokens + (u.cache_read_input_tokens or 0)
+    assert first.stop_reason in ("end_turn", "max_tokens") and 0 < u.output_tokens <= 12
+    text = "".join(b.text for b in first.content if b.type == "text")
+    history += [
+        {"role": "assistant", "content": text},
+        {"role": "user", "content": "And the south pier?"},
+    ]
+    with c.messages.stream(
+        model=served.model, max_tokens=12, system=SYSTEM, messages=history
+    ) as stream:
+        kinds = {event.type for event in stream}
+        second = stream.get_final_message()
+    assert {"message_start", "content_block_delta", "message_delta", "message_stop"} <= kinds
+    v = second.usage
+    assert (v.cache_read_input_tokens or 0) >= counted.input_tokens  # the first turn, cached
+    assert v.input_tokens <= 24, v  # the new question (and the turn's framing)
+    assert second.content and second.content[0].type == "text"
+
+
+@pytest.fixture(scope="module")
+def tool_server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An in-process server over the default model with a tool template that thinks."""
+    from tests.conftest import ONE_THREAD
+    from tests.model.test_tools_engine import THINKING_TOOLS
+
+    engine = Engine()
+    engine.load(model_path, ONE_THREAD)
+    engine.set_template(TemplateOverride("custom", source=THINKING_TOOLS))
+    host = EngineHost(engine, tmp_path_factory.mktemp("models"), None, QuietListener())
+    thread = host.start()
+    server = ApiServer(HostGateway(host), ApiConfig(port=0))
+    server.start()
+    try:
+        yield server.url.removesuffix("/v1")
+    finally:
+        server.stop()
+        host.close()
+        thread.join(10)
+        engine.unload()
+
+
+def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server: str) -> None:
+    c = client(tool_server)
+    ask: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    thinking: Any = {"type": "enabled", "budget_tokens": 8}
+    called = c.messages.create(
+        model="m",
+        max_tokens=120,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        thinking=thinking,
+    )
+    assert called.stop_reason == "tool_use"
+    kinds = [b.type for b in called.content]
+    assert kinds[0] == "thinking" and kinds[-1] == "tool_use", kinds
+    use = called.content[-1]
+    assert use.type == "tool_use" and use.name == "get_weather"
+    assert isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
+    history: Any = [
+        *ask,
+        {"role": "assistant", "content": [b.model_dump() for b in called.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny, 21 C"}],
+        },
+    ]
+    with c.messages.stream(
+        model="m",
+        max_tokens=30,
+        messages=history,
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+        thinking=thinking,
+    ) as stream:
+        answer = stream.get_final_message()
+    assert [b.type for b in answer.content][:1] == ["thinking"]
+    assert answer.stop_reason in ("end_turn", "max_tokens")
+    assert answer.usage.output_tokens_details is not None
+    assert answer.usage.output_tokens_details.thinking_tokens == 8  # the budget, never more
+    # The result is all the follow-up read: the call was in the cache.
+    assert answer.usage.input_tokens <= 40, answer.usage

@@ -1,0 +1,153 @@
+"""The API's prompt cache across a restart, on the real engine (issue 46): an agent's
+request (a long system prompt and twenty tools, built here) reads its opening once and
+saves it; after a restart (a new engine, host and server on the same data folder) the
+same opening is restored and the first request reads only its new message; another
+API key never gets it; Clear empties it; the folder stays within its bound."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import pytest
+
+from app.api.config import ApiConfig
+from app.api.host_gateway import HostGateway
+from app.api.runner import ApiServer
+from app.chat.store import ConversationStore
+from app.config.setting_records import LoadConfig
+from app.engine.local.engine import Engine
+from app.host import prompt_cache
+from app.host.host import EngineHost
+from app.host.listener import QuietListener
+
+CTX = 8192
+
+
+def agent_system(words: int = 1500) -> str:
+    rules = [
+        f"Rule {i}: when editing file {i % 37}.py keep the style of module {i % 11} "
+        "and run the tests before you answer."
+        for i in range(words // 20)
+    ]
+    return "You are a careful coding agent working in a repository.\n" + "\n".join(rules)
+
+
+def agent_tools(n: int = 20) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": f"tool_{i}",
+            "description": f"Does step {i} of the work on a file.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "line": {"type": "integer"}},
+                "required": ["path"],
+            },
+        }
+        for i in range(n)
+    ]
+
+
+@contextlib.contextmanager
+def served(
+    model_path: Path, root: Path, key: str = ""
+) -> Iterator[tuple[anthropic.Anthropic, EngineHost]]:
+    """Lamplight's API over the default model on ``root`` (a data folder): everything
+    stopped and unloaded after, as at a restart."""
+    from tests.conftest import TEST_LOAD
+
+    engine = Engine()
+    engine.load(model_path, LoadConfig(**{**TEST_LOAD.__dict__, "n_ctx": CTX}))
+    host = EngineHost(engine, root / "models", ConversationStore(root / "data"), QuietListener())
+    thread = host.start()
+    server = ApiServer(HostGateway(host), ApiConfig(port=0, api_key=key))
+    server.start()
+    try:
+        base = server.url.removesuffix("/v1")
+        yield (
+            anthropic.Anthropic(base_url=base, api_key=key or "none", max_retries=0, timeout=600),
+            host,
+        )
+    finally:
+        server.stop()
+        host.close()
+        thread.join(30)
+        engine.unload()
+
+
+def ask(c: anthropic.Anthropic, question: str) -> Any:
+    return c.messages.create(
+        model="m",
+        max_tokens=4,
+        system=agent_system(),
+        tools=agent_tools(),
+        tool_choice={"type": "none"},
+        messages=[{"role": "user", "content": question}],
+    ).usage
+
+
+def cached_files(root: Path) -> list[Path]:
+    return sorted((root / "data" / prompt_cache.FOLDER).glob("*.lpkv"))
+
+
+def test_an_agents_opening_is_restored_after_a_restart(model_path: Path, tmp_path: Path) -> None:
+    with served(model_path, tmp_path) as (c, _host):
+        first = ask(c, "List the files you would change first.")
+    opening = first.cache_creation_input_tokens or 0
+    assert opening >= prompt_cache.MIN_TOKENS and first.cache_read_input_tokens == 0
+    total = first.input_tokens + opening
+    assert len(cached_files(tmp_path)) == 1
+    with served(model_path, tmp_path) as (c, host):
+        question = "Which test would you run after the change?"
+        after = ask(c, question)
+        # Restored, not read: only the question and its turn's framing were read.
+        assert (after.cache_read_input_tokens or 0) >= opening
+        assert after.input_tokens <= 40, after
+        assert after.cache_creation_input_tokens == 0
+        assert after.input_tokens + (after.cache_read_input_tokens or 0) >= total - 20
+        count, size = host._core.prompt_cache.usage()
+        assert count == 1 and size > 0
+
+
+def test_another_key_never_gets_the_opening_and_clear_empties_it(
+    model_path: Path, tmp_path: Path
+) -> None:
+    with served(model_path, tmp_path, key="alice") as (c, _host):
+        mine = ask(c, "Start with the parser.")
+    assert (mine.cache_creation_input_tokens or 0) >= prompt_cache.MIN_TOKENS
+    with served(model_path, tmp_path, key="bob") as (c, host):
+        theirs = ask(c, "Start with the parser.")
+        # Read again, never restored from alice's: the same text, another key.
+        assert theirs.cache_read_input_tokens == 0
+        assert (theirs.cache_creation_input_tokens or 0) == mine.cache_creation_input_tokens
+        assert len(cached_files(tmp_path)) == 2
+        assert host.post(host._core.prompt_cache.clear)  # the API dialog's Clear
+        assert host.drain(30)
+        assert cached_files(tmp_path) == []
+
+
+def test_the_folder_keeps_within_its_bound_least_recently_used_first(tmp_path: Path) -> None:
+    from app.host.prefixes import Prefixes
+
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    cache = Prefixes(None, folder, max_bytes=250)
+    paths = []
+    for i in range(4):
+        path = folder / f"p{i}.k{i}.lpkv"
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (1000 + i, 1000 + i))
+        paths.append(path)
+    cache._trim(paths[-1])
+    assert [p.exists() for p in paths] == [False, False, True, True]
+    assert cache.usage() == (2, 200)
+
+
+@pytest.mark.parametrize("party", ["api", "api:" + "a" * 32])
+def test_an_owner_is_a_file_name_and_no_key(party: str) -> None:
+    name = prompt_cache.owner(party)
+    assert name.isalnum() and party not in name and len(name) == 41
