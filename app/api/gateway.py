@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Protocol
 
 from app.config.field_spec import SettingError
@@ -126,6 +127,9 @@ class EngineGateway(Protocol):
         self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None
     ) -> Future[int]:
         """The tokens a reply's prompt would take (counted on the engine's thread)."""
+
+    def response_folder(self) -> Path | None:
+        """Where stored responses are kept (``/v1/responses``; None: nowhere)."""
 
 
 __all__ = ["ApiEvent", "ApiFailure", "ApiJob", "EngineGateway", "failure_for"]

@@ -12,6 +12,7 @@ picks (the HTTP status is decided here, in ``app.api``, never in the host).
 from __future__ import annotations
 
 from concurrent.futures import Future
+from pathlib import Path
 
 from app.api.gateway import ApiJob, ProjectView, failure_for
 from app.chat.project_chat import stored_tools, system_text
@@ -55,6 +56,10 @@ class HostGateway:
         self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None
     ) -> Future[int]:
         return self.host.count_prompt(messages, params, tools)
+
+    def response_folder(self) -> Path | None:
+        root = self.host.data_root
+        return root / "responses" if root is not None else None
 
     def project(self, ref: str) -> ProjectView | None:
         if self.projects is None:

@@ -16,7 +16,10 @@ from app.api.errors import ApiError
 
 log = logging.getLogger(__name__)
 
-ROUTES_HINT = "/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/messages"
+ROUTES_HINT = (
+    "/v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/messages "
+    "and /v1/responses"
+)
 
 
 def error_response(error: ApiError, path: str = "") -> Response:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 from starlette.requests import Request
@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from app.api.errors import ApiError, cut_short
 from app.api.gateway import ApiEvent, ApiFailure, ApiJob
 from app.api.requests import ApiRequests, QueueFull
+from app.api.schema import ApiRequest
 from app.engine.backend import Finished, Token
 
 
@@ -41,6 +42,14 @@ class StreamWriter(Protocol):
 
     def failure(self, failure: ApiFailure) -> bytes:
         """A failure after the stream began: the dialect's error event."""
+
+
+class Body(Protocol):
+    def body(self, done: Finished) -> dict[str, Any]:
+        """The whole answer."""
+
+
+Shape = Callable[[ApiRequest, ApiJob, dict[str, Any] | None], tuple[Body, StreamWriter]]
 
 
 def make_emit(

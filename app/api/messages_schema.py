@@ -111,7 +111,7 @@ def _output(value: object) -> dict[str, Any]:
     out: dict[str, Any] = {}
     effort = value.get("effort")
     if effort is not None:
-        if effort not in _EFFORT:
+        if not isinstance(effort, str) or effort not in _EFFORT:
             raise bad(
                 "`output_config.effort` must be low, medium, high, xhigh or max "
                 f"(got {short_repr(effort)}).",
@@ -328,7 +328,7 @@ def _call(at: str, block: dict[str, Any]) -> ToolCall:
 
 def _refused(at: str, kind: object, takes: str) -> ApiError:
     known = {"document", "search_result", "server_tool_use", "web_search_tool_result"}
-    if kind in known or (isinstance(kind, str) and kind.endswith("_tool_result")):
+    if isinstance(kind, str) and (kind in known or kind.endswith("_tool_result")):
         return unsupported(at, f"A `{kind}` block")
     return bad(f"{at} is a {short_repr(kind)} block; {takes}.", at)
 
@@ -365,6 +365,8 @@ def _tool(i: int, value: object) -> dict[str, Any]:
 
 def _choice(value: object) -> dict[str, Any]:
     kind = value.get("type") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or not isinstance(kind, str):
+        kind = None
     if not isinstance(value, dict) or (kind not in _CHOICE and kind != "tool"):
         raise bad(
             '`tool_choice` must be {"type": "auto"}, {"type": "any"}, {"type": "none"} or '

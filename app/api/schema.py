@@ -27,7 +27,7 @@ not bytes (an 8 MB ``[[],[],...]`` took seconds), so a body with more than
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from app.api.compact_field import CompactAsk, read_compact
@@ -43,7 +43,7 @@ from app.engine.chat_message import ChatMessage, ImagePart, Role
 from app.engine.tool_spec import ToolRequest
 from app.util.datafiles import DataFileError, parse_json, reason
 
-Dialect = Literal["openai", "anthropic"]
+Dialect = Literal["openai", "anthropic", "responses"]
 MAX_DEPTH = 64
 # Commas and brackets (a bound on JSON values, strings' own included): 4,096 messages
 # take about 16,000, and 200,000 parse in well under 0.2 s whatever their shape.
@@ -90,6 +90,16 @@ _EFFORT = {
 
 
 @dataclass(frozen=True)
+class ResponsesAsk:
+    """What a Responses request has beyond its messages."""
+
+    store: bool = True
+    previous: str = ""  # previous_response_id
+    items: list[dict[str, Any]] = field(default_factory=list)  # its input, as items
+    echo: dict[str, Any] = field(default_factory=dict)  # fields the response repeats
+
+
+@dataclass(frozen=True)
 class ApiRequest:
     """A checked request, ready to become an ``ApiJob``."""
 
@@ -106,6 +116,7 @@ class ApiRequest:
     project: str = ""  # a chat request's ``project`` (``app/api/project_field.py``)
     compact: CompactAsk | None = None  # its ``compact`` (``app/api/compact_field.py``)
     dialect: Dialect = "openai"  # whose shape the answer takes ("anthropic": /v1/messages)
+    responses: ResponsesAsk | None = None  # a /v1/responses request's own (``responses_schema``)
 
     def params_for(self, n_ctx: int) -> SamplingParams:
         """The sampling settings with the length limit for a context of ``n_ctx``."""
@@ -177,7 +188,7 @@ def parse_chat(body: object) -> ApiRequest:
     tools = parse_tools(data)
     messages = link_results(_messages(data.get("messages")))
     return replace(
-        _request("chat", data, messages),
+        request_from("chat", data, messages),
         tools=tools,
         project=read_project(data),
         compact=read_compact(data),
@@ -218,7 +229,7 @@ def parse_completion(body: object) -> ApiRequest:
         if isinstance(prompt, list) and len(prompt) > 1:
             raise unsupported("prompt", "More than one prompt per request")
         raise bad("`prompt` must be a string.", "prompt")
-    return _request("completion", data, [ChatMessage("user", prompt)])
+    return request_from("completion", data, [ChatMessage("user", prompt)])
 
 
 def _object(body: object) -> dict[str, Any]:
@@ -329,7 +340,13 @@ def _content(
     return "".join(texts), tuple(images)
 
 
-def _request(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -> ApiRequest:
+def request_from(kind: ApiKind, data: dict[str, Any], messages: list[ChatMessage]) -> ApiRequest:
+    """A request of ``kind`` from ``data`` (chat completions' field names) and its
+    checked ``messages``: the sampling fields, stream, user and cache_prompt.
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("`model` must be a string.", "model")

@@ -49,11 +49,12 @@ from app.api.errors import ApiError
 from app.api.gateway import ApiFailure, ApiJob, ApiKind, EngineGateway, failure_for
 from app.api.http_errors import on_api_error, on_crash, on_http_error
 from app.api.image_parts import check_vision
-from app.api.job_runs import JobRuns, StreamWriter
+from app.api.job_runs import Body, JobRuns, Shape, StreamWriter
 from app.api.messages_reply import MessageEvents, MessagesReply
 from app.api.project_field import project_tools, with_project
 from app.api.request_bodies import BodyKind, parse_body
 from app.api.requests import ApiRequests, JobView
+from app.api.responses_routes import ResponsesRoutes
 from app.api.schema import ApiRequest
 from app.api.sse import ChunkWriter, Reply
 from app.chat.composer import tool_offer
@@ -241,13 +242,17 @@ class Handlers:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.parser, parse_body, kind, raw)
 
-    async def complete(self, request: Request, req: ApiRequest) -> Response:
+    async def complete(
+        self, request: Request, req: ApiRequest, shape: Shape | None = None
+    ) -> Response:
+        """Answer ``req``; ``shape``: its answer's body and stream (by default the
+        chat completions' or Anthropic's, by ``req.dialect``)."""
         info = self.loaded()  # whatever ``req.model`` says: see the module's docstring
         check_vision(req.messages, info.capabilities)
         address = job_client(request)
         prefix = "chatcmpl-" if req.kind == "chat" else "cmpl-"
-        if req.dialect == "anthropic":
-            prefix = "msg_"
+        if req.dialect != "openai":
+            prefix = "msg_" if req.dialect == "anthropic" else "resp_"
         messages, project = req.messages, None
         if req.project:
             project = self.gateway.project(req.project)
@@ -279,14 +284,7 @@ class Handlers:
         last = events[-1]
         if isinstance(last, ApiFailure):
             raise ApiError.from_failure(last)
-        reply: Reply | MessagesReply
-        writer: StreamWriter
-        if req.dialect == "anthropic":
-            reply = MessagesReply(job.id, job.model_id, req.params.stop)
-            writer = MessageEvents(reply)
-        else:
-            reply = Reply(req.kind, job.id, job.model_id, int(time.time()), found)
-            writer = ChunkWriter(reply, req.include_usage)
+        reply, writer = (shape or _shape)(req, job, found)
         if not req.stream:
             assert isinstance(last, Finished)
             headers = {"x-lamplight-cached-tokens": str(last.metrics.cached_tokens)}
@@ -363,6 +361,7 @@ def build_app(
     answers ``/v1/embeddings`` (None: 503)."""
     party = api_party(config.api_key)
     handlers = Handlers(gateway, requests, config.max_wait_s, parser, embedder, party)
+    responses = ResponsesRoutes(handlers)
     routes = [
         Route("/v1/models", handlers.models, methods=["GET"]),
         Route("/v1/models/{model:path}", handlers.model, methods=["GET"]),
@@ -371,6 +370,9 @@ def build_app(
         Route("/v1/embeddings", handlers.embeddings, methods=["POST"]),
         Route("/v1/messages", handlers.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", handlers.count_tokens, methods=["POST"]),
+        Route("/v1/responses", responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"]),
         Route("/lamplight/status", handlers.status, methods=["GET"]),
     ]
     middleware = [
@@ -382,7 +384,7 @@ def build_app(
             Middleware(
                 CORSMiddleware,
                 allow_origins=list(config.cors_origins),
-                allow_methods=["GET", "POST"],
+                allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=["*"],
                 allow_credentials=False,
                 expose_headers=["x-lamplight-cached-tokens", "retry-after"],
@@ -400,6 +402,15 @@ def build_app(
             Exception: on_crash,
         },
     )
+
+
+def _shape(req: ApiRequest, job: ApiJob, found: dict[str, Any] | None) -> tuple[Body, StreamWriter]:
+    """A chat completion's (or completion's) answer, or Anthropic's message."""
+    if req.dialect == "anthropic":
+        message = MessagesReply(job.id, job.model_id, req.params.stop)
+        return message, MessageEvents(message)
+    reply = Reply(req.kind, job.id, job.model_id, int(time.time()), found)
+    return reply, ChunkWriter(reply, req.include_usage)
 
 
 def job_client(request: Request) -> str:

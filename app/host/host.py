@@ -204,6 +204,12 @@ class EngineHost:
             done.set_exception(HostClosed())
         return done
 
+    @property
+    def data_root(self) -> Path | None:
+        """The data folder the host keeps its files in (None: it keeps none)."""
+        store = self._core.store
+        return store.snapshots_dir.parent if store is not None else None
+
     def prompt_cache_usage(self) -> tuple[int, int]:
         """The API's saved openings on disk: how many, and their bytes (``prompt_cache``;
         file sizes only, so any thread may ask)."""

@@ -51,6 +51,7 @@ class FakeGateway:
         self.stop_reason = "eos"
         self.stop_match = ""  # the stop string a "stop_string" reply ended on
         self.thinking: list[str] = []  # thinking tokens, before the answer's
+        self.responses: Path | None = None  # where /v1/responses stores (None: nowhere)
         self.cached_tokens = 3
         self.is_loading = False
         self.projects: dict[str, ProjectView] = {}  # shared with the API, by id and name
@@ -87,6 +88,9 @@ class FakeGateway:
 
     def project(self, ref: str) -> ProjectView | None:
         return self.projects.get(ref)
+
+    def response_folder(self) -> Path | None:
+        return self.responses
 
     def count(
         self, messages: list[ChatMessage], params: SamplingParams, tools: ToolRequest | None

@@ -289,12 +289,16 @@ def _serve(
     from app.api.config import ApiConfigError
     from app.api.host_gateway import HostGateway
     from app.api.runner import ApiServer
+    from app.chat.store import ConversationStore
     from app.host.core import DEFAULT_MODEL
     from app.host.host import EngineHost, guarded_engine
 
     models_dir = data_dir / "models"  # DataDirs.models
     listener = ServeListener()
-    host = EngineHost(guarded_engine(models_dir), models_dir, None, listener, pool_mb)
+    # The data folder's store: where agents' prompts (``prompt_cache``) and stored
+    # responses are kept across restarts; no chat of the window is read or written.
+    store = ConversationStore(data_dir)
+    host = EngineHost(guarded_engine(models_dir), models_dir, store, listener, pool_mb)
     thread = host.start()
     cancel = threading.Event()
     embeds = embed_worker(data_dir, embedder)

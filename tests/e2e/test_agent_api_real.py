@@ -1,22 +1,27 @@
-"""Anthropic's Messages API on the real model (issue 46), through the official
-``anthropic`` SDK: against ``lamplight serve`` a message, a stream read by the SDK's
+"""The API for agents on the real model (issue 46). Anthropic's Messages API through
+the official ``anthropic`` SDK: against ``lamplight serve`` a message, a stream read by the SDK's
 accumulator, ``count_tokens`` equal to the prompt the reply read, and a second turn
 reading only its new tokens; in-process, with Qwen 2.5's tool template that opens a
 thinking block, a forced call comes back as a ``tool_use`` block, its ``tool_result``
-is read, and the answer's thinking is a ``thinking`` block."""
+is read, and the answer's thinking is a ``thinking`` block. OpenAI's Responses API
+through the ``openai`` SDK: a response going on from a stored one reads only its new
+input, and a forced function call and its output round trip."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import openai
 import pytest
 
 from app.api.config import ApiConfig
 from app.api.host_gateway import HostGateway
 from app.api.runner import ApiServer
+from app.chat.store import ConversationStore
 from app.engine.local.engine import Engine
 from app.engine.templates.override import TemplateOverride
 from app.host.host import EngineHost
@@ -82,7 +87,8 @@ def tool_server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     engine = Engine()
     engine.load(model_path, ONE_THREAD)
     engine.set_template(TemplateOverride("custom", source=THINKING_TOOLS))
-    host = EngineHost(engine, tmp_path_factory.mktemp("models"), None, QuietListener())
+    root = tmp_path_factory.mktemp("tool-server")
+    host = EngineHost(engine, root / "models", ConversationStore(root / "data"), QuietListener())
     thread = host.start()
     server = ApiServer(HostGateway(host), ApiConfig(port=0))
     server.start()
@@ -136,3 +142,66 @@ def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server
     assert answer.usage.output_tokens_details.thinking_tokens == 8  # the budget, never more
     # The result is all the follow-up read: the call was in the cache.
     assert answer.usage.input_tokens <= 40, answer.usage
+
+
+def test_responses_go_on_from_a_stored_one_reading_only_the_new_input(served: Served) -> None:
+    c = openai.OpenAI(base_url=served.url, api_key="none", max_retries=0, timeout=300)
+    first = c.responses.create(
+        model=served.model, instructions=SYSTEM, input=QUESTION, max_output_tokens=12
+    )
+    assert first.status in ("completed", "incomplete") and first.output_text
+    with c.responses.stream(
+        model=served.model,
+        instructions=SYSTEM,
+        input="And the south pier?",
+        previous_response_id=first.id,
+        max_output_tokens=12,
+    ) as stream:
+        kinds, second = [], None
+        for event in stream:
+            kinds.append(event.type)
+            if event.type in ("response.completed", "response.incomplete"):
+                second = event.response  # the SDK's final response needs "completed"
+    assert second is not None
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+    u = second.usage
+    assert u is not None and u.input_tokens_details.cached_tokens >= first.usage.input_tokens  # type: ignore[union-attr]
+    assert u.input_tokens - u.input_tokens_details.cached_tokens <= 24, u  # the new input
+    assert c.responses.retrieve(second.id).output_text == second.output_text
+    c.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(first.id)
+
+
+def test_a_forced_function_call_and_its_output_through_responses(tool_server: str) -> None:
+    c = openai.OpenAI(base_url=tool_server + "/v1", api_key="none", max_retries=0, timeout=300)
+    tool: Any = {
+        "type": "function",
+        "name": "get_weather",
+        "description": WEATHER["description"],
+        "parameters": WEATHER["input_schema"],
+    }
+    called = c.responses.create(
+        model="m",
+        input="What is the weather in Paris?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        max_output_tokens=120,
+        extra_body={"thinking_budget_tokens": 8},
+    )
+    calls = [o for o in called.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments).get("city"), str)
+    assert called.output[0].type == "reasoning"
+    answer = c.responses.create(
+        model="m",
+        previous_response_id=called.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}],
+        tools=[tool],
+        tool_choice="none",
+        max_output_tokens=30,
+    )
+    assert answer.output and answer.usage is not None
+    # The call was in the cache: the output (and its turn's framing) is what was read.
+    assert answer.usage.input_tokens - answer.usage.input_tokens_details.cached_tokens <= 40
