@@ -205,3 +205,61 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
     assert answer.output and answer.usage is not None
     # The call was in the cache: the output (and its turn's framing) is what was read.
     assert answer.usage.input_tokens - answer.usage.input_tokens_details.cached_tokens <= 40
+
+
+def test_tool_round_trips_against_lamplight_serve(served: Served) -> None:
+    """The default (base) model through ``lamplight serve``, forced to call a named tool
+    (the generic tool format, by grammar): Anthropic's ``tool_use`` and its
+    ``tool_result``, OpenAI's ``function_call`` and its output, each read back."""
+    c = client(served.root)
+    ask: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    called = c.messages.create(
+        model=served.model,
+        max_tokens=80,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+    )
+    use = called.content[-1]
+    assert called.stop_reason == "tool_use" and use.type == "tool_use"
+    assert isinstance(use.input.get("city"), str)
+    result: Any = {"type": "tool_result", "tool_use_id": use.id, "content": "Sunny"}
+    answer = c.messages.create(
+        model=served.model,
+        max_tokens=8,
+        messages=[
+            *ask,
+            {"role": "assistant", "content": called.content},
+            {"role": "user", "content": [result]},
+        ],
+        tools=[WEATHER],
+        tool_choice={"type": "none"},
+    )
+    assert answer.stop_reason in ("end_turn", "max_tokens")
+    assert answer.usage.input_tokens <= 40, answer.usage  # the result: the call was cached
+    o = openai.OpenAI(base_url=served.url, api_key="none", max_retries=0, timeout=300)
+    tool: Any = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": WEATHER["input_schema"],
+    }
+    made = o.responses.create(
+        model=served.model,
+        input="What is the weather in Rome?",
+        tools=[tool],
+        tool_choice={"type": "function", "name": "get_weather"},
+        parallel_tool_calls=False,
+        max_output_tokens=80,
+    )
+    calls = [item for item in made.output if item.type == "function_call"]
+    assert len(calls) == 1 and isinstance(json.loads(calls[0].arguments).get("city"), str)
+    after = o.responses.create(
+        model=served.model,
+        previous_response_id=made.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Rain"}],
+        tools=[tool],
+        tool_choice="none",
+        max_output_tokens=8,
+    )
+    assert after.usage is not None
+    assert after.usage.input_tokens - after.usage.input_tokens_details.cached_tokens <= 40

@@ -54,14 +54,14 @@ def agent_tools(n: int = 20) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def served(
-    model_path: Path, root: Path, key: str = ""
+    model_path: Path, root: Path, key: str = "", n_ctx: int = CTX
 ) -> Iterator[tuple[anthropic.Anthropic, EngineHost]]:
-    """Lamplight's API over the default model on ``root`` (a data folder): everything
+    """Lamplight's API over ``model_path`` on ``root`` (a data folder): everything
     stopped and unloaded after, as at a restart."""
     from tests.conftest import TEST_LOAD
 
     engine = Engine()
-    engine.load(model_path, LoadConfig(**{**TEST_LOAD.__dict__, "n_ctx": CTX}))
+    engine.load(model_path, LoadConfig(**{**TEST_LOAD.__dict__, "n_ctx": n_ctx}))
     host = EngineHost(engine, root / "models", ConversationStore(root / "data"), QuietListener())
     thread = host.start()
     server = ApiServer(HostGateway(host), ApiConfig(port=0, api_key=key))
@@ -79,11 +79,11 @@ def served(
         engine.unload()
 
 
-def ask(c: anthropic.Anthropic, question: str) -> Any:
+def ask(c: anthropic.Anthropic, question: str, system: str = "") -> Any:
     return c.messages.create(
         model="m",
         max_tokens=4,
-        system=agent_system(),
+        system=system or agent_system(),
         tools=agent_tools(),
         tool_choice={"type": "none"},
         messages=[{"role": "user", "content": question}],
@@ -111,6 +111,25 @@ def test_an_agents_opening_is_restored_after_a_restart(model_path: Path, tmp_pat
         assert after.input_tokens + (after.cache_read_input_tokens or 0) >= total - 20
         count, size = host._core.prompt_cache.usage()
         assert count == 1 and size > 0
+
+
+def test_an_agent_sized_prompt_is_restored_after_a_restart(tmp_path: Path) -> None:
+    """The issue's replay at full size: a 30,000-token system prompt and twenty tools.
+    Reading that on the default model takes minutes on two cores (``bench/agent_api.py``
+    measures it there), so here on a tiny real model of byte tokens (``tests/byte_model``),
+    where 30,000 characters are 30,000 tokens and read in seconds."""
+    from tests.byte_model import byte_model_path
+
+    model, system = byte_model_path(), agent_system(words=8000)[:30_000]
+    with served(model, tmp_path, n_ctx=49_152) as (c, _host):
+        first = ask(c, "List the files.", system)
+    opening = first.cache_creation_input_tokens or 0
+    assert opening >= 30_000  # the system prompt and the twenty tools, byte by byte
+    with served(model, tmp_path, n_ctx=49_152) as (c, _host):
+        question = "Which test?"
+        after = ask(c, question, system)
+    assert (after.cache_read_input_tokens or 0) == opening
+    assert after.input_tokens <= len(question) + 40, after  # the question and its framing
 
 
 def test_another_key_never_gets_the_opening_and_clear_empties_it(
