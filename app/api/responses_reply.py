@@ -9,7 +9,8 @@ that order. A stream is ``response.created``, ``response.in_progress``, then eac
 whole, at the end: a call is known only once written) and their ``done`` events,
 ``response.output_item.done``; then ``response.completed`` (or ``response.incomplete``
 when the reply ran out of tokens) with the whole response. Every event carries its
-``sequence_number``. A failure after the stream began is one ``error`` event.
+``sequence_number``. A failure after the stream began is one ``error`` event (which
+the ``openai`` SDK raises as ``APIError``).
 """
 
 from __future__ import annotations
@@ -188,7 +189,13 @@ class ResponseEvents:
         return out + self._event(kind, response=body)
 
     def failure(self, failure: ApiFailure) -> bytes:
-        return self._event("error", code=failure.code, message=failure.message, param=failure.param)
+        """The ``error`` event, with the ``error`` object too: the ``openai`` SDK raises
+        ``APIError`` on it (a reply cut short is never taken for a whole one)."""
+        detail: dict[str, Any] = {"message": failure.message, "type": failure.type}
+        detail |= {"code": failure.code, "param": failure.param}
+        return self._event(
+            "error", code=failure.code, message=failure.message, param=failure.param, error=detail
+        )
 
     def _begin(self, kind: str) -> bytes:
         self.open, self.texts = kind, []

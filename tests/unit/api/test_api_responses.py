@@ -131,6 +131,18 @@ def test_another_key_and_store_false_reach_nothing(serve: Serve, tmp_path: Path)
     assert client(server.url, "alice").responses.retrieve(mine.id).id == mine.id
 
 
+def test_a_failure_in_a_stream_raises_in_the_sdk(serve: Serve) -> None:
+    from app.api.gateway import ApiFailure
+
+    server, gw = serve()
+    gw.fail, gw.fail_after = ApiFailure(500, "server_error", "engine_error", "It broke."), 2
+    stream = client(server.url).responses.stream(model=MODEL, input="Hi")
+    with pytest.raises(openai.APIError) as broke, stream as events:
+        for _ in events:
+            pass
+    assert "It broke." in str(broke.value)
+
+
 def test_a_reply_cut_at_its_limit_is_incomplete(serve: Serve) -> None:
     server, _gw = serve()
     reply = client(server.url).responses.create(model=MODEL, input="Hi", max_output_tokens=2)
