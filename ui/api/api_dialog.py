@@ -67,8 +67,8 @@ class ApiDialog(QDialog):
         intro = QLabel(
             "Let other programs (editors, scripts, agents) use the loaded model through an "
             "OpenAI-compatible API (GET /v1/models, POST /v1/chat/completions and "
-            "/v1/completions) and Anthropic's (POST /v1/messages, for coding agents). "
-            "Requests wait in line with your chats.",
+            "/v1/completions) and, for coding agents, Anthropic's POST /v1/messages and "
+            "OpenAI's POST /v1/responses. Requests wait in line with your chats.",
             self,
         )
         intro.setWordWrap(True)
@@ -122,7 +122,8 @@ class ApiDialog(QDialog):
         self.key_edit.setMaxLength(keys.MAX_KEY_CHARS)
         self.key_edit.setPlaceholderText("none (allowed on 127.0.0.1 only)")
         self.key_edit.setToolTip(
-            "Clients send it as 'Authorization: Bearer KEY'. Kept in the system keyring."
+            "Clients send it as 'Authorization: Bearer KEY' (Anthropic's: 'x-api-key: KEY'). "
+            "Kept in the system keyring."
         )
         generate = QPushButton("Generate", self)
         generate.setObjectName("apiKeyGenerate")
