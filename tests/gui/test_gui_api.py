@@ -189,16 +189,18 @@ def test_a_chat_message_waits_for_the_api_request(
     qtbot: QtBot, window: MainWindow, fake: FakeEngine
 ) -> None:
     url = serve(window)
-    streamer = Streamer(url, max_tokens=40)
+    # 300 tokens, 10 ms apart: the request still runs when the window's message is sent,
+    # however busy the machine (40 ended first twice on a loaded two-core CI machine).
+    streamer = Streamer(url, max_tokens=300)
     qtbot.waitUntil(lambda: window.api.running_job() is not None, timeout=5000)
     fake.reply = "Only the window's reply."  # read when the next job starts
-    with qtbot.waitSignal(window.replyEnded, timeout=10000) as blocker:
+    with qtbot.waitSignal(window.replyEnded, timeout=20000) as blocker:
         send(qtbot, window, "Hello from the window")
         assert "Waiting for the API request from 127.0.0.1" in window.transcript.toPlainText()
         assert window.status_speed.text() == "waiting for the API request…"
     assert blocker.args == ["finished"]
     streamer.join()
-    assert streamer.text == " ".join(f"w{i}" for i in range(40))  # all of it, in order
+    assert streamer.text == " ".join(f"w{i}" for i in range(300))  # all of it, in order
     assert streamer.finish in ("stop", "length")  # the fake reports its limit as an end
     assert [m.content for m in window.conversation.messages] == [
         "Hello from the window",

@@ -118,7 +118,10 @@ def test_draft_decodes_faster_than_the_target(both: tuple[Any, Any]) -> None:
     """One thread each, alternating rounds, best of three (the machine is shared).
 
     Measured here: target ~78-91 tok/s, draft ~118-131 (1.5x): the 262k x 640 head,
-    which the draft must share, is most of the work per token.
+    which the draft must share, is most of the work per token. On a machine whose CPU
+    runs without repacked weights (the guard turned them off) the head weighs more:
+    target ~27, draft ~30 (1.1x). So this asks only that the draft be faster; the
+    figures belong to ``bench/speculative.py``.
     """
     target, draft = both
     prompt = target.tokenize(b"Once upon a time, in a small village by the sea,")
@@ -126,7 +129,7 @@ def test_draft_decodes_faster_than_the_target(both: tuple[Any, Any]) -> None:
     for _ in range(3):
         rates["target"].append(_greedy(target, prompt, 16)[1])
         rates["draft"].append(_greedy(draft, prompt, 16)[1])
-    assert max(rates["draft"]) > 1.15 * max(rates["target"]), rates
+    assert max(rates["draft"]) > 1.03 * max(rates["target"]), rates
 
 
 # ---------------------------------------------------------------------------------

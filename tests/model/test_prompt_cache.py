@@ -28,7 +28,7 @@ from app.host.listener import QuietListener
 CTX = 8192
 
 
-def agent_system(words: int = 1500) -> str:
+def agent_system(words: int = 1000) -> str:
     rules = [
         f"Rule {i}: when editing file {i % 37}.py keep the style of module {i % 11} "
         "and run the tests before you answer."
@@ -41,12 +41,8 @@ def agent_tools(n: int = 20) -> list[dict[str, Any]]:
     return [
         {
             "name": f"tool_{i}",
-            "description": f"Does step {i} of the work on a file.",
-            "input_schema": {
-                "type": "object",
-                "properties": {"path": {"type": "string"}, "line": {"type": "integer"}},
-                "required": ["path"],
-            },
+            "description": f"Step {i} on a file.",
+            "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
         }
         for i in range(n)
     ]
@@ -132,14 +128,16 @@ def test_an_agent_sized_prompt_is_restored_after_a_restart(tmp_path: Path) -> No
     assert after.input_tokens <= len(question) + 40, after  # the question and its framing
 
 
-def test_another_key_never_gets_the_opening_and_clear_empties_it(
-    model_path: Path, tmp_path: Path
-) -> None:
-    with served(model_path, tmp_path, key="alice") as (c, _host):
-        mine = ask(c, "Start with the parser.")
+def test_another_key_never_gets_the_opening_and_clear_empties_it(tmp_path: Path) -> None:
+    """On the tiny byte-token model (the keys' rule is the host's, not the model's)."""
+    from tests.byte_model import byte_model_path
+
+    model, system = byte_model_path(), agent_system(words=500)
+    with served(model, tmp_path, key="alice") as (c, _host):
+        mine = ask(c, "Start with the parser.", system)
     assert (mine.cache_creation_input_tokens or 0) >= prompt_cache.MIN_TOKENS
-    with served(model_path, tmp_path, key="bob") as (c, host):
-        theirs = ask(c, "Start with the parser.")
+    with served(model, tmp_path, key="bob") as (c, host):
+        theirs = ask(c, "Start with the parser.", system)
         # Read again, never restored from alice's: the same text, another key.
         assert theirs.cache_read_input_tokens == 0
         assert (theirs.cache_creation_input_tokens or 0) == mine.cache_creation_input_tokens
