@@ -23,6 +23,7 @@ from typing import Any
 from app.host.prompt_cache import owner
 from app.util.atomic import atomic_write_bytes
 from app.util.datafiles import DataFileError, parse_json
+from app.util.lru_files import trim
 
 MAX_RECORDS = 1000
 MAX_BYTES = 1 << 30
@@ -70,7 +71,7 @@ class ResponseStore:
             return  # too large to keep: a later request sends the items itself
         self.folder.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, data)
-        self._trim(path)
+        trim(self.folder, "resp_*.json", path, MAX_BYTES, MAX_RECORDS)
 
     def load(self, party: str, response_id: str) -> StoredResponse | None:
         """``party``'s stored response ``response_id`` (None: none, another's, or a file
@@ -103,19 +104,3 @@ class ResponseStore:
         assert path is not None
         path.unlink(missing_ok=True)
         return True
-
-    def _trim(self, kept: Path) -> None:
-        files = []
-        for path in self.folder.glob("resp_*.json"):
-            with contextlib.suppress(OSError):
-                stat = path.stat()
-                files.append((stat.st_mtime, stat.st_size, path))
-        total = sum(size for _, size, _ in files)
-        count = len(files)
-        for _, size, path in sorted(files):
-            if total <= MAX_BYTES and count <= MAX_RECORDS:
-                break
-            if path != kept:
-                path.unlink(missing_ok=True)
-                total -= size
-                count -= 1

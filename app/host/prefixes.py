@@ -39,6 +39,7 @@ from app.engine.chat_message import ChatMessage
 from app.engine.tool_spec import ToolRequest
 from app.host.kv_pool import KvPool
 from app.util.errors import LamplightError
+from app.util.lru_files import files_by_use, trim
 
 log = logging.getLogger(__name__)
 
@@ -212,30 +213,15 @@ class Prefixes:
     def _trim(self, kept: Path) -> None:
         """The least recently used files go until the folder fits ``max_bytes`` (the
         one just written stays, whatever its size)."""
-        if self._folder is None or self.max_bytes is None:
-            return
-        files = []
-        for path in self._folder.glob(f"*{SUFFIX}"):
-            with contextlib.suppress(OSError):
-                stat = path.stat()
-                files.append((stat.st_mtime, stat.st_size, path))
-        total = sum(size for _, size, _ in files)
-        for _, size, path in sorted(files):
-            if total <= self.max_bytes:
-                break
-            if path != kept:
-                path.unlink(missing_ok=True)
-                total -= size
+        if self._folder is not None and self.max_bytes is not None:
+            trim(self._folder, f"*{SUFFIX}", kept, self.max_bytes)
 
     def usage(self) -> tuple[int, int]:
         """How many openings are kept on disk, and their bytes."""
-        if self._folder is None or not self._folder.is_dir():
+        if self._folder is None:
             return 0, 0
-        sizes = []
-        for path in self._folder.glob(f"*{SUFFIX}"):
-            with contextlib.suppress(OSError):
-                sizes.append(path.stat().st_size)
-        return len(sizes), sum(sizes)
+        files = files_by_use(self._folder, f"*{SUFFIX}")
+        return len(files), sum(size for _, size, _ in files)
 
     def clear(self) -> None:
         """Every opening gone, in memory and on disk."""
