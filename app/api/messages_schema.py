@@ -30,10 +30,11 @@ from typing import Any
 from app.api.errors import ApiError, bad, unsupported
 from app.api.image_parts import ImageBudget, image_part
 from app.api.schema import BASE, MAX_MESSAGES, MAX_USER_CHARS, ApiRequest, stop_strings
-from app.api.tool_schema import MAX_CALLS, MAX_ID_CHARS, link_results, parse_tools
+from app.api.tool_schema import MAX_CALLS, MAX_ID_CHARS, foreign_tools, link_results
 from app.config.field_spec import SettingError, short_repr
 from app.config.params import validate_sampling
 from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
+from app.engine.tool_spec import ToolRequest
 
 MAX_BLOCKS = 1024  # content blocks in one message
 _NUMBERS = ("temperature", "top_p", "top_k")
@@ -333,20 +334,10 @@ def _refused(at: str, kind: object, takes: str) -> ApiError:
     return bad(f"{at} is a {short_repr(kind)} block; {takes}.", at)
 
 
-def _tools(data: dict[str, Any]) -> Any:
+def _tools(data: dict[str, Any]) -> ToolRequest | None:
     """``tools`` and ``tool_choice`` through the chat completions' checks."""
-    tools, choice = data.get("tools"), data.get("tool_choice")
-    if tools is None and choice is None:
-        return None
-    if tools is not None and not isinstance(tools, list):
-        raise bad("`tools` must be a list of tools.", "tools")
-    converted = [_tool(i, t) for i, t in enumerate(tools or [])]
-    asked: dict[str, Any] = {"tools": converted}
-    if choice is not None:
-        asked |= _choice(choice)
-    if not converted:
-        asked.pop("tool_choice", None)  # Anthropic takes a choice without tools
-    return parse_tools(asked)
+    choice = data.get("tool_choice")
+    return foreign_tools(data, _tool, lambda _d: _choice(choice) if choice is not None else {})
 
 
 def _tool(i: int, value: object) -> dict[str, Any]:

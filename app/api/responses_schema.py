@@ -27,9 +27,10 @@ from typing import Any
 from app.api.errors import ApiError, bad, unsupported
 from app.api.image_parts import ImageBudget, image_part
 from app.api.schema import MAX_MESSAGES, ApiRequest, ResponsesAsk, request_from
-from app.api.tool_schema import MAX_ID_CHARS, link_results, parse_tools
+from app.api.tool_schema import MAX_ID_CHARS, foreign_tools, link_results
 from app.config.field_spec import short_repr
 from app.engine.chat_message import ChatMessage, ImagePart, ToolCall
+from app.engine.tool_spec import ToolRequest
 
 MAX_METADATA = 16
 MAX_METADATA_CHARS = 512
@@ -277,29 +278,27 @@ def _text(at: str, part: object) -> str:
     return text
 
 
-def _tools(data: dict[str, Any]) -> Any:
+def _tools(data: dict[str, Any]) -> ToolRequest | None:
     """Function tools and ``tool_choice`` through the chat completions' checks."""
-    tools, choice = data.get("tools"), data.get("tool_choice")
-    if tools is None and choice is None:
-        return None
-    if tools is not None and not isinstance(tools, list):
-        raise bad("`tools` must be a list of tools.", "tools")
-    converted = []
-    for i, tool in enumerate(tools or []):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind != "function" or not isinstance(tool, dict):
-            raise unsupported(f"tools[{i}].type", f"A {short_repr(kind)} tool (only functions)")
-        fn = {k: tool.get(k) for k in ("name", "description", "parameters", "strict")}
-        converted.append(
-            {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
-        )
-    asked: dict[str, Any] = {"tools": converted}
+    return foreign_tools(data, _tool, _choice)
+
+
+def _tool(i: int, tool: object) -> dict[str, Any]:
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind != "function" or not isinstance(tool, dict):
+        raise unsupported(f"tools[{i}].type", f"A {short_repr(kind)} tool (only functions)")
+    fn = {k: tool.get(k) for k in ("name", "description", "parameters", "strict")}
+    return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+def _choice(data: dict[str, Any]) -> dict[str, Any]:
+    """``tool_choice`` (a named function in the chat completions' shape) and
+    ``parallel_tool_calls``."""
+    choice, out = data.get("tool_choice"), {}
     if isinstance(choice, dict) and choice.get("type") == "function":
-        asked["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
     elif choice is not None:
-        asked["tool_choice"] = choice
+        out["tool_choice"] = choice
     if data.get("parallel_tool_calls") is not None:
-        asked["parallel_tool_calls"] = data["parallel_tool_calls"]
-    if not converted:
-        asked.pop("tool_choice", None)
-    return parse_tools(asked)
+        out["parallel_tool_calls"] = data["parallel_tool_calls"]
+    return out

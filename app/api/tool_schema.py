@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from app.api.errors import bad, unsupported
@@ -71,6 +72,31 @@ def parse_tools(data: dict[str, Any]) -> ToolRequest | None:
     if not tools:
         return None
     return ToolRequest(tools, choice, parallel is not False)
+
+
+def foreign_tools(
+    data: dict[str, Any],
+    convert: Callable[[int, object], dict[str, Any]],
+    choice: Callable[[dict[str, Any]], dict[str, Any]],
+) -> ToolRequest | None:
+    """Another API's ``tools`` (Anthropic's, the Responses API's) through ``parse_tools``:
+    each converted to a chat completions tool (``convert(i, tool)``), then ``choice``
+    gives the chat completions' ``tool_choice`` / ``parallel_tool_calls`` for ``data``.
+    Those APIs take a choice without tools: it is dropped.
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
+    tools = data.get("tools")
+    if tools is None and data.get("tool_choice") is None:
+        return None
+    if tools is not None and not isinstance(tools, list):
+        raise bad("`tools` must be a list of tools.", "tools")
+    converted = [convert(i, t) for i, t in enumerate(tools or [])]
+    asked: dict[str, Any] = {"tools": converted, **choice(data)}
+    if not converted:
+        asked.pop("tool_choice", None)
+    return parse_tools(asked)
 
 
 def _tools(value: object) -> tuple[ToolSpec, ...]:
