@@ -101,6 +101,7 @@ class MessagesReply:
         content: list[dict[str, Any]] = []
         if done.reasoning:
             content.append({"type": "thinking", "thinking": done.reasoning, "signature": ""})
+        # Blank text before a call stays: sent back, it keeps the cached prefix.
         if done.text or not (done.reasoning or done.tool_calls):
             content.append({"type": "text", "text": done.text})
         content += [tool_block(c) for c in done.tool_calls]

@@ -105,17 +105,22 @@ def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server
     c = client(tool_server)
     ask: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
     thinking: Any = {"type": "enabled", "budget_tokens": 8}
+    # Greedy (the SDK has no `temperature` now): a sampled reply may close its thinking at once.
     called = c.messages.create(
         model="m",
         max_tokens=120,
+        extra_body={"temperature": 0},
         messages=ask,
         tools=[WEATHER],
-        tool_choice={"type": "tool", "name": "get_weather"},
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
         thinking=thinking,
     )
     assert called.stop_reason == "tool_use"
     kinds = [b.type for b in called.content]
-    assert kinds[0] == "thinking" and kinds[-1] == "tool_use", kinds
+    # Blank text between the thinking and the call ("\n\n") is kept as the model said it:
+    # sent back, it keeps the cached prefix, so the next request reads only what is new.
+    assert kinds[0] == "thinking" and kinds[-1] == "tool_use" and kinds.count("tool_use") == 1
+    assert all(b.text.strip() == "" for b in called.content if b.type == "text"), kinds
     use = called.content[-1]
     assert use.type == "tool_use" and use.name == "get_weather"
     assert isinstance(use.input, dict) and isinstance(use.input.get("city"), str)
@@ -130,6 +135,7 @@ def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server
     with c.messages.stream(
         model="m",
         max_tokens=30,
+        extra_body={"temperature": 0},
         messages=history,
         tools=[WEATHER],
         tool_choice={"type": "none"},
