@@ -1,13 +1,16 @@
 """The API's prompt cache across a restart, on the real engine (issue 46): an agent's
 request (a long system prompt and twenty tools, built here) reads its opening once and
-saves it; after a restart (a new engine, host and server on the same data folder) the
-same opening is restored and the first request reads only its new message; another
+saves it; after a restart (a new engine, host and server on the same data folder) or a
+switch to another model and back, the same opening is restored and the first request
+reads only its new message; another
 API key never gets it; Clear empties it; the folder stays within its bound."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -145,6 +148,37 @@ def test_another_key_never_gets_the_opening_and_clear_empties_it(tmp_path: Path)
         assert host.post(host._core.prompt_cache.clear)  # the API dialog's Clear
         assert host.drain(30)
         assert cached_files(tmp_path) == []
+
+
+def test_an_opening_is_restored_after_switching_models_and_back(tmp_path: Path) -> None:
+    """A model switch in between: the other model never gets the opening (its key names
+    the model file), and back on the first the opening is restored, not read again."""
+    from tests.byte_model import byte_model_path
+    from tests.conftest import TEST_LOAD
+
+    model, system = byte_model_path(), agent_system(words=500)
+    other = tmp_path / "other-byte-model.gguf"
+    shutil.copyfile(model, other)
+    config = LoadConfig(**{**TEST_LOAD.__dict__, "n_ctx": CTX})
+
+    def switch(host: EngineHost, path: Path) -> None:
+        host.load(str(path), config, threading.Event())
+        assert host.drain(120) and host.engine.model is not None
+        assert Path(host.engine.model.path) == path
+
+    with served(model, tmp_path) as (c, host):
+        mine = ask(c, "Start with the parser.", system)
+        opening = mine.cache_creation_input_tokens or 0
+        assert opening >= prompt_cache.MIN_TOKENS
+        switch(host, other)
+        theirs = ask(c, "Start with the parser.", system)
+        assert theirs.cache_read_input_tokens == 0
+        assert theirs.cache_creation_input_tokens == opening
+        switch(host, model)
+        back = ask(c, "Then the printer.", system)
+        assert (back.cache_read_input_tokens or 0) >= opening
+        assert back.input_tokens <= 40, back
+        assert len(cached_files(tmp_path)) == 2
 
 
 def test_the_folder_keeps_within_its_bound_least_recently_used_first(tmp_path: Path) -> None:
