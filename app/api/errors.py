@@ -84,7 +84,12 @@ class ApiError(LamplightError):
         OpenAI's elsewhere."""
         if anthropic_path(path):
             return anthropic_error(self.status, self.message)
-        return error_body(self.message, self.type, self.code, self.param)
+        message, param = self.message, self.param
+        if path.startswith("/v1/responses") and param and param.startswith("messages"):
+            param = "input" + param.removeprefix("messages")  # a response's messages
+            if self.code == "context_length_exceeded":
+                message += ' Send `"truncation": "auto"` to drop the oldest turns instead.'
+        return error_body(message, self.type, self.code, param)
 
     def encoded(self, path: str = "") -> bytes:
         return json.dumps(self.body(path), ensure_ascii=False).encode()

@@ -113,7 +113,7 @@ class ResponsesReply:
             "tool_choice": echo.get("tool_choice", "auto"),
             "tools": echo.get("tools", []),
             "top_p": echo.get("top_p"),
-            "truncation": "disabled",
+            "truncation": echo.get("truncation", "disabled"),
             "usage": usage(done.metrics) if done is not None else None,
             "metadata": echo.get("metadata", {}),
         }

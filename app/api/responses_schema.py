@@ -11,7 +11,9 @@ from).
 ``instructions`` is the system turn (never carried to a later response, as OpenAI
 has it). ``tools`` (function tools), ``tool_choice``, ``parallel_tool_calls``,
 ``max_output_tokens``, ``temperature``, ``top_p``, ``reasoning.effort``,
-``text.format`` (text, json_object, json_schema), ``stream``, ``user`` /
+``text.format`` (text, json_object, json_schema), ``truncation`` ("auto": the oldest
+turns are dropped to fit the context, as the chat's "rolling" policy does; "disabled",
+the default: a 400 ``context_length_exceeded``), ``stream``, ``user`` /
 ``safety_identifier`` and ``metadata`` are read; the other tools (web search, file
 search, computer use, MCP...), file inputs, item references, ``background`` and
 ``conversation`` are refused with a 400 naming the field; fields that only choose
@@ -88,6 +90,11 @@ def parse_responses(body: object) -> ApiRequest:
     except ApiError as exc:
         exc.param = _PARAM.get(exc.param or "", exc.param)
         raise
+    truncation = data.get("truncation", "disabled")
+    if truncation not in ("auto", "disabled"):
+        raise bad('`truncation` must be "auto" or "disabled".', "truncation")
+    if truncation == "auto":
+        req = replace(req, params=replace(req.params, overflow="rolling"))
     ask = ResponsesAsk(store, previous or "", items, _echo(data))
     return replace(req, tools=_tools(data), responses=ask, dialect="responses")
 
@@ -138,7 +145,8 @@ def _echo(data: dict[str, Any]) -> dict[str, Any]:
             f"{MAX_METADATA_CHARS} characters.",
             "metadata",
         )
-    kept = ("instructions", "tools", "tool_choice", "temperature", "top_p", "max_output_tokens")
+    kept = ["instructions", "tools", "tool_choice", "temperature", "top_p"]
+    kept += ["max_output_tokens", "truncation"]
     echo = {k: data[k] for k in kept if data.get(k) is not None}
     echo["metadata"] = metadata
     echo["parallel_tool_calls"] = data.get("parallel_tool_calls", True) is not False

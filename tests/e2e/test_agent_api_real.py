@@ -194,6 +194,7 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
         tool_choice={"type": "function", "name": "get_weather"},
         parallel_tool_calls=False,
         max_output_tokens=120,
+        temperature=0,  # greedy: a sampled reply may close its thinking at once
         extra_body={"thinking_budget_tokens": 8},
     )
     calls = [o for o in called.output if o.type == "function_call"]
@@ -211,6 +212,28 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
     assert answer.output and answer.usage is not None
     # The call was in the cache: the output (and its turn's framing) is what was read.
     assert answer.usage.input_tokens - answer.usage.input_tokens_details.cached_tokens <= 40
+
+
+def test_an_input_longer_than_the_context_is_refused_or_truncated(served: Served) -> None:
+    """``truncation`` "disabled" (the default) refuses an input the context cannot hold,
+    naming ``input``; "auto" drops the oldest turns and answers the last."""
+    c = openai.OpenAI(base_url=served.root + "/v1", api_key="none", max_retries=0, timeout=300)
+    tide = "The tide rises and falls along the quay twice a day. " * 10
+    turns: Any = []
+    for i in range(20):  # about 2,800 tokens, in a context of 2,048
+        turns += [
+            {"role": "user", "content": f"Tell me about berth {i}. {tide}"},
+            {"role": "assistant", "content": f"Berth {i} is free at noon."},
+        ]
+    turns.append({"role": "user", "content": "Which berth is free?"})
+    with pytest.raises(openai.BadRequestError) as err:
+        c.responses.create(model=served.model, input=turns, max_output_tokens=8)
+    assert err.value.code == "context_length_exceeded" and err.value.param == "input"
+    auto = c.responses.create(
+        model=served.model, input=turns, max_output_tokens=8, truncation="auto", temperature=0
+    )
+    assert auto.truncation == "auto" and auto.output_text and auto.usage is not None
+    assert auto.usage.input_tokens < 2048 - 8
 
 
 def test_tool_round_trips_against_lamplight_serve(served: Served) -> None:

@@ -150,6 +150,27 @@ def test_a_reply_cut_at_its_limit_is_incomplete(serve: Serve) -> None:
     assert reply.incomplete_details.reason == "max_output_tokens"
 
 
+def test_truncation_auto_drops_the_oldest_turns_and_is_echoed(serve: Serve) -> None:
+    server, gw = serve()
+    auto = client(server.url).responses.create(model=MODEL, input="Hi", truncation="auto")
+    assert auto.truncation == "auto" and gw.submitted[-1].params.overflow == "rolling"
+    plain = client(server.url).responses.create(model=MODEL, input="Hi")
+    assert plain.truncation == "disabled" and gw.submitted[-1].params.overflow == "stop"
+
+
+def test_an_input_too_long_names_input_and_the_way_on(serve: Serve) -> None:
+    from app.api.gateway import ApiFailure
+
+    server, gw = serve()
+    gw.fail = ApiFailure(
+        400, "invalid_request_error", "context_length_exceeded", "Too long.", "messages"
+    )
+    with pytest.raises(openai.BadRequestError) as err:
+        client(server.url).responses.create(model=MODEL, input="Hi")
+    assert err.value.code == "context_length_exceeded" and err.value.param == "input"
+    assert '"truncation": "auto"' in err.value.message
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -163,6 +184,7 @@ def test_a_reply_cut_at_its_limit_is_incomplete(serve: Serve) -> None:
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "store": "yes"}, "store"),
         ({"input": "x", "metadata": {"k": 1}}, "metadata"),
+        ({"input": "x", "truncation": "middle"}, "truncation"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
             "input[0].content[0]",
