@@ -20,7 +20,7 @@ from app.chat.projects import ProjectError, ProjectStore
 from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
-from app.engine.templates.override import AUTO, PLAIN
+from app.engine.templates.override import PLAIN
 from app.engine.tool_spec import ToolRequest
 from app.host.host import EngineHost
 from app.host.jobs import ReplyEvent, ReplyFailed, ReplyJob
@@ -77,7 +77,9 @@ class HostGateway:
 
 
 def reply_job(job: ApiJob) -> ReplyJob:
-    """The host's job for an API request: its own template, checked against its model."""
+    """The host's job for an API request, checked against its model: a chat in the
+    chat template chosen for the model (the window's, ``lamplight serve
+    --chat-template``; the model's own when none was), a text completion plain."""
 
     def sink(event: ReplyEvent) -> None:
         if isinstance(event, Token | Finished):
@@ -93,7 +95,7 @@ def reply_job(job: ApiJob) -> ReplyJob:
         sink=sink,
         stop=job.stop,
         model_id=job.model_id,
-        template=PLAIN if job.kind == "completion" else AUTO,
+        template=PLAIN if job.kind == "completion" else "model",
         reuse=job.reuse,
         next_turn=job.kind == "chat",
         client=job.client,

@@ -73,8 +73,10 @@ class EngineCore:
         api = store.snapshots_dir.parent / prompt_cache.FOLDER if store is not None else None
         self.prompt_cache = Prefixes(self.cache, api, prompt_cache.MAX_BYTES)
         # The window's template choice (the engine's own until it sets one); a job with
-        # a template of its own puts this one back.
+        # a template of its own puts this one back. ``chat_choice``: the chat template
+        # chosen for the model (never continue-the-text mode's), what API chats use.
         self.template_choice: TemplateOverride = AUTO
+        self.chat_choice: TemplateOverride = AUTO
         # The draft model the user chose; loaded again after each load of a model, like
         # the LoRA stack (a new model drops the old one's draft).
         self.draft_wanted: Path | None = None
@@ -187,8 +189,13 @@ class EngineCore:
         else:
             listener.lora_applied(engine.lora_stack)
 
-    def set_template(self, override: TemplateOverride) -> None:
-        """Use ``override`` as the chat template from the next reply on (no reload)."""
+    def set_template(
+        self, override: TemplateOverride, chat: TemplateOverride | None = None
+    ) -> None:
+        """Use ``override`` as the chat template from the next reply on (no reload).
+        ``chat``: the chat template chosen for the model (``chat_choice``) when
+        ``override`` is continue-the-text mode's; None: ``override`` itself, or, for
+        that mode, the one before."""
         engine = self.engine
         if engine.model is None:
             return  # the window applies the model's choice when one is loaded
@@ -207,6 +214,8 @@ class EngineCore:
             self.listener.load_note(f"The chat template was not changed: {exc}")
             return
         self.template_choice = override
+        if chat is not None or override.kind != "plain":
+            self.chat_choice = chat if chat is not None else override
         self.listener.template_applied(info)
 
     def restore_template(self) -> None:
@@ -321,7 +330,7 @@ class EngineCore:
             self.switch(self.local)
             self.steps.loaded(info, config, self.local.hardware().gpu_offload)
             self.pool.clear()
-            self.template_choice = AUTO  # a load starts with the model's own template
+            self.template_choice = self.chat_choice = AUTO  # a load starts with its own
             if len(self.lora_wanted) and self.engine.capabilities.lora:
                 self.apply_lora()
             self.loading = False
@@ -360,7 +369,7 @@ class EngineCore:
         self.switch(backend)
         self.steps.remote(info)
         self.pool.clear()
-        self.template_choice = AUTO
+        self.template_choice = self.chat_choice = AUTO
         for note in info.notes:
             listener.load_note(note)
         self.lora_wanted = LoraStack()  # local adapter files mean nothing to a server
@@ -399,7 +408,7 @@ class EngineCore:
             listener.connection_state("lost", str(exc))
             return
         self.pool.clear()
-        self.template_choice = AUTO
+        self.template_choice = self.chat_choice = AUTO
         listener.connection_state("connected", info.backend)
         listener.model_loaded(info)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from app.chat.store import ConversationStore
 from app.config.setting_records import LoadConfig, SamplingParams
-from app.engine.backend import Backend
+from app.engine.backend import Backend, ModelInfo
 from app.engine.chat_message import ChatMessage
 from app.engine.local.crash_steps import EngineSteps
 from app.engine.local.engine import Engine
@@ -230,8 +230,21 @@ class EngineHost:
     def set_lora_stack(self, stack: LoraStack) -> None:
         self.post(lambda: self._core.set_lora_stack(stack))
 
-    def set_template(self, override: TemplateOverride) -> None:
-        self.post(lambda: self._core.set_template(override))
+    def set_template(
+        self, override: TemplateOverride, chat: TemplateOverride | None = None
+    ) -> None:
+        self.post(lambda: self._core.set_template(override, chat))
+
+    def choose_template(self, choose: Callable[[ModelInfo], TemplateOverride]) -> None:
+        """Use the template ``choose`` picks for the model in use once the tasks before
+        this one (a load) are done; nothing when no model is loaded then."""
+
+        def task() -> None:
+            info = self._core.engine.model
+            if info is not None:
+                self._core.set_template(choose(info))
+
+        self.post(task)
 
     def set_draft(self, path: str) -> None:
         self.post(lambda: self._core.set_draft(path))

@@ -122,8 +122,10 @@ class ReplyJob:
     ``conv_id``: the conversation whose cache it extends (its snapshot is saved after a
     reply that got going); "" for none. ``model_id``: refuse the job unless this model
     is loaded ("" accepts any, as the window's replies do). ``template``: the template
-    for this job only (None: the window's choice). ``reuse``: False starts from an
-    empty cache. ``next_turn``: prepare the next turn after a reply that ended.
+    for this job only (None: the window's choice; ``"model"``: the chat template
+    chosen for the model, as the window's is outside continue-the-text mode).
+    ``reuse``: False starts from an empty cache. ``next_turn``: prepare the next turn
+    after a reply that ended.
     ``party``: whose cached conversations an API job may reuse ("" for the server's
     one keyless client; ``KvPool``); a window reply reuses only the window's.
     """
@@ -137,7 +139,7 @@ class ReplyJob:
     end_thinking: threading.Event = field(default_factory=threading.Event)  # Stop thinking
     conv_id: str = ""
     model_id: str = ""
-    template: TemplateOverride | None = None
+    template: TemplateOverride | Literal["model"] | None = None
     reuse: bool = True
     next_turn: bool = True
     client: str = ""  # who asked: "127.0.0.1:54321", an API request's `user`

@@ -68,10 +68,10 @@ def _run(core: EngineCore, job: ReplyJob, relay: Relay) -> None:
         if job.model_id not in (model_id(info), info.name):
             raise ModelGone(job.model_id, model_id(info))
     caps = core.engine.capabilities
-    if job.template is not None and job.template.kind == "plain" and not caps.template_override:
+    want = core.chat_choice if job.template == "model" else job.template
+    if want is not None and want.kind == "plain" and not caps.template_override:
         why = caps.why_not.get("template_override", "the server renders the prompt itself")
         raise TemplateUnavailable(f"Text completion is not available with this engine: {why}.")
-    want = job.template
     swapped = want is not None and caps.template_override and want != core.template_choice
     key = gui_key(job.conv_id) if job.conv_id else None
     party = job_party(job)

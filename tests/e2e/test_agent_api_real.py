@@ -1,11 +1,12 @@
 """The API for agents on the real model (issue 46). Anthropic's Messages API through
 the official ``anthropic`` SDK: against ``lamplight serve`` a message, a stream read by the SDK's
 accumulator, ``count_tokens`` equal to the prompt the reply read, and a second turn
-reading only its new tokens; in-process, with Qwen 2.5's tool template that opens a
-thinking block, a forced call comes back as a ``tool_use`` block, its ``tool_result``
+reading only its new tokens; with Qwen 2.5's tool template that opens a thinking block
+(``--chat-template-file``), a forced call comes back as a ``tool_use`` block, its ``tool_result``
 is read, and the answer's thinking is a ``thinking`` block. OpenAI's Responses API
 through the ``openai`` SDK: a response going on from a stored one reads only its new
-input, and a forced function call and its output round trip."""
+input, a forced function call and its output round trip, and an input longer than the
+context is refused or, with ``truncation: "auto"``, cut to fit."""
 
 from __future__ import annotations
 
@@ -18,17 +19,10 @@ import anthropic
 import openai
 import pytest
 
-from app.api.config import ApiConfig
-from app.api.host_gateway import HostGateway
-from app.api.runner import ApiServer
-from app.chat.store import ConversationStore
-from app.engine.local.engine import Engine
-from app.engine.templates.override import TemplateOverride
-from app.host.host import EngineHost
-from app.host.listener import QuietListener
 from tests.serve_fixture import Served, running
 
 SYSTEM = "You answer questions about the harbour in one short sentence."
+MODEL = "gemma-3-270m-it-Q4_K_M"  # the default model's name (any name gets the loaded one)
 QUESTION = "When is high water at the north pier, and which berth is free?"
 WEATHER: Any = {
     "name": "get_weather",
@@ -79,26 +73,22 @@ def test_messages_count_tokens_and_a_second_turn_on_the_real_model(served: Serve
 
 
 @pytest.fixture(scope="module")
-def tool_server(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """An in-process server over the default model with a tool template that thinks."""
-    from tests.conftest import ONE_THREAD
+def thinking_served(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``lamplight serve`` over the default model with a tool template that thinks, given
+    with ``--chat-template-file``."""
     from tests.model.test_tools_engine import THINKING_TOOLS
 
-    engine = Engine()
-    engine.load(model_path, ONE_THREAD)
-    engine.set_template(TemplateOverride("custom", source=THINKING_TOOLS))
-    root = tmp_path_factory.mktemp("tool-server")
-    host = EngineHost(engine, root / "models", ConversationStore(root / "data"), QuietListener())
-    thread = host.start()
-    server = ApiServer(HostGateway(host), ApiConfig(port=0))
-    server.start()
-    try:
-        yield server.url.removesuffix("/v1")
-    finally:
-        server.stop()
-        host.close()
-        thread.join(10)
-        engine.unload()
+    root = tmp_path_factory.mktemp("thinking-serve")
+    template = root / "thinking-tools.jinja"
+    template.write_text(THINKING_TOOLS, encoding="utf-8")
+    args = ["--port", "0", "--threads", "1", "--n-ctx", "2048", "--model", str(model_path)]
+    with running(root / "data", [*args, "--chat-template-file", str(template)]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def tool_server(thinking_served: Served) -> str:
+    return thinking_served.root
 
 
 def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server: str) -> None:
@@ -107,7 +97,7 @@ def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server
     thinking: Any = {"type": "enabled", "budget_tokens": 8}
     # Greedy (the SDK has no `temperature` now): a sampled reply may close its thinking at once.
     called = c.messages.create(
-        model="m",
+        model=MODEL,
         max_tokens=120,
         extra_body={"temperature": 0},
         messages=ask,
@@ -133,7 +123,7 @@ def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server
         },
     ]
     with c.messages.stream(
-        model="m",
+        model=MODEL,
         max_tokens=30,
         extra_body={"temperature": 0},
         messages=history,
@@ -188,7 +178,7 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
         "parameters": WEATHER["input_schema"],
     }
     called = c.responses.create(
-        model="m",
+        model=MODEL,
         input="What is the weather in Paris?",
         tools=[tool],
         tool_choice={"type": "function", "name": "get_weather"},
@@ -202,7 +192,7 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
     assert isinstance(json.loads(calls[0].arguments).get("city"), str)
     assert called.output[0].type == "reasoning"
     answer = c.responses.create(
-        model="m",
+        model=MODEL,
         previous_response_id=called.id,
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}],
         tools=[tool],

@@ -21,7 +21,7 @@ from app.config.setting_records import SamplingParams
 from app.engine.backend import Finished, ModelInfo, Token
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
-from app.engine.templates.override import AUTO, PLAIN
+from app.engine.templates.override import AUTO, PLAIN, TemplateOverride
 from app.host.jobs import model_id
 from tests.conftest import ONE_THREAD
 from ui.engine.worker import EngineClient
@@ -350,6 +350,30 @@ def test_api_jobs_use_their_template_and_put_the_windows_back(
     assert engine.context_text.startswith("Once upon a time, a keeper")  # the prompt as is
     assert not plain_mode(engine)
     assert rec.templates == 2  # the swaps were the worker's own: no templateApplied
+
+
+def test_api_chats_use_the_chat_template_chosen_for_the_model(
+    qtbot: QtBot, client: EngineClient, gateway: HostGateway
+) -> None:
+    """The window's chat template choice is the API's too, also while the window is in
+    continue-the-text mode (its other choice, which API chats never take)."""
+    info = gateway.model()
+    assert info is not None
+    rec = Recorder(client)
+    chatml = TemplateOverride("builtin", name="chatml")
+    client.set_template(PLAIN, chatml)  # the dialog: ChatML, and continue-the-text mode
+    qtbot.waitUntil(lambda: rec.templates == 1, timeout=WAIT_MS)
+    engine = engine_of(client)
+    job, sink = make_job(info, "Name a lighthouse.")
+    run(qtbot, client, job, sink)
+    assert sink.finished().metrics.generated_tokens > 0
+    assert "<|im_start|>user\nName a lighthouse.<|im_end|>" in engine.context_text
+    assert plain_mode(engine)  # the window's mode again
+    client.set_template(AUTO)  # the model's own again, for the tests after this one
+    qtbot.waitUntil(lambda: rec.templates == 2, timeout=WAIT_MS)
+    job, sink = make_job(info, "Name a harbour.")
+    run(qtbot, client, job, sink)
+    assert "<start_of_turn>user\nName a harbour.<end_of_turn>" in engine.context_text
 
 
 def test_a_job_for_a_model_no_longer_loaded_is_404(

@@ -44,6 +44,7 @@ from app.util.datafiles import os_reason
 from app.util.errors import ModelFileError, ProjectorError
 from app.util.instance_lock import AlreadyRunning, acquire
 from app.util.redact import secure_logging
+from ui.api import serve_template
 
 if TYPE_CHECKING:
     from app.api.config import ApiConfig
@@ -69,7 +70,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         prog="lamplight serve",
         description="Serve the loaded model through an OpenAI-compatible HTTP API "
         "(GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
-        "POST /v1/embeddings).",
+        "POST /v1/embeddings, POST /v1/responses) and Anthropic's Messages API "
+        "(POST /v1/messages).",
     )
     p.add_argument(
         "--host",
@@ -85,6 +87,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="vision projector (mmproj GGUF) loaded with the model: requests may then "
         "send images as image_url parts with data: URLs",
     )
+    serve_template.add_arguments(p)
     p.add_argument(
         "--embedder",
         metavar="PATH",
@@ -192,26 +195,20 @@ def main(argv: Sequence[str]) -> int:
     problem = config.problem()
     if problem:
         return fail(problem)
-    overrides: dict[str, Any] = {}
-    if args.n_ctx is not None:
-        overrides["n_ctx"] = args.n_ctx
-    if args.threads is not None:
-        overrides["n_threads"] = args.threads
     try:
-        load = validate_load(overrides, settings.load)
-    except SettingError as exc:
-        return fail(f"{'--n-ctx' if exc.field == 'n_ctx' else '--threads'}: {exc}")
-    if args.mmproj is not None:
-        try:
-            load = replace(load, mmproj=checked_projector(args.mmproj))
-        except ProjectorError as exc:
-            return fail(f"--mmproj: {exc}")
+        load = load_config(args, settings.load)
+    except UsageError as exc:
+        return fail(str(exc))
     embedder: Path | None = None
     if args.embedder is not None:
         try:
             embedder = checked_embedder(args.embedder)
         except ModelFileError as exc:
             return fail(f"--embedder: {exc}")
+    try:
+        template = serve_template.chooser(args, dirs.root)
+    except serve_template.TemplateArgError as exc:
+        return fail(str(exc))
     model, note = choose_model(args, settings)
     if note:
         print(f"lamplight serve: {note}", file=sys.stderr)
@@ -219,9 +216,39 @@ def main(argv: Sequence[str]) -> int:
         crash, crashed = crash_record.begin(dirs.logs, __version__)  # after the lock
         if crashed is not None:
             print(f"lamplight serve: {crashed.console()}", file=sys.stderr)
-        code = _serve(dirs.root, config, load, model, args.smoke_test, api.pool_mb, embedder)
+        code = _serve(
+            dirs.root, config, load, model, args.smoke_test, api.pool_mb, embedder, template
+        )
         crash_record.end(crash)  # a clean exit (SIGINT/SIGTERM too): nothing to report
         return code
+
+
+class UsageError(ValueError):
+    """A command-line value that cannot be used; the message names the option."""
+
+
+def load_config(args: argparse.Namespace, saved: LoadConfig) -> LoadConfig:
+    """The saved load settings with what the command line changes, each checked.
+
+    Raises:
+        UsageError: a value out of its range, or a projector that cannot be used.
+    """
+    overrides: dict[str, Any] = {}
+    if args.n_ctx is not None:
+        overrides["n_ctx"] = args.n_ctx
+    if args.threads is not None:
+        overrides["n_threads"] = args.threads
+    try:
+        load = validate_load(overrides, saved)
+    except SettingError as exc:
+        option = "--n-ctx" if exc.field == "n_ctx" else "--threads"
+        raise UsageError(f"{option}: {exc}") from exc
+    if args.mmproj is not None:
+        try:
+            load = replace(load, mmproj=checked_projector(args.mmproj))
+        except ProjectorError as exc:
+            raise UsageError(f"--mmproj: {exc}") from exc
+    return load
 
 
 def checked_projector(path: str) -> str:
@@ -285,6 +312,7 @@ def _serve(
     smoke: bool,
     pool_mb: int,
     embedder: Path | None = None,
+    template: serve_template.Chooser | None = None,
 ) -> int:
     from app.api.config import ApiConfigError
     from app.api.host_gateway import HostGateway
@@ -326,6 +354,8 @@ def _serve(
     outcomes = OutcomeLog()
     try:
         host.load(DEFAULT_MODEL if model is None else model, load, cancel)
+        if template is not None:  # before any request: the host runs its tasks in order
+            host.choose_template(template)
         code = _until_stopped(server, listener, outcomes, smoke, config.api_key)
     finally:
         server.stop()  # before the engine: running jobs end, no new ones reach the host
@@ -347,6 +377,7 @@ class ServeListener(QuietListener):
         self.failure: str | None = None
         self.smoke: dict[str, Any] | None = None
         self.stop_requested = False
+        self.noted: set[str] = set()
 
     def model_loaded(self, info: ModelInfo) -> None:
         if self.info is None:
@@ -356,6 +387,16 @@ class ServeListener(QuietListener):
     def load_failed(self, message: str, still_loaded: bool) -> None:
         self.failure = message
         self.wake.set()
+
+    def load_note(self, message: str) -> None:
+        if message not in self.noted:  # a model's notes come again with its template's
+            self.noted.add(message)
+            print(f"lamplight serve: {message}", file=sys.stderr, flush=True)
+
+    def template_applied(self, info: ModelInfo) -> None:
+        log.info("chat template: %s", info.template)
+        for note in info.notes:
+            self.load_note(note)
 
 
 class OutcomeLog:

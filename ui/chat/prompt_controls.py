@@ -26,9 +26,14 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QBoxLayout, QDialog, QMessageBox
 
 from app.chat.conversation import Conversation
-from app.config.model_prefs import FILE_NAME, ModelPrefs, ModelPrefsStore, model_key
+from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
 from app.engine.backend import ModelInfo
-from app.engine.templates.override import AUTO, PLAIN, TemplateInputs, TemplateOverride
+from app.engine.templates.override import (
+    AUTO,
+    TemplateInputs,
+    TemplateOverride,
+    effective_override,
+)
 from app.util.datafiles import os_reason
 from ui.chat.chat_pane import ChatPane
 from ui.chat.completion_notice import CompletionNotice
@@ -42,17 +47,6 @@ SAVE_DELAY_MS = 800  # a system prompt being typed is saved this long after the 
 CHAT_INPUT_HINT = "Message the model…  (Enter sends, Shift+Enter: new line)"
 COMPLETION_INPUT_HINT = "Write the beginning of a text; the model continues it…  (Enter sends)"
 COMPLETION_NAMES = {"user": "Your text", "assistant": "Continued by the model"}
-
-
-def effective_override(prefs: ModelPrefs, completion: bool) -> TemplateOverride:
-    """The template to use for a model with ``prefs``, in the given mode."""
-    if completion:
-        return PLAIN
-    if prefs.template == "builtin":
-        return TemplateOverride("builtin", name=prefs.template_name)
-    if prefs.template == "custom":
-        return TemplateOverride("custom", source=prefs.template_source)
-    return AUTO
 
 
 def key_for(info: ModelInfo) -> str:
@@ -209,7 +203,7 @@ class PromptControls(QObject):
         self._set_mode(can and prefs.completion_on(info.base_model))
         override = effective_override(prefs, self.completion) if can else AUTO
         if override != AUTO:
-            self._ctx.client.set_template(override)
+            self._ctx.client.set_template(override, effective_override(prefs, False))
         self._show_prompt(self._ctx.session.conversation)
 
     def _set_mode(self, completion: bool) -> None:
@@ -242,7 +236,7 @@ class PromptControls(QObject):
     def _apply(self, override: TemplateOverride, completion: bool) -> None:
         was = self.completion
         self._set_mode(completion)
-        self._ctx.client.set_template(override)
+        self._ctx.client.set_template(override, effective_override(self.prefs.get(self.key), False))
         conv = self._ctx.session.conversation
         if was != completion and conv.messages:
             self._ctx.notice(

@@ -408,9 +408,13 @@ class EngineClient(QObject):
         """Apply ``stack``; ``loraApplied`` or ``loraFailed`` answers."""
         self.host.set_lora_stack(stack.copy())  # a copy: the panel keeps editing its own
 
-    def set_template(self, override: TemplateOverride) -> None:
-        """Use ``override`` from the next reply on; ``templateApplied`` answers."""
-        self.host.set_template(override)
+    def set_template(
+        self, override: TemplateOverride, chat: TemplateOverride | None = None
+    ) -> None:
+        """Use ``override`` from the next reply on; ``templateApplied`` answers. ``chat``:
+        the chat template chosen for the model, when ``override`` is continue-the-text
+        mode's (API chats use it)."""
+        self.host.set_template(override, chat)
 
     def set_draft(self, path: str | Path | None) -> None:
         """Load ``path`` as the draft model (None: none), after the vocabulary check;

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from app.config.model_prefs import ModelPrefs
 from app.engine.chat_message import ChatMessage
 from app.engine.template_errors import ChatTemplateError
 from app.engine.templates.builtin import BUILTIN, builtin_template, plain_template
@@ -33,6 +34,18 @@ class TemplateOverride:
 
 AUTO = TemplateOverride()
 PLAIN = TemplateOverride("plain")
+
+
+def effective_override(prefs: ModelPrefs, completion: bool) -> TemplateOverride:
+    """The template to use for a model with ``prefs`` (saved by the window's template
+    dialog), in continue-the-text mode or not."""
+    if completion:
+        return PLAIN
+    if prefs.template == "builtin":
+        return TemplateOverride("builtin", name=prefs.template_name)
+    if prefs.template == "custom":
+        return TemplateOverride("custom", source=prefs.template_source)
+    return AUTO
 
 
 @dataclass(frozen=True)
