@@ -856,7 +856,7 @@ class FakeInterleavings(Interleavings):
     backend = staticmethod(_fake)
 
 
-FAKE_EXAMPLES = examples(150)
+FAKE_EXAMPLES = examples(100)  # the deep profile runs ten times as many
 FAKE_STEPS = 50
 
 

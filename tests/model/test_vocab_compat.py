@@ -225,7 +225,7 @@ _OFFSETS = st.one_of(
 
 
 @settings(
-    max_examples=examples(100),
+    max_examples=examples(60),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
