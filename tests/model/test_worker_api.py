@@ -326,28 +326,47 @@ def test_an_api_client_never_reuses_the_windows_cache_nor_another_keys(
     assert g2.evaluated_tokens <= 16  # type: ignore[attr-defined]
 
 
+def use_template(
+    qtbot: QtBot,
+    client: EngineClient,
+    rec: Recorder,
+    override: TemplateOverride,
+    chat: TemplateOverride | None = None,
+) -> None:
+    """The window's ``set_template``, once it is applied (``templateApplied``)."""
+    applied = rec.templates + 1
+    client.set_template(override, chat)
+    qtbot.waitUntil(lambda: rec.templates == applied, timeout=WAIT_MS)
+
+
+def api_reply(
+    qtbot: QtBot, client: EngineClient, info: ModelInfo, text: str, kind: ApiKind = "chat"
+) -> str:
+    """An API job for ``text`` run to its end on ``info``'s model: the cache as text."""
+    job, sink = make_job(info, text, kind=kind)
+    run(qtbot, client, job, sink)
+    assert sink.finished().metrics.generated_tokens > 0
+    return engine_of(client).context_text
+
+
 def test_api_jobs_use_their_template_and_put_the_windows_back(
     qtbot: QtBot, client: EngineClient, gateway: HostGateway
 ) -> None:
     info = gateway.model()
     assert info is not None and info.base_model
     rec = Recorder(client)
-    client.set_template(PLAIN)  # the default base model opens in continue-the-text mode
-    qtbot.waitUntil(lambda: rec.templates == 1, timeout=WAIT_MS)
+    use_template(
+        qtbot, client, rec, PLAIN
+    )  # the default base model opens in continue-the-text mode
     engine = engine_of(client)
 
-    job, sink = make_job(info, "Name a lighthouse.")
-    run(qtbot, client, job, sink)
-    assert sink.finished().metrics.generated_tokens > 0
-    assert "<start_of_turn>user\nName a lighthouse.<end_of_turn>" in engine.context_text
+    said = api_reply(qtbot, client, info, "Name a lighthouse.")
+    assert "<start_of_turn>user\nName a lighthouse.<end_of_turn>" in said
     assert plain_mode(engine)  # the window's template again
 
-    client.set_template(AUTO)
-    qtbot.waitUntil(lambda: rec.templates == 2, timeout=WAIT_MS)
-    job, sink = make_job(info, "Once upon a time, a keeper", kind="completion")
-    run(qtbot, client, job, sink)
-    assert sink.finished().metrics.generated_tokens > 0
-    assert engine.context_text.startswith("Once upon a time, a keeper")  # the prompt as is
+    use_template(qtbot, client, rec, AUTO)
+    said = api_reply(qtbot, client, info, "Once upon a time, a keeper", kind="completion")
+    assert said.startswith("Once upon a time, a keeper")  # the prompt as is
     assert not plain_mode(engine)
     assert rec.templates == 2  # the swaps were the worker's own: no templateApplied
 
@@ -361,19 +380,15 @@ def test_api_chats_use_the_chat_template_chosen_for_the_model(
     assert info is not None
     rec = Recorder(client)
     chatml = TemplateOverride("builtin", name="chatml")
-    client.set_template(PLAIN, chatml)  # the dialog: ChatML, and continue-the-text mode
-    qtbot.waitUntil(lambda: rec.templates == 1, timeout=WAIT_MS)
-    engine = engine_of(client)
-    job, sink = make_job(info, "Name a lighthouse.")
-    run(qtbot, client, job, sink)
-    assert sink.finished().metrics.generated_tokens > 0
-    assert "<|im_start|>user\nName a lighthouse.<|im_end|>" in engine.context_text
-    assert plain_mode(engine)  # the window's mode again
-    client.set_template(AUTO)  # the model's own again, for the tests after this one
-    qtbot.waitUntil(lambda: rec.templates == 2, timeout=WAIT_MS)
-    job, sink = make_job(info, "Name a harbour.")
-    run(qtbot, client, job, sink)
-    assert "<start_of_turn>user\nName a harbour.<end_of_turn>" in engine.context_text
+    use_template(
+        qtbot, client, rec, PLAIN, chatml
+    )  # the dialog: ChatML, and continue-the-text mode
+    said = api_reply(qtbot, client, info, "Name a lighthouse.")
+    assert "<|im_start|>user\nName a lighthouse.<|im_end|>" in said
+    assert plain_mode(engine_of(client))  # the window's mode again
+    use_template(qtbot, client, rec, AUTO)  # the model's own again
+    said = api_reply(qtbot, client, info, "Name a harbour.")
+    assert "<start_of_turn>user\nName a harbour.<end_of_turn>" in said
 
 
 def test_a_job_for_a_model_no_longer_loaded_is_404(
