@@ -377,7 +377,6 @@ class ServeListener(QuietListener):
         self.failure: str | None = None
         self.smoke: dict[str, Any] | None = None
         self.stop_requested = False
-        self.noted: set[str] = set()
 
     def model_loaded(self, info: ModelInfo) -> None:
         if self.info is None:
@@ -389,14 +388,14 @@ class ServeListener(QuietListener):
         self.wake.set()
 
     def load_note(self, message: str) -> None:
-        if message not in self.noted:  # a model's notes come again with its template's
-            self.noted.add(message)
-            print(f"lamplight serve: {message}", file=sys.stderr, flush=True)
+        print(f"lamplight serve: {message}", file=sys.stderr, flush=True)
 
     def template_applied(self, info: ModelInfo) -> None:
         log.info("chat template: %s", info.template)
+        shown = self.info.notes if self.info is not None else ()  # the load said those
         for note in info.notes:
-            self.load_note(note)
+            if note not in shown:
+                self.load_note(note)
 
 
 class OutcomeLog:

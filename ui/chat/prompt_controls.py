@@ -31,7 +31,6 @@ from app.engine.backend import ModelInfo
 from app.engine.templates.override import (
     AUTO,
     TemplateInputs,
-    TemplateOverride,
     effective_override,
 )
 from app.util.datafiles import os_reason
@@ -231,12 +230,16 @@ class PromptControls(QObject):
         stored = None if on == info.base_model else on
         if prefs.completion != stored:
             self._update(completion=stored)
-        self._apply(effective_override(self.prefs.get(self.key), on), on)
+        self._apply(on)
 
-    def _apply(self, override: TemplateOverride, completion: bool) -> None:
+    def _apply(self, completion: bool) -> None:
+        """The model's saved template choice, in continue-the-text mode or not (the chat
+        template goes along: API chats use it)."""
         was = self.completion
         self._set_mode(completion)
-        self._ctx.client.set_template(override, effective_override(self.prefs.get(self.key), False))
+        prefs = self.prefs.get(self.key)
+        chat = effective_override(prefs, False)
+        self._ctx.client.set_template(effective_override(prefs, completion), chat)
         conv = self._ctx.session.conversation
         if was != completion and conv.messages:
             self._ctx.notice(
@@ -281,7 +284,7 @@ class PromptControls(QObject):
         ):
             return
         on = choice.completion
-        self._apply(effective_override(self.prefs.get(self.key), on), on)
+        self._apply(on)
 
     def _on_template_applied(self, info: ModelInfo) -> None:
         if self.model is None or key_for(info) != self.key:
