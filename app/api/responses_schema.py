@@ -93,10 +93,9 @@ def parse_responses(body: object) -> ApiRequest:
     truncation = data.get("truncation", "disabled")
     if truncation not in ("auto", "disabled"):
         raise bad('`truncation` must be "auto" or "disabled".', "truncation")
-    if truncation == "auto":
-        req = replace(req, params=replace(req.params, overflow="rolling"))
+    params = replace(req.params, overflow="rolling") if truncation == "auto" else req.params
     ask = ResponsesAsk(store, previous or "", items, _echo(data))
-    return replace(req, tools=_tools(data), responses=ask, dialect="responses")
+    return replace(req, params=params, tools=_tools(data), responses=ask, dialect="responses")
 
 
 def _as_chat(data: dict[str, Any]) -> dict[str, Any]:
@@ -145,8 +144,15 @@ def _echo(data: dict[str, Any]) -> dict[str, Any]:
             f"{MAX_METADATA_CHARS} characters.",
             "metadata",
         )
-    kept = ["instructions", "tools", "tool_choice", "temperature", "top_p"]
-    kept += ["max_output_tokens", "truncation"]
+    kept = (
+        "instructions",
+        "tools",
+        "tool_choice",
+        "temperature",
+        "top_p",
+        "max_output_tokens",
+        "truncation",
+    )
     echo = {k: data[k] for k in kept if data.get(k) is not None}
     echo["metadata"] = metadata
     echo["parallel_tool_calls"] = data.get("parallel_tool_calls", True) is not False
