@@ -22,7 +22,6 @@ import pytest
 from tests.serve_fixture import Served, running
 
 SYSTEM = "You answer questions about the harbour in one short sentence."
-MODEL = "gemma-3-270m-it-Q4_K_M"  # the default model's name (any name gets the loaded one)
 QUESTION = "When is high water at the north pier, and which berth is free?"
 WEATHER: Any = {
     "name": "get_weather",
@@ -86,18 +85,15 @@ def thinking_served(model_path: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield s
 
 
-@pytest.fixture(scope="module")
-def tool_server(thinking_served: Served) -> str:
-    return thinking_served.root
-
-
-def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server: str) -> None:
-    c = client(tool_server)
+def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(
+    thinking_served: Served,
+) -> None:
+    c, model = client(thinking_served.root), thinking_served.model
     ask: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
     thinking: Any = {"type": "enabled", "budget_tokens": 8}
     # Greedy (the SDK has no `temperature` now): a sampled reply may close its thinking at once.
     called = c.messages.create(
-        model=MODEL,
+        model=model,
         max_tokens=120,
         extra_body={"temperature": 0},
         messages=ask,
@@ -123,7 +119,7 @@ def test_a_forced_tool_use_its_result_and_thinking_on_the_real_model(tool_server
         },
     ]
     with c.messages.stream(
-        model=MODEL,
+        model=model,
         max_tokens=30,
         extra_body={"temperature": 0},
         messages=history,
@@ -169,8 +165,11 @@ def test_responses_go_on_from_a_stored_one_reading_only_the_new_input(served: Se
         c.responses.retrieve(first.id)
 
 
-def test_a_forced_function_call_and_its_output_through_responses(tool_server: str) -> None:
-    c = openai.OpenAI(base_url=tool_server + "/v1", api_key="none", max_retries=0, timeout=300)
+def test_a_forced_function_call_and_its_output_through_responses(
+    thinking_served: Served,
+) -> None:
+    base, model = thinking_served.url, thinking_served.model
+    c = openai.OpenAI(base_url=base, api_key="none", max_retries=0, timeout=300)
     tool: Any = {
         "type": "function",
         "name": "get_weather",
@@ -178,7 +177,7 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
         "parameters": WEATHER["input_schema"],
     }
     called = c.responses.create(
-        model=MODEL,
+        model=model,
         input="What is the weather in Paris?",
         tools=[tool],
         tool_choice={"type": "function", "name": "get_weather"},
@@ -192,7 +191,7 @@ def test_a_forced_function_call_and_its_output_through_responses(tool_server: st
     assert isinstance(json.loads(calls[0].arguments).get("city"), str)
     assert called.output[0].type == "reasoning"
     answer = c.responses.create(
-        model=MODEL,
+        model=model,
         previous_response_id=called.id,
         input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}],
         tools=[tool],
