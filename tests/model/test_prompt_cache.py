@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,6 @@ from app.api.config import ApiConfig
 from app.api.host_gateway import HostGateway
 from app.api.runner import ApiServer
 from app.chat.store import ConversationStore
-from app.config.setting_records import LoadConfig
 from app.engine.local.engine import Engine
 from app.host import prompt_cache
 from app.host.host import EngineHost
@@ -60,7 +60,7 @@ def served(
     from tests.conftest import TEST_LOAD
 
     engine = Engine()
-    engine.load(model_path, LoadConfig(**{**TEST_LOAD.__dict__, "n_ctx": n_ctx}))
+    engine.load(model_path, replace(TEST_LOAD, n_ctx=n_ctx))
     host = EngineHost(engine, root / "models", ConversationStore(root / "data"), QuietListener())
     thread = host.start()
     server = ApiServer(HostGateway(host), ApiConfig(port=0, api_key=key))
@@ -159,7 +159,7 @@ def test_an_opening_is_restored_after_switching_models_and_back(tmp_path: Path) 
     model, system = byte_model_path(), agent_system(words=500)
     other = tmp_path / "other-byte-model.gguf"
     shutil.copyfile(model, other)
-    config = LoadConfig(**{**TEST_LOAD.__dict__, "n_ctx": CTX})
+    config = replace(TEST_LOAD, n_ctx=CTX)
 
     def switch(host: EngineHost, path: Path) -> None:
         host.load(str(path), config, threading.Event())
