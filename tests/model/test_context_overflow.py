@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +15,7 @@ from app.chat.store import ConversationStore
 from app.config.paths import data_dirs
 from app.config.setting_records import LoadConfig, SamplingParams
 from app.config.settings import AppSettings
-from app.engine.backend import Finished
+from app.engine.backend import Finished, KvState
 from app.engine.chat_message import ChatMessage
 from app.engine.local.engine import Engine
 from app.engine.metrics import MessageMetrics
@@ -67,8 +67,15 @@ def converse(
 ) -> Iterator[tuple[int, list[ChatMessage], MessageMetrics]]:
     """A chat the way ChatSession runs it: dropped messages are not sent again."""
     engine.reset()
-    kept = [SYSTEM] if system else []
-    for turn in range(turns):
+    return go_on(engine, [SYSTEM] if system else [], p, range(turns))
+
+
+def go_on(
+    engine: Engine, chat: list[ChatMessage], p: SamplingParams, turns: Iterable[int]
+) -> Iterator[tuple[int, list[ChatMessage], MessageMetrics]]:
+    """``converse`` from ``chat``, whose cache the engine holds, asking ``turns``."""
+    kept = list(chat)
+    for turn in turns:
         kept.append(question(turn))
         text, metrics = ask(engine, kept, p)
         if metrics.dropped_count:
@@ -118,7 +125,7 @@ def assert_read_only_the_new_turn(read: str, previous_reply: str, message: str) 
 
 # Turns checked after the first overflow: each drops a message or two, so the context
 # overflows again and again, and every drop has been shifted past several times.
-PAST_OVERFLOW = 12
+PAST_OVERFLOW = 8
 
 
 @pytest.mark.parametrize("policy", ["truncate_middle", "rolling"])
@@ -165,9 +172,13 @@ def test_long_chats_never_dead_end_and_read_only_new_tokens(small: Engine, polic
     assert overflows >= 3, overflows
 
 
-def test_stop_policy_says_so_and_the_way_on(small: Engine) -> None:
+def test_stop_policy_says_so_and_the_way_on(
+    small: Engine, shifted_chat: tuple[list[ChatMessage], KvState]
+) -> None:
+    kept, state = shifted_chat
+    small.import_state(state)  # a full chat: the next turns run out of room
     with pytest.raises(ContextOverflowError) as caught:
-        for _ in converse(small, params("stop", 64), 40, True):
+        for _ in go_on(small, kept, params("stop", 64), range(100, 110)):
             pass
     assert ContextOverflowError.MARK in str(caught.value)
     assert "Drop older messages" in str(caught.value)
@@ -201,9 +212,12 @@ def past_overflow(
     raise AssertionError("40 turns never filled the context")
 
 
-def _shifted_chat(engine: Engine) -> list[ChatMessage]:
-    *_, (_, kept, _) = past_overflow(engine, params("truncate_middle"), True)
-    return kept  # the cache has shifted, more than once
+@pytest.fixture(scope="module")
+def shifted_chat(small: Engine) -> tuple[list[ChatMessage], KvState]:
+    """A chat whose cache has shifted more than once, and that cache's state: run once
+    for the tests that start from it (each imports the state)."""
+    *_, (_, kept, _) = past_overflow(small, params("truncate_middle"), True)
+    return list(kept), small.export_state()
 
 
 SHIFT_NLL = 1.0
@@ -211,7 +225,9 @@ SHIFT_NLL = 1.0
 cache than its own greedy reply (measured: 0.25 here)."""
 
 
-def test_greedy_reply_after_a_shift_matches_a_fresh_read(small: Engine) -> None:
+def test_greedy_reply_after_a_shift_matches_a_fresh_read(
+    small: Engine, shifted_chat: tuple[list[ChatMessage], KvState]
+) -> None:
     """Compared: the reply to the same kept text, from the shifted cache and from scratch.
 
     They need not be the same text. The kept tokens' keys and values were computed
@@ -226,7 +242,8 @@ def test_greedy_reply_after_a_shift_matches_a_fresh_read(small: Engine) -> None:
     from the shifted cache must be about as likely under a fresh read as the fresh
     read's own greedy reply (``SHIFT_NLL``).
     """
-    kept = _shifted_chat(small)
+    kept, state = shifted_chat
+    small.import_state(state)
     question = [*kept, ChatMessage("user", "What is the capital of France?")]
     p = params("truncate_middle", 16)
     _, m1 = ask(small, question, p)
@@ -253,10 +270,9 @@ def test_greedy_reply_after_a_shift_matches_a_fresh_read(small: Engine) -> None:
 
 
 def test_snapshot_of_a_shifted_chat_resumes_and_regenerate_works(
-    small: Engine, model_path: Path
+    shifted_chat: tuple[list[ChatMessage], KvState], model_path: Path
 ) -> None:
-    kept = _shifted_chat(small)
-    state = small.export_state()
+    kept, state = shifted_chat
     other = Engine()
     other.load(model_path, LoadConfig(n_ctx=N_CTX, n_threads=1))
     try:
@@ -273,14 +289,19 @@ def test_snapshot_of_a_shifted_chat_resumes_and_regenerate_works(
 
 
 def test_a_cache_that_cannot_shift_reads_the_kept_text_again(
-    small: Engine, monkeypatch: pytest.MonkeyPatch
+    small: Engine,
+    shifted_chat: tuple[list[ChatMessage], KvState],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    kept, state = shifted_chat
+    small.import_state(state)  # a full chat: the next turns drop messages again
     monkeypatch.setattr(small._loaded, "can_shift", False)
     reread = []
-    for _turn, _kept, m in past_overflow(small, params("rolling"), False):
+    for _turn, _kept, m in go_on(small, kept, params("truncate_middle"), range(100, 106)):
         if m.dropped_count:
             reread.append(m.evaluated_tokens)
             assert any("cannot shift" in n for n in m.notes)
+            break
     assert reread and max(reread) > 100  # the kept text was evaluated again
 
 

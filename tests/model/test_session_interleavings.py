@@ -886,7 +886,7 @@ def test_interleavings_real_engine_overflowing(
     class Overflowing(Interleavings):
         backend = Engine
         load_config = replace(TEST_LOAD, n_ctx=256)
-        params = SamplingParams(max_tokens=48, temperature=0.0, overflow="rolling", tools="off")
+        params = SamplingParams(max_tokens=36, temperature=0.0, overflow="rolling", tools="off")
 
         @initialize()
         def start(self) -> None:
@@ -911,7 +911,7 @@ def test_interleavings_real_engine_overflowing(
         Overflowing,
         settings=settings(
             max_examples=examples(3),
-            stateful_step_count=15,  # after the six turns above, which overflow already
+            stateful_step_count=10,  # after the six turns above, which overflow already
             deadline=None,
             suppress_health_check=list(HealthCheck),
         ),

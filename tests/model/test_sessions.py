@@ -40,9 +40,11 @@ def cache(engine: Engine, tmp_path: Path) -> SessionCache:
     return SessionCache(engine, store, FingerprintCache(tmp_path / "data" / "fingerprints.json"))
 
 
-def two_turns(engine: Engine) -> tuple[list[ChatMessage], Finished]:
-    first = [ChatMessage("user", "Describe the sea. " + long_text(120))]
-    done = reply(engine, first)
+def two_turns(
+    engine: Engine, words: int = 120, params: SamplingParams = GREEDY
+) -> tuple[list[ChatMessage], Finished]:
+    first = [ChatMessage("user", "Describe the sea. " + long_text(words))]
+    done = reply(engine, first, params)
     return [*first, ChatMessage("assistant", done.text)], done
 
 
@@ -115,7 +117,8 @@ def test_restore_in_process_evaluates_no_old_prompt(engine: Engine, cache: Sessi
 def test_unusable_snapshots_fall_back_with_a_reason(
     engine: Engine, cache: SessionCache, damage: str
 ) -> None:
-    history, _ = two_turns(engine)
+    # A short chat: only the reason for refusing its snapshot matters here.
+    history, _ = two_turns(engine, words=20, params=SamplingParams.greedy(4))
     cache.save("conv3")
     path = cache.store.snapshot_path("conv3")
     data = path.read_bytes()
@@ -158,7 +161,7 @@ def test_unusable_snapshots_fall_back_with_a_reason(
     assert expected in result.note
     assert engine.cached_tokens == []
     # The conversation goes on: the whole transcript is evaluated again.
-    done = reply(engine, [*history, ChatMessage("user", "Go on.")])
+    done = reply(engine, [*history, ChatMessage("user", "Go on.")], SamplingParams.greedy(4))
     assert done.metrics.cached_tokens == 0 and done.text.strip()
 
 
