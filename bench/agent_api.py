@@ -33,7 +33,6 @@ import json
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.guarded import use_native_guard
+from bench.sse import post_events
 
 use_native_guard()
 
@@ -169,20 +169,10 @@ def _decode_rate(base: str, path: str) -> float:
     body, is_token, count = _DOORS[path]
     first, n = 0.0, 0
     request = {"model": "m", "temperature": 0, "stream": True, **body}
-    post = urllib.request.Request(
-        base + path,
-        data=json.dumps(request).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(post, timeout=600) as r:
-        for raw in r:  # one SSE line at a time, as the server flushes them
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if not first and is_token(event):
-                first = time.perf_counter()
-            n = count(event) or n
+    for event in post_events(base + path, request):
+        if not first and is_token(event):
+            first = time.perf_counter()
+        n = count(event) or n
     span = time.perf_counter() - first
     return (n - 1) / span if first and n > 1 and span > 0 else 0.0
 

@@ -31,7 +31,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.models.default_model import ensure_default_model
 from bench.guarded import use_native_guard
+from bench.sse import post_events
 from tests.serve_fixture import Served, running
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,31 +58,21 @@ def stream(served: Served, body: dict[str, Any]) -> dict[str, Any]:
     """One streamed chat request; arrival times of content chunks, text, usage, timings."""
     payload = {**body, "model": served.model, "stream": True}
     payload["stream_options"] = {"include_usage": True}
-    request = urllib.request.Request(
-        served.url + "/chat/completions",
-        json.dumps(payload).encode(),
-        {"Content-Type": "application/json"},
-    )
     sent = time.perf_counter()
     arrivals: list[float] = []
     text: list[str] = []
     usage: dict[str, Any] = {}
     timings: dict[str, Any] = {}
-    with urllib.request.urlopen(request, timeout=600) as response:
-        for raw in response:
-            line = raw.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(chunk["error"])
-            for choice in chunk.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
-                if content:
-                    arrivals.append(time.perf_counter())
-                    text.append(content)
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
+    for chunk in post_events(served.url + "/chat/completions", payload):
+        if "error" in chunk:
+            raise RuntimeError(chunk["error"])
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                arrivals.append(time.perf_counter())
+                text.append(content)
+        usage = chunk.get("usage") or usage
+        timings = chunk.get("timings") or timings
     return {
         "sent": sent,
         "arrivals": arrivals,
