@@ -355,9 +355,8 @@ def test_api_jobs_use_their_template_and_put_the_windows_back(
     info = gateway.model()
     assert info is not None and info.base_model
     rec = Recorder(client)
-    use_template(
-        qtbot, client, rec, PLAIN
-    )  # the default base model opens in continue-the-text mode
+    # The default base model opens in continue-the-text mode.
+    use_template(qtbot, client, rec, PLAIN)
     engine = engine_of(client)
 
     said = api_reply(qtbot, client, info, "Name a lighthouse.")
@@ -380,9 +379,7 @@ def test_api_chats_use_the_chat_template_chosen_for_the_model(
     assert info is not None
     rec = Recorder(client)
     chatml = TemplateOverride("builtin", name="chatml")
-    use_template(
-        qtbot, client, rec, PLAIN, chatml
-    )  # the dialog: ChatML, and continue-the-text mode
+    use_template(qtbot, client, rec, PLAIN, chatml)  # the dialog: ChatML, continue-the-text
     said = api_reply(qtbot, client, info, "Name a lighthouse.")
     assert "<|im_start|>user\nName a lighthouse.<|im_end|>" in said
     assert plain_mode(engine_of(client))  # the window's mode again

@@ -28,11 +28,7 @@ from PySide6.QtWidgets import QBoxLayout, QDialog, QMessageBox
 from app.chat.conversation import Conversation
 from app.config.model_prefs import FILE_NAME, ModelPrefsStore, model_key
 from app.engine.backend import ModelInfo
-from app.engine.templates.override import (
-    AUTO,
-    TemplateInputs,
-    effective_override,
-)
+from app.engine.templates.override import AUTO, TemplateInputs, effective_override
 from app.util.datafiles import os_reason
 from ui.chat.chat_pane import ChatPane
 from ui.chat.completion_notice import CompletionNotice

@@ -50,9 +50,8 @@ def test_the_windows_saved_choice_else_the_models_own(tmp_path: Path) -> None:
     store.set(key, ModelPrefs(template="custom", template_source=CHATML, completion=True))
     # Continue-the-text mode is the window's; the API continues a text at /v1/completions.
     assert choose(tmp_path) == TemplateOverride("custom", source=CHATML)
-    args = parse_args(["--chat-template", "gemma"])  # the command line wins
-    chosen = serve_template.chooser(args, tmp_path)(info(tmp_path / "model.gguf"))
-    assert chosen == TemplateOverride("builtin", "gemma")
+    # The command line wins.
+    assert choose(tmp_path, "--chat-template", "gemma") == TemplateOverride("builtin", "gemma")
 
 
 @pytest.mark.parametrize(
